@@ -1,0 +1,1 @@
+"""kvdoctor.dashboard: the Dash app on-call opens during a latency incident."""

@@ -1,0 +1,1 @@
+"""kvdoctor.exporter: collectors, engine adapters, the ring store and the HTTP app."""

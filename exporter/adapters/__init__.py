@@ -1,0 +1,1 @@
+"""kvdoctor exporter.adapters"""

@@ -1,0 +1,3 @@
+from kvdoctor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""The ``kvdoctor`` console script: a thin dispatcher over ``kvdoctor.commands.*``.
+
+Each command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
+Usage errors print one line and exit 2; a ``UsageError`` raised by ``run`` does the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Command modules, in the order ``kvdoctor --help`` lists them.
+COMMANDS = (
+    "demo",
+    "exporter",
+    "dashboard",
+    "diagnose",
+    "record",
+    "ledger",
+    "rules",
+    "stress",
+    "version",
+)
+
+
+class UsageError(Exception):
+    """Bad input or configuration: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line, not a usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvdoctor", description="Says why LLM decode is slow.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"kvdoctor.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"kvdoctor.commands.{name}":
+                continue  # not built yet
+            raise
+        p = sub.add_parser(module.NAME, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(f"kvdoctor {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""One module per ``kvdoctor`` subcommand (see kvdoctor/cli.py for the contract)."""

@@ -1,0 +1,261 @@
+"""The canonical signal vocabulary: every source is normalised into these names.
+
+This table is the one source of truth for signal names, types, units, help text and labels.
+The exporter registers its metrics from it, the adapters map engine metrics onto it, the rules
+read windows keyed by it, the PromQL compiler writes expressions over it and the README's metric
+list is generated from it.
+
+Conventions (Prometheus): lower snake case, ``kvdoctor_`` prefix, unit in the name, ``_total`` on
+counters, ratios 0..1, no colons. Counters are exported raw, never as pre-computed rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+
+
+GPU_LABELS = ("gpu", "uuid", "model")
+ENGINE_LABELS = ("engine", "model_name")
+POD_LABEL = "pod"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One canonical signal. ``labels`` are the identifying labels; ``pod`` may be added to any."""
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    source: str = ""  # where it comes from, for the README's metric list
+
+    @property
+    def series_names(self) -> tuple[str, ...]:
+        """The sample names this signal produces in an exposition."""
+        if self.kind is Kind.HISTOGRAM:
+            return (self.name + "_bucket", self.name + "_sum", self.name + "_count")
+        return (self.name,)
+
+
+def _gpu(name, kind, unit, help, extra=(), source=""):
+    return Signal(name, kind, unit, help, GPU_LABELS + tuple(extra), source)
+
+
+def _engine(name, kind, unit, help, extra=(), source=""):
+    return Signal(name, kind, unit, help, ENGINE_LABELS + tuple(extra), source)
+
+
+GPU_DRAM_BANDWIDTH_UTILIZATION = "kvdoctor_gpu_dram_bandwidth_utilization_ratio"
+GPU_SM_ACTIVE = "kvdoctor_gpu_sm_active_ratio"
+GPU_MEMORY_USED = "kvdoctor_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL = "kvdoctor_gpu_memory_total_bytes"
+GPU_PCIE_RX = "kvdoctor_gpu_pcie_receive_bytes_per_second"
+GPU_PCIE_TX = "kvdoctor_gpu_pcie_transmit_bytes_per_second"
+GPU_DRAM_PEAK_BANDWIDTH = "kvdoctor_gpu_dram_peak_bandwidth_bytes_per_second"
+
+KV_CACHE_USAGE = "kvdoctor_kv_cache_usage_ratio"
+KV_CACHE_CAPACITY = "kvdoctor_kv_cache_capacity_tokens"
+PREEMPTIONS = "kvdoctor_preemptions_total"
+KV_TRANSFER_BYTES = "kvdoctor_kv_transfer_bytes_total"
+PREFIX_CACHE_QUERIES = "kvdoctor_prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "kvdoctor_prefix_cache_hits_total"
+PREFIX_CACHE_HITS_BY_TIER = "kvdoctor_prefix_cache_hits_by_tier_total"
+PREFIX_CACHE_HIT_RATIO = "kvdoctor_prefix_cache_hit_ratio"
+INTER_TOKEN_LATENCY = "kvdoctor_inter_token_latency_seconds"
+TIME_TO_FIRST_TOKEN = "kvdoctor_time_to_first_token_seconds"
+REQUESTS_RUNNING = "kvdoctor_requests_running"
+REQUESTS_WAITING = "kvdoctor_requests_waiting"
+GENERATION_TOKENS = "kvdoctor_generation_tokens_total"
+PROMPT_TOKENS = "kvdoctor_prompt_tokens_total"
+
+DIAGNOSIS_VERDICT = "kvdoctor_diagnosis_verdict"
+DECODE_STEP_FLOOR = "kvdoctor_decode_step_floor_seconds"
+
+SOURCE_UP = "kvdoctor_source_up"
+SOURCE_SCRAPE_DURATION = "kvdoctor_source_scrape_duration_seconds"
+SOURCE_ERRORS = "kvdoctor_source_errors_total"
+
+
+SIGNALS: dict[str, Signal] = {
+    s.name: s
+    for s in (
+        _gpu(
+            GPU_DRAM_BANDWIDTH_UTILIZATION,
+            Kind.GAUGE,
+            "ratio",
+            "DRAM bandwidth used vs the theoretical maximum (0..1). "
+            "method=gpm|dcgm_dram_active is bandwidth; method=nvml_util is a duty cycle, not bandwidth.",
+            extra=("method",),
+            source="NVML GPM DRAM_BW_UTIL; dcgm-exporter DCGM_FI_PROF_DRAM_ACTIVE; NVML utilization.memory",
+        ),
+        _gpu(
+            GPU_SM_ACTIVE,
+            Kind.GAUGE,
+            "ratio",
+            "Fraction of SMs (gpm, dcgm) or of time (nvml_util) with work running (0..1).",
+            extra=("method",),
+            source="NVML GPM SM_UTIL; DCGM_FI_PROF_SM_ACTIVE; NVML utilization.gpu",
+        ),
+        _gpu(GPU_MEMORY_USED, Kind.GAUGE, "bytes", "GPU memory in use.", source="NVML memory info"),
+        _gpu(GPU_MEMORY_TOTAL, Kind.GAUGE, "bytes", "GPU memory in total.", source="NVML memory info"),
+        _gpu(
+            GPU_PCIE_RX,
+            Kind.GAUGE,
+            "bytes_per_second",
+            "PCIe bytes received by the GPU per second (host to device).",
+            source="NVML GPM PCIE_RX_PER_SEC; nvmlDeviceGetPcieThroughput; DCGM_FI_PROF_PCIE_RX_BYTES",
+        ),
+        _gpu(
+            GPU_PCIE_TX,
+            Kind.GAUGE,
+            "bytes_per_second",
+            "PCIe bytes transmitted by the GPU per second (device to host).",
+            source="NVML GPM PCIE_TX_PER_SEC; nvmlDeviceGetPcieThroughput; DCGM_FI_PROF_PCIE_TX_BYTES",
+        ),
+        _gpu(
+            GPU_DRAM_PEAK_BANDWIDTH,
+            Kind.GAUGE,
+            "bytes_per_second",
+            "Theoretical peak DRAM bandwidth of the GPU.",
+            source="NVML bus width x max memory clock x data rate, the GPU catalogue, or --gpu-peak-bandwidth",
+        ),
+        _engine(
+            KV_CACHE_USAGE,
+            Kind.GAUGE,
+            "ratio",
+            "Fraction of the engine's GPU KV-cache pool in use (0..1).",
+            source="vllm:kv_cache_usage_perc, sglang:token_usage, trtllm_kv_cache_utilization",
+        ),
+        _engine(
+            KV_CACHE_CAPACITY,
+            Kind.GAUGE,
+            "tokens",
+            "Tokens the engine's GPU KV-cache pool can hold.",
+            source="vllm:cache_config_info num_gpu_blocks x block_size",
+        ),
+        _engine(
+            PREEMPTIONS,
+            Kind.COUNTER,
+            "",
+            "Requests preempted (recompute or swap) or retracted because the KV pool ran out.",
+            source="vllm:num_preemptions_total, sglang:num_retracted_reqs",
+        ),
+        _engine(
+            KV_TRANSFER_BYTES,
+            Kind.COUNTER,
+            "bytes",
+            "KV bytes moved between the GPU and another tier (direction=to_gpu|from_gpu).",
+            extra=("direction", "tier"),
+            source="vllm:kv_offload_total_bytes, LMCache, Dynamo KVBM",
+        ),
+        _engine(
+            PREFIX_CACHE_QUERIES,
+            Kind.COUNTER,
+            "tokens",
+            "Prompt tokens looked up in the prefix cache.",
+            source="vllm:prefix_cache_queries_total",
+        ),
+        _engine(
+            PREFIX_CACHE_HITS,
+            Kind.COUNTER,
+            "tokens",
+            "Prompt tokens found in the prefix cache (any tier).",
+            source="vllm:prefix_cache_hits_total",
+        ),
+        _engine(
+            PREFIX_CACHE_HITS_BY_TIER,
+            Kind.COUNTER,
+            "tokens",
+            "Prefix-cache hit tokens by the tier that served them (tier=device|host|disk|p2p|...).",
+            extra=("tier",),
+            source="vllm:prompt_tokens_cached_by_source_total",
+        ),
+        _engine(
+            PREFIX_CACHE_HIT_RATIO,
+            Kind.GAUGE,
+            "ratio",
+            "Prefix-cache hit ratio, for engines that only export a ratio (0..1).",
+            source="sglang:cache_hit_rate",
+        ),
+        _engine(
+            INTER_TOKEN_LATENCY,
+            Kind.HISTOGRAM,
+            "seconds",
+            "Time between consecutive output tokens, with the engine's own buckets.",
+            source="vllm:inter_token_latency_seconds (older: vllm:time_per_output_token_seconds)",
+        ),
+        _engine(
+            TIME_TO_FIRST_TOKEN,
+            Kind.HISTOGRAM,
+            "seconds",
+            "Time to first token, with the engine's own buckets.",
+            source="vllm:time_to_first_token_seconds",
+        ),
+        _engine(REQUESTS_RUNNING, Kind.GAUGE, "", "Requests in the running batch.", source="vllm:num_requests_running"),
+        _engine(REQUESTS_WAITING, Kind.GAUGE, "", "Requests queued, waiting.", source="vllm:num_requests_waiting"),
+        _engine(
+            GENERATION_TOKENS, Kind.COUNTER, "tokens", "Output tokens generated.", source="vllm:generation_tokens_total"
+        ),
+        _engine(PROMPT_TOKENS, Kind.COUNTER, "tokens", "Prompt tokens processed.", source="vllm:prompt_tokens_total"),
+        Signal(
+            DIAGNOSIS_VERDICT,
+            Kind.GAUGE,
+            "",
+            "1 for the current diagnosis verdict, 0 for the others (a state set).",
+            ("verdict",),
+            source="kvdoctor rules",
+        ),
+        Signal(
+            DECODE_STEP_FLOOR,
+            Kind.GAUGE,
+            "seconds",
+            "Ledger: (weights + live KV bytes) / peak DRAM bandwidth; the fastest a decode step can be.",
+            (),
+            source="kvdoctor ledger, when the model shape is known",
+        ),
+        Signal(
+            SOURCE_UP,
+            Kind.GAUGE,
+            "",
+            "1 if the source's last collection succeeded, 0 if it failed (absent: not applicable here).",
+            ("source",),
+            source="every collector, every cycle",
+        ),
+        Signal(
+            SOURCE_SCRAPE_DURATION,
+            Kind.GAUGE,
+            "seconds",
+            "How long the source's last collection took.",
+            ("source",),
+            source="every collector, every cycle",
+        ),
+        Signal(
+            SOURCE_ERRORS,
+            Kind.COUNTER,
+            "",
+            "Collection errors by source and reason.",
+            ("source", "reason"),
+            source="every collector, every cycle",
+        ),
+    )
+}
+
+
+def signal_for_series(series_name: str) -> Signal | None:
+    """The signal a sample name belongs to (``x_bucket`` belongs to histogram ``x``)."""
+    if series_name in SIGNALS:
+        return SIGNALS[series_name]
+    for suffix in ("_bucket", "_sum", "_count"):
+        if series_name.endswith(suffix):
+            sig = SIGNALS.get(series_name[: -len(suffix)])
+            if sig is not None and sig.kind is Kind.HISTOGRAM:
+                return sig
+    return None
