@@ -1,0 +1,71 @@
+"""TensorRT-LLM ``trtllm-serve``: Prometheus text on ``/prometheus/metrics`` (``/metrics`` is JSON).
+
+Source: NVIDIA/TensorRT-LLM ``tensorrt_llm/metrics/collector.py`` (``MetricsCollector``; labels
+``model_name``, ``engine_type``). Request metrics need ``return_perf_metrics: true``, the
+iteration metrics (KV, queue) ``enable_iter_perf_stats: true``; releases up to 1.1 exposed only
+the five request-level families (success, e2e, TTFT, TPOT, queue time).
+
+Notes:
+- ``trtllm_time_per_output_token_seconds`` is a per-request mean (TPOT), the closest TRT-LLM has
+  to an inter-token latency histogram; it is mapped to ITL with that caveat.
+- ``trtllm_prompt_cache_hit_tokens_total{cache_tier}`` names the tier (``gpu``/``host``/``disk``);
+  ``gpu`` becomes the canonical ``device``. Levels sharing a tier are summed.
+- ``trtllm_kv_cache_onboard_bytes_total`` (host -> GPU) and ``..._offload_bytes_total``
+  (GPU -> host) are the secondary-pool transfers.
+- KV capacity is ``trtllm_kv_cache_max_blocks x trtllm_kv_cache_tokens_per_block``: a product of
+  two families, which a MetricMap row cannot express yet (see the report: ``MetricMap.times``).
+- No preemption counter: ``trtllm_num_paused_requests`` is the number paused right now.
+"""
+
+from __future__ import annotations
+
+from kvdoctor.rules import signals as S
+
+from .base import EngineAdapter, MetricMap
+
+_TIERS = {"gpu": "device", "host": "host", "disk": "disk"}
+
+ADAPTER = EngineAdapter(
+    name="trtllm",
+    detect=(
+        "trtllm_kv_cache_utilization",
+        "trtllm_num_requests_running",
+        "trtllm_num_requests_waiting",
+        "trtllm_time_to_first_token_seconds",
+        "trtllm_e2e_request_latency_seconds",
+        "trtllm_request_success",
+        "trtllm_request_success_total",
+    ),
+    maps=(
+        MetricMap(("trtllm_kv_cache_utilization",), S.KV_CACHE_USAGE),
+        MetricMap(("trtllm_num_requests_running",), S.REQUESTS_RUNNING),
+        MetricMap(("trtllm_num_requests_waiting",), S.REQUESTS_WAITING),
+        MetricMap(("trtllm_prompt_tokens_total",), S.PREFIX_CACHE_QUERIES),
+        MetricMap(("trtllm_prompt_cached_tokens_total",), S.PREFIX_CACHE_HITS),
+        *(
+            MetricMap(
+                ("trtllm_prompt_cache_hit_tokens_total",),
+                S.PREFIX_CACHE_HITS_BY_TIER,
+                match={"cache_tier": engine_tier},
+                const_labels={"tier": tier},
+            )
+            for engine_tier, tier in _TIERS.items()
+        ),
+        MetricMap(("trtllm_kv_cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO),
+        MetricMap(
+            ("trtllm_kv_cache_onboard_bytes_total",),
+            S.KV_TRANSFER_BYTES,
+            const_labels={"direction": "to_gpu", "tier": "host"},
+        ),
+        MetricMap(
+            ("trtllm_kv_cache_offload_bytes_total",),
+            S.KV_TRANSFER_BYTES,
+            const_labels={"direction": "from_gpu", "tier": "host"},
+        ),
+        MetricMap(("trtllm_time_per_output_token_seconds",), S.INTER_TOKEN_LATENCY),
+        MetricMap(("trtllm_time_to_first_token_seconds",), S.TIME_TO_FIRST_TOKEN),
+        MetricMap(("trtllm_generation_tokens_total",), S.GENERATION_TOKENS),
+        MetricMap(("trtllm_prompt_tokens_total",), S.PROMPT_TOKENS),
+    ),
+    cannot_provide=(S.KV_CACHE_CAPACITY, S.PREEMPTIONS),
+)
