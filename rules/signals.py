@@ -92,7 +92,7 @@ SIGNALS: dict[str, Signal] = {
             Kind.GAUGE,
             "ratio",
             "DRAM bandwidth used vs the theoretical maximum (0..1). "
-            "method=gpm|dcgm_dram_active is bandwidth; method=nvml_util is a duty cycle, not bandwidth.",
+            "method=gpm|dcgm is bandwidth; method=nvml_util is a duty cycle, not bandwidth.",
             extra=("method",),
             source="NVML GPM DRAM_BW_UTIL; dcgm-exporter DCGM_FI_PROF_DRAM_ACTIVE; NVML utilization.memory",
         ),

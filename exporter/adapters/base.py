@@ -17,6 +17,10 @@ from kvdoctor.rules.window import Labels, SeriesKey
 # (sample name, labels as a dict, value) -- what the exposition parser yields for one sample
 RawSample = tuple[str, Mapping[str, str], float]
 
+# A source family that needs its own label match: ("vllm:kv_offload_total_bytes_total",
+# {"transfer_type": "CPU_to_GPU"}). Plain strings in ``MetricMap.sources`` match on ``match`` only.
+Source = tuple[str, Mapping[str, str]]
+
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -25,7 +29,9 @@ class MetricMap:
     """One row: engine family (or its older names) -> one canonical signal.
 
     sources        engine family names, newest first (for counters, the ``_total`` sample name;
-                   for histograms, the family name without suffix)
+                   for histograms, the family name without suffix); an entry may be a
+                   ``(name, {label: value})`` pair when only that name needs a label match
+                   (a renamed family that moved a label into its name)
     target         canonical signal name (rules/signals.py)
     match          only samples whose labels include these
     rename_labels  engine label -> canonical label (e.g. ``{"source": "tier"}``)
@@ -33,19 +39,35 @@ class MetricMap:
     scale          multiply the value (e.g. MiB -> bytes, percent -> ratio)
     value          optional function (labels, value) -> value or None (None drops the sample),
                    for info-style metrics whose value lives in labels
+    times          optional ``(sample name, match)``: multiply by the value of that sample (e.g.
+                   KV blocks x tokens per block); it must carry the same kept and engine labels
+                   as the sample being mapped, and a sample without such a partner is dropped
+    requires       sample names of which at least one must be in the scrape for the row to apply
+                   (e.g. prefix queries = processed + cached only where the cached counter exists)
     """
 
-    sources: tuple[str, ...]
+    sources: tuple[str | Source, ...]
     target: str
     match: Mapping[str, str] = field(default_factory=dict)
     rename_labels: Mapping[str, str] = field(default_factory=dict)
     const_labels: Mapping[str, str] = field(default_factory=dict)
     scale: float = 1.0
     value: Callable[[Mapping[str, str], float], float | None] | None = None
+    times: Source | None = None
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.target not in SIGNALS:
             raise ValueError(f"unknown canonical signal {self.target!r}")
+        if not self.sources or isinstance(self.sources, str):
+            raise ValueError(f"{self.target}: sources must be a non-empty tuple of names")
+
+    def source_list(self) -> tuple[Source, ...]:
+        """``sources`` as (name, labels to match) pairs, newest first; ``match`` applies to all."""
+        return tuple(
+            (src, self.match) if isinstance(src, str) else (src[0], {**self.match, **src[1]})
+            for src in self.sources
+        )
 
 
 @dataclass(frozen=True)
@@ -73,7 +95,10 @@ class EngineAdapter:
         names: set[str] = set()
         for m in self.maps:
             kind = SIGNALS[m.target].kind
-            for src in m.sources:
+            if m.times is not None:
+                names.add(m.times[0])
+            names.update(m.requires)
+            for src, _ in m.source_list():
                 if kind is Kind.HISTOGRAM:
                     names.update(src + s for s in HISTOGRAM_SUFFIXES)
                 else:
@@ -89,14 +114,16 @@ class EngineAdapter:
         out: dict[SeriesKey, float] = {}
         base = {"engine": self.name, **(extra_labels or {})}
         for m in self.maps:
+            if m.requires and not any(r in by_name for r in m.requires):
+                continue
             kind = SIGNALS[m.target].kind
             suffixes = HISTOGRAM_SUFFIXES if kind is Kind.HISTOGRAM else ("",)
-            for src in m.sources:
+            for src, match in m.source_list():
                 if not any(src + s in by_name for s in suffixes):
                     continue
                 for suffix in suffixes:
                     for labels, value in by_name.get(src + suffix, ()):
-                        if any(labels.get(k) != v for k, v in m.match.items()):
+                        if any(labels.get(k) != v for k, v in match.items()):
                             continue
                         if m.value is not None:
                             v = m.value(labels, value)
@@ -104,6 +131,11 @@ class EngineAdapter:
                                 continue
                         else:
                             v = value * m.scale
+                        if m.times is not None:
+                            factor = self._partner(by_name, m.times, labels)
+                            if factor is None:
+                                continue
+                            v *= factor
                         out_labels = dict(base)
                         for k in self.keep_labels:
                             if k in labels:
@@ -120,6 +152,15 @@ class EngineAdapter:
                         out[key] = out.get(key, 0.0) + v if kind is not Kind.GAUGE else v
                 break  # newest present name wins
         return out
+
+    def _partner(self, by_name, times: Source, labels: Mapping[str, str]) -> float | None:
+        """The value of the ``times`` sample sharing the identifying labels of ``labels``."""
+        name, match = times
+        ident = [k for k in (*self.keep_labels, *self.engine_labels) if k in labels]
+        for other, value in by_name.get(name, ()):
+            if all(other.get(k) == v for k, v in match.items()) and all(other.get(k) == labels[k] for k in ident):
+                return value
+        return None
 
 
 def labels_tuple(d: Mapping[str, str]) -> Labels:

@@ -36,7 +36,9 @@ ADAPTER = EngineAdapter(
         MetricMap(("llamacpp:requests_processing",), S.REQUESTS_RUNNING),
         MetricMap(("llamacpp:requests_deferred",), S.REQUESTS_WAITING),
         MetricMap(("llamacpp:prompt_tokens_cached_total",), S.PREFIX_CACHE_HITS),
-        MetricMap(("llamacpp:prompt_tokens_total",), S.PREFIX_CACHE_QUERIES),
+        MetricMap(
+            ("llamacpp:prompt_tokens_total",), S.PREFIX_CACHE_QUERIES, requires=("llamacpp:prompt_tokens_cached_total",)
+        ),
         MetricMap(("llamacpp:prompt_tokens_cached_total",), S.PREFIX_CACHE_QUERIES),
         MetricMap(("llamacpp:tokens_predicted_total",), S.GENERATION_TOKENS),
         MetricMap(("llamacpp:prompt_tokens_total",), S.PROMPT_TOKENS),

@@ -38,6 +38,9 @@ ADAPTER = EngineAdapter(
     ),
     maps=(
         MetricMap(("trtllm_kv_cache_utilization",), S.KV_CACHE_USAGE),
+        MetricMap(
+            ("trtllm_kv_cache_max_blocks",), S.KV_CACHE_CAPACITY, times=("trtllm_kv_cache_tokens_per_block", {})
+        ),
         MetricMap(("trtllm_num_requests_running",), S.REQUESTS_RUNNING),
         MetricMap(("trtllm_num_requests_waiting",), S.REQUESTS_WAITING),
         MetricMap(("trtllm_prompt_tokens_total",), S.PREFIX_CACHE_QUERIES),
@@ -67,5 +70,5 @@ ADAPTER = EngineAdapter(
         MetricMap(("trtllm_generation_tokens_total",), S.GENERATION_TOKENS),
         MetricMap(("trtllm_prompt_tokens_total",), S.PROMPT_TOKENS),
     ),
-    cannot_provide=(S.KV_CACHE_CAPACITY, S.PREEMPTIONS),
+    cannot_provide=(S.PREEMPTIONS,),
 )

@@ -34,6 +34,12 @@ ADAPTER = EngineAdapter(
     detect=(_REQ, _KV),
     maps=(
         MetricMap((_KV,), S.KV_CACHE_USAGE, match={"kv_cache_block_type": "fraction"}),
+        MetricMap(
+            (_KV,),
+            S.KV_CACHE_CAPACITY,
+            match={"kv_cache_block_type": "max"},
+            times=(_KV, {"kv_cache_block_type": "tokens_per"}),
+        ),
         MetricMap((_REQ,), S.REQUESTS_RUNNING, match={"request_type": "active"}),
         MetricMap((_REQ,), S.REQUESTS_WAITING, match={"request_type": "waiting"}),
         MetricMap(("nv_llm_input_token_len_sum",), S.PROMPT_TOKENS),
@@ -41,7 +47,6 @@ ADAPTER = EngineAdapter(
     ),
     engine_labels={"model": "model_name"},
     cannot_provide=(
-        S.KV_CACHE_CAPACITY,
         S.PREEMPTIONS,
         S.KV_TRANSFER_BYTES,
         S.PREFIX_CACHE_QUERIES,

@@ -302,8 +302,9 @@ def test_triton_kv_usage_only_from_the_fraction_sample():
     assert math.isclose(value(current, S.KV_CACHE_USAGE, model_name="tensorrt_llm"), 5720 / 6239)
     assert value(current, S.REQUESTS_WAITING) == 17.0
     assert value(current, S.PROMPT_TOKENS) == 4500 + 82000 + 36000
+    assert value(current, S.KV_CACHE_CAPACITY) == 6239 * 64  # max blocks x tokens per block
     old = normalise(triton, read("trtllm_triton/triton-2024.txt"))
-    assert {signal_of(n) for n, _ in old} == {S.REQUESTS_RUNNING}
+    assert {signal_of(n) for n, _ in old} == {S.REQUESTS_RUNNING, S.KV_CACHE_CAPACITY}
 
 
 def test_llamacpp_queries_are_processed_plus_cached_tokens():
@@ -316,6 +317,7 @@ def test_llamacpp_queries_are_processed_plus_cached_tokens():
     old = normalise(lc, read("llamacpp/old-kv-metrics.txt"))
     assert value(old, S.KV_CACHE_USAGE) == 0.854492
     assert not any(n == S.PREFIX_CACHE_HITS for n, _ in old)
+    assert not any(n == S.PREFIX_CACHE_QUERIES for n, _ in old)  # no cached counter: queries unknown
 
 
 def test_kvbm_host_to_disk_offload_never_counts_as_gpu_traffic():
