@@ -1,0 +1,468 @@
+"""The NVML collector: per-GPU bandwidth, SM activity, PCIe traffic and memory, through ``pynvml``.
+
+Per GPU (labels ``gpu`` = NVML index, ``uuid``, ``model`` = NVML name):
+
+- Hopper and newer (``nvmlGpmQueryDeviceSupport``): GPM. Each cycle takes one GPM sample and
+  compares it with the previous one: ``DRAM_BW_UTIL`` (id 10, % of theoretical peak bandwidth)
+  and ``SM_UTIL`` (id 2, % of SMs busy) / 100, ``PCIE_TX/RX_PER_SEC`` (ids 20/21, MiB/s) x 2**20;
+  ``method="gpm"``. The first cycle has no previous sample, so those four appear from the second.
+- Older GPUs: ``nvmlDeviceGetUtilizationRates`` ``.memory`` and ``.gpu`` / 100 with
+  ``method="nvml_util"`` (duty cycles: the fraction of time memory was read or written / a kernel
+  ran, NOT bandwidth) and ``nvmlDeviceGetPcieThroughput`` (KB/s, taken as KiB/s) x 1024.
+- Memory used/total from ``nvmlDeviceGetMemoryInfo`` v2 (falls back to v1).
+- Peak DRAM bandwidth = bus width (bits, ``nvmlDeviceGetMemoryBusWidth``) x max memory clock (MHz,
+  ``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``) x 2 / 8. The factor 2 is the transfers per
+  reported clock (double data rate): with the clocks NVML reports it reproduces the data sheets
+  for HBM and GDDR alike (H100 SXM 5120 bit x 2619 MHz x 2 / 8 = 3.35 TB/s; A100 80GB 5120 x 1593
+  -> 2.04 TB/s; L40S 384 x 9001 -> 864 GB/s; L4 192 x 6251 -> 300 GB/s). ``--gpu-peak-bandwidth``
+  wins; without NVML's numbers the ledger's GPU catalogue is used.
+
+Isolation: NVML is initialised lazily, on the first ``collect``. No library, no driver, or no GPU
+-> ``NotApplicable``. A GPU whose query raises ``NVMLError`` reports nothing that cycle and adds
+``gpu_error`` to ``partial_errors``; the others report. ``NVML_ERROR_GPU_IS_LOST`` marks the GPU
+lost (``gpu_lost`` each cycle) and NVML is shut down and initialised again after 1, 2, 4, ... s
+(at most 60 s) until the GPU answers; the others keep reporting in between. ``gpu_filter`` (see
+exporter/gpu_filter.py) is called every cycle with ``[(index, uuid, name), ...]`` and returns the
+GPUs to report.
+
+``scripts/gpu_check.sh`` (``main(["--check"])`` here) reads the real GPUs twice and prints what it
+found, for a GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.window import SeriesKey
+
+from .base import Collected, NotApplicable, SourceError, register
+
+GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
+GpuFilter = Callable[[Sequence[GpuIdentity]], Sequence[GpuIdentity]]
+
+MIB = 1024 * 1024
+KIB = 1024
+DATA_RATE = 2  # memory transfers per reported memory clock cycle (see the module docstring)
+GPM_MIN_INTERVAL = 0.1  # seconds between two GPM samples, at least
+BACKOFF_INITIAL = 1.0
+BACKOFF_MAX = 60.0
+
+# GPM metric ids (nvidia-ml-py NVML_GPM_METRIC_*), and how each becomes a canonical value.
+GPM_SM_UTIL, GPM_DRAM_BW_UTIL, GPM_PCIE_TX_PER_SEC, GPM_PCIE_RX_PER_SEC = 2, 10, 20, 21
+GPM_METRICS: tuple[tuple[int, str, float, bool], ...] = (  # (id, signal, scale, has method label)
+    (GPM_DRAM_BW_UTIL, S.GPU_DRAM_BANDWIDTH_UTILIZATION, 0.01, True),
+    (GPM_SM_UTIL, S.GPU_SM_ACTIVE, 0.01, True),
+    (GPM_PCIE_TX_PER_SEC, S.GPU_PCIE_TX, MIB, False),
+    (GPM_PCIE_RX_PER_SEC, S.GPU_PCIE_RX, MIB, False),
+)
+
+
+def peak_bandwidth(bus_width_bits: float, max_memory_clock_mhz: float) -> float:
+    """Theoretical peak DRAM bandwidth in bytes/s from NVML's bus width and max memory clock."""
+    return bus_width_bits * max_memory_clock_mhz * 1e6 * DATA_RATE / 8
+
+
+def catalogue_peak_bandwidth(name: str) -> float | None:
+    """The ledger's catalogue figure for an NVML device name, if the ledger knows the GPU."""
+    try:
+        from kvdoctor.rules.ledger import lookup_gpu
+    except ImportError:
+        return None
+    spec = lookup_gpu(name)
+    return spec.peak_bandwidth if spec is not None else None
+
+
+@dataclass
+class GpuState:
+    """What the collector knows about one GPU between cycles."""
+
+    index: int
+    uuid: str
+    name: str
+    handle: Any = None
+    lost: bool = False
+    gpm: bool = False
+    peak_bandwidth: float | None = None
+    peak_source: str = ""  # "nvml", "catalogue", "override" or ""
+    gpm_samples: list = field(default_factory=list)  # two GPM sample buffers, used in turn
+    gpm_prev: int | None = None  # which buffer holds the previous sample
+    gpm_prev_time: float = 0.0
+    gpm_values: dict = field(default_factory=dict)  # the last values computed (reused if sampled too soon)
+    last_error: str = ""
+
+    @property
+    def identity(self) -> GpuIdentity:
+        return (self.index, self.uuid, self.name)
+
+
+class NvmlCollector:
+    """Per-GPU counters through NVML (``pynvml`` from nvidia-ml-py, injectable for tests)."""
+
+    name = "nvml"
+
+    def __init__(self, pynvml_module: Any = None, gpu_filter: GpuFilter | None = None,
+                 peak_bandwidth_override: float | None = None, extra_labels: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 backoff_initial: float = BACKOFF_INITIAL, backoff_max: float = BACKOFF_MAX):
+        if pynvml_module is None:
+            import pynvml as pynvml_module  # nvidia-ml-py; loading libnvidia-ml waits for nvmlInit
+        self._nv = pynvml_module
+        self._filter = gpu_filter
+        self._peak_override = peak_bandwidth_override
+        self.extra_labels = dict(extra_labels or {})
+        self._clock = clock
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._backoff = backoff_initial
+        self._reinit_at: float | None = None
+        self._initialised = False
+        self.gpus: list[GpuState] = []
+
+    # ------------------------------------------------------------------ NVML lifetime
+
+    def _error_value(self, exc: BaseException) -> int | None:
+        return getattr(exc, "value", None)
+
+    def _init(self) -> None:
+        nv = self._nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            if self._error_value(exc) in (nv.NVML_ERROR_LIBRARY_NOT_FOUND, nv.NVML_ERROR_DRIVER_NOT_LOADED):
+                raise NotApplicable(str(exc)) from None
+            raise SourceError("nvml_init_failed", f"nvmlInit: {exc}") from None
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            self._shutdown()
+            raise SourceError("nvml_init_failed", f"nvmlDeviceGetCount: {exc}") from None
+        if count == 0:
+            self._shutdown()
+            raise NotApplicable("NVML sees no GPU")
+        previous = {g.index: g for g in self.gpus}  # keeps a lost GPU's identity for its labels
+        self.gpus = []
+        for index in range(count):
+            before = previous.get(index)
+            gpu = GpuState(index, before.uuid if before else "", before.name if before else "")
+            self._identify(gpu)
+            self.gpus.append(gpu)
+        self._initialised = True
+
+    def _identify(self, gpu: GpuState) -> None:
+        """Handle, identity, peak bandwidth and GPM support of one GPU (handle None on failure)."""
+        nv = self._nv
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)
+            gpu.uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            gpu.name = _text(nv.nvmlDeviceGetName(handle))
+        except nv.NVMLError as exc:
+            gpu.handle, gpu.last_error = None, str(exc)
+            if self._error_value(exc) == nv.NVML_ERROR_GPU_IS_LOST:
+                self._mark_lost(gpu)
+            return
+        gpu.handle, gpu.last_error = handle, ""
+        gpu.peak_bandwidth, gpu.peak_source = self._peak(gpu)
+        gpu.gpm = self._gpm_supported(gpu)
+
+    def _peak(self, gpu: GpuState) -> tuple[float | None, str]:
+        if self._peak_override:
+            return float(self._peak_override), "override"
+        nv = self._nv
+        try:
+            width = nv.nvmlDeviceGetMemoryBusWidth(gpu.handle)
+            mhz = nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM)
+        except (nv.NVMLError, AttributeError):  # not supported, or an nvidia-ml-py without the call
+            width = mhz = 0
+        if width and mhz:
+            return peak_bandwidth(width, mhz), "nvml"
+        figure = catalogue_peak_bandwidth(gpu.name)
+        return (figure, "catalogue") if figure else (None, "")
+
+    def _gpm_supported(self, gpu: GpuState) -> bool:
+        nv = self._nv
+        try:
+            if not nv.nvmlGpmQueryDeviceSupport(gpu.handle).isSupportedDevice:
+                return False
+            gpu.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        except (nv.NVMLError, AttributeError):
+            self._free_gpm(gpu)
+            return False
+        return True
+
+    def _free_gpm(self, gpu: GpuState) -> None:
+        for sample in gpu.gpm_samples:
+            try:
+                self._nv.nvmlGpmSampleFree(sample)
+            except Exception:  # noqa: BLE001 - freeing during teardown of a lost GPU may fail
+                pass
+        gpu.gpm_samples, gpu.gpm_prev = [], None
+
+    def _shutdown(self) -> None:
+        for gpu in self.gpus:
+            self._free_gpm(gpu)
+        try:
+            self._nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutting down a broken NVML is best effort
+            pass
+        self._initialised = False
+
+    def _mark_lost(self, gpu: GpuState) -> None:
+        gpu.lost = True
+        if self._reinit_at is None:
+            self._reinit_at = self._clock() + self._backoff
+            self._backoff = min(self._backoff * 2, self._backoff_max)
+
+    def _reinit(self) -> None:
+        """Shut NVML down and initialise it again, hoping the lost GPU comes back.
+
+        Every handle is taken afresh, so the healthy GPUs lose their previous GPM sample too and
+        show no GPM ratios for that one cycle.
+        """
+        self._reinit_at = None
+        self._shutdown()
+        try:
+            self._init()
+        except (NotApplicable, SourceError) as exc:
+            self._reinit_at = self._clock() + self._backoff
+            self._backoff = min(self._backoff * 2, self._backoff_max)
+            raise SourceError("nvml_reinit_failed", f"re-initialising NVML after a lost GPU: {exc}") from None
+
+    def close(self) -> None:
+        if self._initialised:
+            self._shutdown()
+
+    # ------------------------------------------------------------------ one cycle
+
+    def collect(self) -> Collected:
+        if not self._initialised:
+            if self._reinit_at is not None and self._clock() < self._reinit_at:
+                raise SourceError("nvml_reinit_pending", "NVML is down after a lost GPU; retrying with backoff")
+            if self._reinit_at is not None:
+                self._reinit()
+            else:
+                self._init()
+        elif self._reinit_at is not None and self._clock() >= self._reinit_at:
+            self._reinit()
+        out = Collected()
+        for gpu in self._selected():
+            if gpu.handle is None and not gpu.lost:
+                self._identify(gpu)  # its enumeration failed earlier: try again
+            if gpu.lost or gpu.handle is None:
+                out.partial_errors.append("gpu_lost" if gpu.lost else "gpu_error")
+                continue
+            try:
+                samples = self._read(gpu)
+            except self._nv.NVMLError as exc:
+                gpu.last_error = str(exc)
+                if self._error_value(exc) == self._nv.NVML_ERROR_GPU_IS_LOST:
+                    self._mark_lost(gpu)
+                    out.partial_errors.append("gpu_lost")
+                else:
+                    out.partial_errors.append("gpu_error")
+                continue
+            gpu.last_error = ""
+            out.samples.update(samples)
+        if not any(g.lost for g in self.gpus):
+            self._backoff, self._reinit_at = self._backoff_initial, None
+        if not out.samples and out.partial_errors:
+            raise SourceError(out.partial_errors[0], "no GPU could be read: " + "; ".join(
+                f"GPU {g.index}: {g.last_error or 'lost'}" for g in self.gpus if g.last_error or g.lost))
+        return out
+
+    def _selected(self) -> list[GpuState]:
+        if self._filter is None:
+            return list(self.gpus)
+        try:
+            chosen = self._filter([g.identity for g in self.gpus])
+        except SourceError:
+            raise
+        except ValueError as exc:
+            raise SourceError("gpu_filter_error", str(exc)) from None
+        keep = {(index, uuid) for index, uuid, _ in chosen}
+        selected = [g for g in self.gpus if (g.index, g.uuid) in keep]
+        if not selected:
+            raise NotApplicable("the GPU filter selects none of the GPUs NVML sees")
+        return selected
+
+    def _read(self, gpu: GpuState) -> dict[SeriesKey, float]:
+        nv = self._nv
+        labels = {"gpu": str(gpu.index), "uuid": gpu.uuid, "model": gpu.name, **self.extra_labels}
+
+        def key(name: str, **more: str) -> SeriesKey:
+            return (name, tuple(sorted({**labels, **more}.items())))
+
+        out: dict[SeriesKey, float] = {}
+        memory = self._memory_info(gpu)
+        out[key(S.GPU_MEMORY_USED)] = float(memory.used)
+        out[key(S.GPU_MEMORY_TOTAL)] = float(memory.total)
+        if gpu.peak_bandwidth:
+            out[key(S.GPU_DRAM_PEAK_BANDWIDTH)] = gpu.peak_bandwidth
+        if gpu.gpm:
+            values = self._gpm_values(gpu)
+            if values is not None:
+                for _, signal, _, with_method in GPM_METRICS:
+                    if signal in values:
+                        out[key(signal, method="gpm") if with_method else key(signal)] = values[signal]
+                return out
+        rates = self._optional(nv.nvmlDeviceGetUtilizationRates, gpu.handle)
+        if rates is not None:
+            out[key(S.GPU_DRAM_BANDWIDTH_UTILIZATION, method="nvml_util")] = rates.memory / 100.0
+            out[key(S.GPU_SM_ACTIVE, method="nvml_util")] = rates.gpu / 100.0
+        for counter, signal in ((nv.NVML_PCIE_UTIL_TX_BYTES, S.GPU_PCIE_TX), (nv.NVML_PCIE_UTIL_RX_BYTES, S.GPU_PCIE_RX)):
+            kib_per_s = self._optional(nv.nvmlDeviceGetPcieThroughput, gpu.handle, counter)
+            if kib_per_s is not None:
+                out[key(signal)] = float(kib_per_s) * KIB
+        return out
+
+    def _optional(self, fn: Callable, *args):
+        """``fn(*args)``, or None where the GPU does not support it (other errors propagate)."""
+        nv = self._nv
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            if self._error_value(exc) in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise
+
+    def _memory_info(self, gpu: GpuState):
+        nv = self._nv
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                return nv.nvmlDeviceGetMemoryInfo(gpu.handle, version=version)
+            except nv.NVMLError as exc:
+                # an older driver refuses the v2 structure: ask with v1
+                if self._error_value(exc) not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND,
+                                                  nv.NVML_ERROR_INVALID_ARGUMENT,
+                                                  getattr(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None)):
+                    raise
+        return nv.nvmlDeviceGetMemoryInfo(gpu.handle)
+
+    def _gpm_values(self, gpu: GpuState) -> dict[str, float] | None:
+        """This cycle's GPM values, or None when GPM turned out unusable (then: the fallback)."""
+        nv = self._nv
+        now = self._clock()
+        if gpu.gpm_prev is not None and now - gpu.gpm_prev_time < GPM_MIN_INTERVAL:
+            return gpu.gpm_values  # sampled too recently for a meaningful difference
+        current = 1 - gpu.gpm_prev if gpu.gpm_prev is not None else 0
+        try:
+            nv.nvmlGpmSampleGet(gpu.handle, gpu.gpm_samples[current])
+            values: dict[str, float] = {}
+            if gpu.gpm_prev is not None:
+                request = nv.c_nvmlGpmMetricsGet_t()
+                request.version = nv.NVML_GPM_METRICS_GET_VERSION
+                request.numMetrics = len(GPM_METRICS)
+                request.sample1 = gpu.gpm_samples[gpu.gpm_prev]
+                request.sample2 = gpu.gpm_samples[current]
+                for i, (metric_id, _, _, _) in enumerate(GPM_METRICS):
+                    request.metrics[i].metricId = metric_id
+                nv.nvmlGpmMetricsGet(request)
+                for i, (_, signal, scale, _) in enumerate(GPM_METRICS):
+                    metric = request.metrics[i]
+                    if metric.nvmlReturn == nv.NVML_SUCCESS:
+                        values[signal] = float(metric.value) * scale
+        except nv.NVMLError as exc:
+            if self._error_value(exc) not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                raise
+            self._free_gpm(gpu)  # GPM refused on this GPU (vGPU, MIG, ...): use the fallback from now on
+            gpu.gpm = False
+            return None
+        gpu.gpm_prev, gpu.gpm_prev_time, gpu.gpm_values = current, now, values
+        return values
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@register("nvml", "per-GPU bandwidth, SM activity, PCIe and memory through NVML (GPM on Hopper+)", True)
+def nvml_collector(settings) -> NvmlCollector:
+    """Factory: ``--gpu-filter``, ``--gpu-peak-bandwidth``, ``--pod``. NVML itself starts on first collect."""
+    gpu_filter = None
+    spec = getattr(settings, "gpu_filter", None)
+    if spec:
+        from kvdoctor.exporter.gpu_filter import make_gpu_filter
+
+        gpu_filter = make_gpu_filter(spec)
+    pod = getattr(settings, "pod", None)
+    return NvmlCollector(
+        gpu_filter=gpu_filter,
+        peak_bandwidth_override=getattr(settings, "gpu_peak_bandwidth", None),
+        extra_labels={"pod": pod} if pod else None,
+    )
+
+
+# ---------------------------------------------------------------------- the GPU machine check
+
+
+def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
+    """Read every GPU twice through the real NVML path and print what was read; 0 if all read."""
+    out = out or sys.stdout
+    try:
+        collector = NvmlCollector(pynvml_module)
+    except ImportError:
+        print("gpu check: the pynvml module (PyPI nvidia-ml-py) is not installed", file=sys.stderr)
+        return 1
+    try:
+        collector.collect()
+        time.sleep(pause)  # GPM needs two samples
+        collected = collector.collect()
+    except NotApplicable as exc:
+        print(f"gpu check: NVML is not available here: {exc}", file=sys.stderr)
+        return 1
+    except SourceError as exc:
+        print(f"gpu check: NVML failed ({exc.reason}): {exc}", file=sys.stderr)
+        return 1
+    try:
+        for gpu in collector.gpus:
+            print(f"GPU {gpu.index}: {gpu.name} {gpu.uuid}", file=out)
+            print(f"  GPM supported: {'yes' if gpu.gpm else 'no'} (method={'gpm' if gpu.gpm else 'nvml_util'})", file=out)
+            if gpu.lost or gpu.last_error:
+                print(f"  ERROR: {gpu.last_error or 'lost'}", file=out)
+                continue
+            for (name, labels), value in sorted(collected.samples.items()):
+                if dict(labels).get("gpu") == str(gpu.index):
+                    method = dict(labels).get("method")
+                    print(f"  {name}{f' [{method}]' if method else ''} = {value:.6g}", file=out)
+            _print_peak(collector, gpu, out)
+        if collected.partial_errors:
+            print(f"partial errors: {', '.join(collected.partial_errors)}", file=out)
+    finally:
+        collector.close()
+    return 1 if collected.partial_errors else 0
+
+
+def _print_peak(collector: NvmlCollector, gpu: GpuState, out) -> None:
+    nv = collector._nv
+    try:
+        width = nv.nvmlDeviceGetMemoryBusWidth(gpu.handle)
+        mhz = nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM)
+        print(f"  memory bus {width} bit x max memory clock {mhz} MHz x {DATA_RATE} / 8 = "
+              f"{peak_bandwidth(width, mhz) / 1e9:.0f} GB/s", file=out)
+    except (nv.NVMLError, AttributeError) as exc:
+        print(f"  memory bus width / max memory clock: not available ({exc})", file=out)
+    figure = catalogue_peak_bandwidth(gpu.name)
+    used = f"{gpu.peak_bandwidth / 1e9:.0f} GB/s ({gpu.peak_source})" if gpu.peak_bandwidth else "unknown"
+    if figure:
+        ratio = f", {gpu.peak_bandwidth / figure:.3f} x catalogue" if gpu.peak_bandwidth else ""
+        print(f"  peak bandwidth used: {used}; catalogue: {figure / 1e9:.0f} GB/s{ratio}", file=out)
+    else:
+        print(f"  peak bandwidth used: {used}; not in the catalogue", file=out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh",
+                                     description="Read the GPUs through NVML once and print what was read.")
+    parser.add_argument("--check", action="store_true", required=True, help="run the check (the only mode)")
+    parser.add_argument("--pause", type=float, default=0.5, help="seconds between the two readings (GPM)")
+    args = parser.parse_args(argv)
+    return check(pause=args.pause)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

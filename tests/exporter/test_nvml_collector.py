@@ -1,0 +1,386 @@
+"""The NVML collector at the pynvml call boundary.
+
+``FakeNvml`` stands in for the ``pynvml`` module: the functions the collector calls, over a list of
+fake GPUs. Its constants and its exception classes are nvidia-ml-py's own (taken from the real
+``pynvml`` module, which imports without a driver), so an error raised here is exactly what the
+real binding raises: ``pynvml.NVMLError(NVML_ERROR_GPU_IS_LOST)`` is an ``NVMLError_GpuIsLost``.
+The real path runs on a GPU machine through scripts/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from kvdoctor.exporter.collectors.base import NotApplicable, SourceError
+from kvdoctor.exporter.collectors.nvml import NvmlCollector, check, nvml_collector, peak_bandwidth
+from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.ledger import lookup_gpu
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class FakeGpu:
+    name: str
+    uuid: str
+    bus_width: int
+    mem_clock: int
+    total: int = 80 * 1024 * MIB
+    used: int = 60 * 1024 * MIB
+    gpm: bool = True
+    gpm_values: dict = field(default_factory=lambda: {10: 55.0, 2: 30.0, 20: 100.0, 21: 2000.0})
+    util: tuple = (95, 80)  # (gpu %, memory %)
+    pcie_kb: tuple = (1000, 250000)  # (tx, rx) KB/s
+    errors: dict = field(default_factory=dict)  # function name -> NVML error code it raises
+    lost: bool = False
+    gpm_samples_taken: int = 0
+
+
+@dataclass
+class FakeSample:
+    device: int = -1
+    seq: int = -1
+    freed: bool = False
+
+
+class FakeMetricsGet:
+    """Stands in for pynvml.c_nvmlGpmMetricsGet_t (whose sample fields need real GPM handles)."""
+
+    def __init__(self):
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1 = self.sample2 = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0) for _ in range(8)]
+
+
+class FakeNvml:
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None):
+        for name in dir(pynvml):  # nvidia-ml-py's own constants and exception classes
+            if name.startswith(("NVML_", "NVMLError")) or name == "nvmlMemory_v2":
+                setattr(self, name, getattr(pynvml, name))
+        self.c_nvmlGpmMetricsGet_t = FakeMetricsGet
+        self.gpus = gpus
+        self.init_error = init_error
+        self.inits = self.shutdowns = 0
+        self.calls: list[str] = []
+        self.samples: list[FakeSample] = []
+
+    def _gpu(self, handle: int, fn: str) -> FakeGpu:
+        self.calls.append(fn)
+        gpu = self.gpus[handle]
+        if gpu.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if fn in gpu.errors:
+            raise pynvml.NVMLError(gpu.errors[fn])
+        return gpu
+
+    def nvmlInit(self):
+        self.calls.append("nvmlInit")
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._gpu(index, "nvmlDeviceGetHandleByIndex")
+        return index
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo" if version is None else "nvmlDeviceGetMemoryInfo_v2")
+        if version is not None:
+            assert version == pynvml.nvmlMemory_v2
+        return SimpleNamespace(total=gpu.total, used=gpu.used, free=gpu.total - gpu.used, reserved=0)
+
+    def nvmlDeviceGetMemoryBusWidth(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetMemoryBusWidth").bus_width
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock_type):
+        assert clock_type == pynvml.NVML_CLOCK_MEM
+        return self._gpu(handle, "nvmlDeviceGetMaxClockInfo").mem_clock
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        return SimpleNamespace(version=1, isSupportedDevice=int(self._gpu(handle, "nvmlGpmQueryDeviceSupport").gpm))
+
+    def nvmlGpmSampleAlloc(self):
+        sample = FakeSample()
+        self.samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample):
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        gpu = self._gpu(handle, "nvmlGpmSampleGet")
+        assert not sample.freed
+        gpu.gpm_samples_taken += 1
+        sample.device, sample.seq = handle, gpu.gpm_samples_taken
+        return sample
+
+    def nvmlGpmMetricsGet(self, request):
+        assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
+        one, two = request.sample1, request.sample2
+        gpu = self._gpu(two.device, "nvmlGpmMetricsGet")
+        # The collector must compare this GPU's previous sample with its newest one.
+        assert one.device == two.device and two.seq == one.seq + 1 == gpu.gpm_samples_taken
+        for metric in request.metrics[:request.numMetrics]:
+            metric.value = gpu.gpm_values[metric.metricId]
+            metric.nvmlReturn = pynvml.NVML_SUCCESS
+        return request
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=gpu.util[0], memory=gpu.util[1])
+
+    def nvmlDeviceGetPcieThroughput(self, handle, counter):
+        gpu = self._gpu(handle, "nvmlDeviceGetPcieThroughput")
+        return gpu.pcie_kb[0] if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else gpu.pcie_kb[1]
+
+
+def h100(uuid="GPU-h100-0", **kw) -> FakeGpu:
+    return FakeGpu("NVIDIA H100 80GB HBM3", uuid, 5120, 2619, **kw)
+
+
+def a100(uuid="GPU-a100-0", **kw) -> FakeGpu:
+    return FakeGpu("NVIDIA A100-SXM4-80GB", uuid, 5120, 1593, gpm=False, **kw)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def collector_for(nv: FakeNvml, **kw) -> tuple[NvmlCollector, Clock]:
+    clock = Clock()
+    return NvmlCollector(nv, clock=clock, **kw), clock
+
+
+def by_gpu(samples: dict, index: int) -> dict:
+    """name (+ method) -> value for one GPU."""
+    out = {}
+    for (name, labels), v in samples.items():
+        d = dict(labels)
+        if d["gpu"] == str(index):
+            out[name + (f"[{d['method']}]" if "method" in d else "")] = v
+    return out
+
+
+def test_gpm_path_on_hopper():
+    nv = FakeNvml([h100()])
+    collector, clock = collector_for(nv)
+    assert nv.inits == 0  # lazy: nothing touches NVML before the first collection
+    first = by_gpu(collector.collect().samples, 0)
+    assert first == {S.GPU_MEMORY_USED: 60 * 1024 * MIB, S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
+                     S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 2619e6 * 2 / 8}
+    clock.now += 1.0
+    second = collector.collect()
+    got = by_gpu(second.samples, 0)
+    assert got[f"{S.GPU_DRAM_BANDWIDTH_UTILIZATION}[gpm]"] == pytest.approx(0.55)
+    assert got[f"{S.GPU_SM_ACTIVE}[gpm]"] == pytest.approx(0.30)
+    assert got[S.GPU_PCIE_TX] == 100.0 * MIB and got[S.GPU_PCIE_RX] == 2000.0 * MIB
+    assert "nvmlDeviceGetUtilizationRates" not in nv.calls
+    assert second.partial_errors == []
+    labels = dict(next(iter(second.samples))[1])
+    assert {k: labels[k] for k in ("gpu", "uuid", "model")} == {"gpu": "0", "uuid": "GPU-h100-0", "model": "NVIDIA H100 80GB HBM3"}
+    clock.now += 1.0
+    collector.collect()  # a third reading pairs samples 2 and 3 (the fake checks it)
+
+
+def test_fallback_path_before_hopper():
+    nv = FakeNvml([a100()])
+    collector, _ = collector_for(nv)
+    got = by_gpu(collector.collect().samples, 0)
+    assert got == {
+        S.GPU_MEMORY_USED: 60 * 1024 * MIB, S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
+        S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 1593e6 * 2 / 8,
+        f"{S.GPU_DRAM_BANDWIDTH_UTILIZATION}[nvml_util]": 0.80,
+        f"{S.GPU_SM_ACTIVE}[nvml_util]": 0.95,
+        S.GPU_PCIE_TX: 1000 * 1024.0, S.GPU_PCIE_RX: 250000 * 1024.0,
+    }
+    assert "nvmlGpmSampleGet" not in nv.calls
+
+
+@pytest.mark.parametrize(("gpu", "catalogue"), [(h100(), "H100"), (a100(), "A100-80GB"),
+                                                 (FakeGpu("NVIDIA L40S", "u", 384, 9001), "L40S"),
+                                                 (FakeGpu("NVIDIA L4", "u", 192, 6251), "L4")])
+def test_peak_bandwidth_formula_matches_the_catalogue(gpu, catalogue):
+    """bus width x max memory clock x 2 (double data rate) / 8 reproduces the data sheets."""
+    assert peak_bandwidth(gpu.bus_width, gpu.mem_clock) == pytest.approx(lookup_gpu(catalogue).peak_bandwidth, rel=0.002)
+
+
+def test_peak_bandwidth_override_wins_and_catalogue_fills_in():
+    nv = FakeNvml([h100(), a100(uuid="GPU-a", errors={"nvmlDeviceGetMemoryBusWidth": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    collector, _ = collector_for(nv, peak_bandwidth_override=1.5e12)
+    out = collector.collect().samples
+    assert by_gpu(out, 0)[S.GPU_DRAM_PEAK_BANDWIDTH] == by_gpu(out, 1)[S.GPU_DRAM_PEAK_BANDWIDTH] == 1.5e12
+    nv = FakeNvml([a100(errors={"nvmlDeviceGetMemoryBusWidth": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    collector, _ = collector_for(nv)
+    assert by_gpu(collector.collect().samples, 0)[S.GPU_DRAM_PEAK_BANDWIDTH] == lookup_gpu("A100-80GB").peak_bandwidth
+
+
+def test_one_gpu_failing_does_not_stop_the_others():
+    nv = FakeNvml([h100(uuid="GPU-0"), a100(uuid="GPU-1", errors={"nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_UNKNOWN}),
+                   a100(uuid="GPU-2")])
+    collector, _ = collector_for(nv)
+    collected = collector.collect()
+    assert by_gpu(collected.samples, 0) and by_gpu(collected.samples, 2)
+    assert by_gpu(collected.samples, 1) == {}
+    assert collected.partial_errors == ["gpu_error"]
+    nv.gpus[1].errors.clear()  # the fault goes away: the GPU reports again, no re-initialisation
+    collected = collector.collect()
+    assert by_gpu(collected.samples, 1) and collected.partial_errors == [] and nv.inits == 1
+
+
+def test_a_lost_gpu_is_reinitialised_with_backoff_while_the_others_report():
+    nv = FakeNvml([a100(uuid="GPU-0"), a100(uuid="GPU-1")])
+    collector, clock = collector_for(nv)
+    collector.collect()
+    nv.gpus[1].lost = True
+    start = clock.now
+
+    def cycle(at: float):
+        clock.now = start + at
+        collected = collector.collect()
+        assert by_gpu(collected.samples, 0), "the healthy GPU keeps reporting"
+        return collected
+
+    assert cycle(0.0).partial_errors == ["gpu_lost"] and nv.inits == 1
+    assert by_gpu(cycle(0.5).samples, 1) == {} and nv.inits == 1  # lost GPUs are not queried...
+    assert cycle(1.0).partial_errors == ["gpu_lost"] and (nv.inits, nv.shutdowns) == (2, 1)  # ...until 1 s: re-init
+    assert cycle(2.9).partial_errors == ["gpu_lost"] and nv.inits == 2  # still lost: next try after 2 s more
+    nv.gpus[1].lost = False
+    recovered = cycle(3.0)
+    assert nv.inits == 3 and recovered.partial_errors == [] and by_gpu(recovered.samples, 1)
+    nv.gpus[1].lost = True  # lost again later: the backoff starts over at 1 s
+    cycle(10.0)
+    cycle(10.9)
+    assert nv.inits == 3
+    cycle(11.0)
+    assert nv.inits == 4
+
+
+def test_all_gpus_failing_is_a_source_error():
+    nv = FakeNvml([a100(errors={"nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_UNKNOWN})])
+    collector, _ = collector_for(nv)
+    with pytest.raises(SourceError) as caught:
+        collector.collect()
+    assert caught.value.reason == "gpu_error"
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED])
+def test_no_driver_is_not_applicable(code):
+    collector, _ = collector_for(FakeNvml([h100()], init_error=code))
+    with pytest.raises(NotApplicable):
+        collector.collect()
+
+
+def test_no_gpu_is_not_applicable_and_other_init_errors_are_errors():
+    collector, _ = collector_for(FakeNvml([]))
+    with pytest.raises(NotApplicable):
+        collector.collect()
+    collector, _ = collector_for(FakeNvml([h100()], init_error=pynvml.NVML_ERROR_NO_PERMISSION))
+    with pytest.raises(SourceError) as caught:
+        collector.collect()
+    assert caught.value.reason == "nvml_init_failed"
+
+
+def test_gpu_filter_is_applied_every_cycle():
+    nv = FakeNvml([h100(uuid="GPU-0"), a100(uuid="GPU-1")])
+    seen = []
+    chosen = {"GPU-1"}
+
+    def only(gpus):
+        seen.append(list(gpus))
+        return [g for g in gpus if g[1] in chosen]
+
+    collector, _ = collector_for(nv, gpu_filter=only)
+    out = collector.collect().samples
+    assert seen[0] == [(0, "GPU-0", "NVIDIA H100 80GB HBM3"), (1, "GPU-1", "NVIDIA A100-SXM4-80GB")]
+    assert {dict(lab)["gpu"] for _, lab in out} == {"1"}
+    chosen.clear()
+    with pytest.raises(NotApplicable):
+        collector.collect()
+    assert len(seen) == 2
+
+
+def test_gpu_filter_errors_become_source_errors():
+    def broken(gpus):
+        raise ValueError("CUDA_VISIBLE_DEVICES names no GPU")
+
+    collector, _ = collector_for(FakeNvml([h100()]), gpu_filter=broken)
+    with pytest.raises(SourceError) as caught:
+        collector.collect()
+    assert caught.value.reason == "gpu_filter_error"
+
+    def pending(gpus):
+        raise SourceError("gpu_filter_pending", "no list yet")
+
+    collector, _ = collector_for(FakeNvml([h100()]), gpu_filter=pending)
+    with pytest.raises(SourceError) as caught:
+        collector.collect()
+    assert caught.value.reason == "gpu_filter_pending"
+
+
+def test_memory_info_v1_when_v2_is_refused():
+    nv = FakeNvml([a100(errors={"nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH})])
+    collector, _ = collector_for(nv)
+    assert by_gpu(collector.collect().samples, 0)[S.GPU_MEMORY_USED] == 60 * 1024 * MIB
+    assert "nvmlDeviceGetMemoryInfo" in nv.calls
+
+
+def test_gpm_refused_at_run_time_falls_back():
+    nv = FakeNvml([h100(errors={"nvmlGpmSampleGet": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    collector, _ = collector_for(nv)
+    got = by_gpu(collector.collect().samples, 0)
+    assert got[f"{S.GPU_DRAM_BANDWIDTH_UTILIZATION}[nvml_util]"] == 0.80
+    assert all(s.freed for s in nv.samples) and len(nv.samples) == 2
+
+
+def test_close_frees_gpm_samples_and_shuts_nvml_down():
+    nv = FakeNvml([h100()])
+    collector, _ = collector_for(nv)
+    collector.collect()
+    collector.close()
+    assert nv.shutdowns == 1 and all(s.freed for s in nv.samples)
+
+
+def test_check_prints_each_gpu(capsys):
+    nv = FakeNvml([h100(), a100(uuid="GPU-a")])
+    assert check(nv, pause=0.15) == 0
+    text = capsys.readouterr().out
+    assert "GPU 0: NVIDIA H100 80GB HBM3 GPU-h100-0" in text and "GPM supported: yes" in text
+    assert "GPM supported: no (method=nvml_util)" in text
+    assert "5120 bit x max memory clock 2619 MHz x 2 / 8 = 3352 GB/s" in text
+    assert "catalogue: 3350 GB/s" in text
+
+
+def test_check_without_nvml_says_so_in_one_line(capsys):
+    assert check(FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NVML is not available" in err
+
+
+@pytest.mark.skipif(bool(ctypes.util.find_library("nvidia-ml")), reason="this machine has NVML; scripts/gpu_check.sh covers it")
+def test_real_pynvml_without_a_driver_is_not_applicable():
+    collector = nvml_collector(ExporterSettings(gpu_filter="all", gpu_peak_bandwidth=2e12, nvml=True))
+    with pytest.raises(NotApplicable):
+        collector.collect()
