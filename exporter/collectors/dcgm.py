@@ -70,9 +70,10 @@ class DcgmCollector:
 
     def __init__(self, url: str | None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, extra_labels: Mapping[str, str] | None = None,
-                 client=None):
+                 client=None, gpu_filter=None):
         self.url = url or None
         self.extra_labels = dict(extra_labels or {})
+        self._filter = gpu_filter  # same policy as NVML's: dcgm-exporter reports every GPU of the node
         self._http = HttpExposition(url, timeout, max_body_bytes, client) if url else None
 
     def collect(self) -> Collected:
@@ -81,7 +82,22 @@ class DcgmCollector:
         samples = normalise_dcgm(parse_exposition(self._http.fetch(), WANTED), self.extra_labels)
         if not samples:
             raise SourceError("no_dcgm_fields", f"{self.url} has none of {', '.join(sorted(FIELDS))}")
+        if self._filter is not None:
+            samples = self._filtered(samples)
         return Collected(samples)
+
+    def _filtered(self, samples: dict[SeriesKey, float]) -> dict[SeriesKey, float]:
+        """Keep the GPUs the filter selects (the pod's engine GPUs, not the whole node)."""
+        seen = {}
+        for _, labels in samples:
+            d = dict(labels)
+            if "uuid" in d:
+                seen[d["uuid"]] = (int(d["gpu"]), d["uuid"], d.get("model", ""))
+        try:
+            keep = {uuid for _, uuid, _ in self._filter(sorted(seen.values()))}
+        except ValueError as exc:
+            raise SourceError("gpu_filter_error", str(exc)) from None
+        return {key: v for key, v in samples.items() if dict(key[1]).get("uuid") in keep}
 
     def close(self) -> None:
         if self._http is not None:
@@ -99,4 +115,14 @@ def dcgm_collector(settings) -> DcgmCollector:
         timeout=getattr(settings, "scrape_timeout", None) or DEFAULT_TIMEOUT_SECONDS,
         max_body_bytes=getattr(settings, "max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES,
         extra_labels=labels_from_settings(settings),
+        gpu_filter=_gpu_filter(settings),
     )
+
+
+def _gpu_filter(settings):
+    spec = getattr(settings, "gpu_filter", None)
+    if not spec:
+        return None
+    from kvdoctor.exporter.gpu_filter import make_gpu_filter
+
+    return make_gpu_filter(spec)

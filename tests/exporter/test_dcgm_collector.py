@@ -101,3 +101,23 @@ def test_no_url_is_not_applicable():
         DcgmCollector(None).collect()
     with pytest.raises(NotApplicable):
         dcgm_collector(ExporterSettings(nvml=False))
+
+
+def test_gpu_filter_keeps_only_the_pods_gpus(server):
+    """dcgm-exporter reports the whole node; the sidecar keeps the GPUs its engine uses."""
+    server.pages["/metrics"] = Page(H100.encode())
+    only_gpu1 = DcgmCollector(server.url("/metrics"), gpu_filter=lambda gpus: [g for g in gpus if g[1] == GPU1["uuid"]])
+    try:
+        samples = only_gpu1.collect().samples
+    finally:
+        only_gpu1.close()
+    assert samples and all(dict(labels)["uuid"] == GPU1["uuid"] for _, labels in samples)
+    assert len(samples) == len(expected_h100()) // 2
+
+
+def test_settings_gpu_filter_reaches_the_dcgm_collector():
+    collector = dcgm_collector(ExporterSettings(dcgm_url="http://127.0.0.1:9/metrics", gpu_filter="uuids:GPU-x"))
+    try:
+        assert collector._filter([(0, "GPU-x", "H100"), (1, "GPU-y", "H100")]) == [(0, "GPU-x", "H100")]
+    finally:
+        collector.close()
