@@ -259,3 +259,12 @@ def signal_for_series(series_name: str) -> Signal | None:
             if sig is not None and sig.kind is Kind.HISTOGRAM:
                 return sig
     return None
+
+
+def markdown_table() -> str:
+    """The README's metric list, generated from this table (tests/test_readme.py checks it)."""
+    rows = ["| metric | type | labels | from |", "|---|---|---|---|"]
+    for sig in SIGNALS.values():
+        labels = ", ".join(f"`{label}`" for label in sig.labels)
+        rows.append(f"| `{sig.name}` | {sig.kind.value} | {labels} | {sig.source} |")
+    return "\n".join(rows)

@@ -72,3 +72,11 @@ def register(name: str, description: str, enabled_by_default: bool):
         return factory
 
     return deco
+
+
+def markdown_table() -> str:
+    """The README's collector table, generated from the registry (tests/test_readme.py checks it)."""
+    rows = ["| collector | what it reads | enabled by default |", "|---|---|---|"]
+    for spec in REGISTRY.values():
+        rows.append(f"| `{spec.name}` | {spec.description} | {'yes' if spec.enabled_by_default else 'no'} |")
+    return "\n".join(rows)

@@ -1,0 +1,231 @@
+"""Windowed statistics over columnar series, computed the way Prometheus computes them.
+
+The decision tree runs twice, in Python and as PromQL alert rules, and both must reach the same
+verdict on the same samples. So the functions here follow Prometheus 2.x's own arithmetic
+(promql/functions.go, promql/quantile.go), vectorised over rows with numpy:
+
+- ``increase`` / ``rate``: counter resets handled (a drop means the counter restarted from 0),
+  extrapolation to the range boundaries exactly as ``extrapolatedRate``;
+- ``quantile_over_time``: the same interpolation as ``quantile()``;
+- ``histogram_quantile``: ``bucketQuantile`` on the buckets' increases.
+
+Input layout: ``ts`` is a (n,) array of Unix seconds, ``values`` a (rows, n) array with NaN where a
+series had no sample (NaN never stands for a real value here). Results are NaN where Prometheus
+would return no sample.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "increase",
+    "rate",
+    "quantile_over_time",
+    "histogram_quantile",
+    "counter_deltas",
+    "forward_fill",
+    "theil_sen_slope",
+]
+
+
+def _rows(values: np.ndarray) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    return v[np.newaxis, :] if v.ndim == 1 else v
+
+
+def forward_fill(values: np.ndarray) -> np.ndarray:
+    """Each NaN replaced by the last value before it in its row (leading NaNs stay NaN)."""
+    v = _rows(values)
+    if v.size == 0:
+        return v.copy()
+    present = ~np.isnan(v)
+    idx = np.where(present, np.arange(v.shape[1])[np.newaxis, :], 0)
+    np.maximum.accumulate(idx, axis=1, out=idx)
+    out = np.take_along_axis(v, idx, axis=1)
+    # positions before a row's first sample picked column 0, which may itself be NaN or a later value
+    seen = np.maximum.accumulate(present, axis=1)
+    out[~seen] = np.nan
+    return out
+
+
+def increase(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: float,
+             is_rate: bool = False) -> np.ndarray:
+    """Prometheus ``increase(x[range])`` (or ``rate`` with ``is_rate``) per row over the samples given.
+
+    ``range_start``/``range_end`` are the selector's boundaries (for ``x[60s]`` at time t: t-60, t);
+    the samples passed should be those inside it. Rows with fewer than two samples give NaN.
+    """
+    v = _rows(values)
+    ts = np.asarray(ts, dtype=float)
+    rows, n = v.shape
+    out = np.full(rows, np.nan)
+    if n < 2 or rows == 0:
+        return out
+    present = ~np.isnan(v)
+    if present.all():  # the common case: every series sampled every cycle
+        count = np.full(rows, n)
+        ok = np.ones(rows, dtype=bool)
+        safe_first = np.zeros(rows, dtype=int)
+        safe_last = np.full(rows, n - 1)
+        first_v, last_v = v[:, 0], v[:, -1]
+        prev = v[:, :-1]
+        correction = np.where(v[:, 1:] < prev, prev, 0.0).sum(axis=1)
+    else:
+        count = present.sum(axis=1)
+        ok = count >= 2
+        if not ok.any():
+            return out
+        cols = np.arange(n)
+        first_i = np.where(present, cols, n).min(axis=1)
+        last_i = np.where(present, cols, -1).max(axis=1)
+        safe_first = np.minimum(first_i, n - 1)
+        safe_last = np.maximum(last_i, 0)
+        first_v = v[np.arange(rows), safe_first]
+        last_v = v[np.arange(rows), safe_last]
+        # Counter resets between consecutive *present* samples: a drop adds the value before it.
+        filled = forward_fill(v)
+        prev = np.empty_like(filled)
+        prev[:, 0] = np.nan
+        prev[:, 1:] = filled[:, :-1]
+        with np.errstate(invalid="ignore"):
+            drops = present & ~np.isnan(prev) & (v < prev)
+        correction = np.where(drops, prev, 0.0).sum(axis=1)
+    result = last_v - first_v + correction
+
+    first_t = ts[safe_first]
+    last_t = ts[safe_last]
+    duration_to_start = first_t - range_start
+    duration_to_end = range_end - last_t
+    sampled = last_t - first_t
+    with np.errstate(invalid="ignore", divide="ignore"):
+        average = sampled / (count - 1)
+        # Counters cannot go below zero: do not extrapolate past the counter's zero point.
+        to_zero = sampled * (first_v / result)
+        clamp = (result > 0) & (first_v >= 0) & (to_zero < duration_to_start)
+        duration_to_start = np.where(clamp, to_zero, duration_to_start)
+        threshold = average * 1.1
+        interval = sampled.copy()
+        interval += np.where(duration_to_start < threshold, duration_to_start, average / 2)
+        interval += np.where(duration_to_end < threshold, duration_to_end, average / 2)
+        result = result * (interval / sampled)
+        if is_rate:
+            result = result / (range_end - range_start)
+    ok &= sampled > 0
+    out[ok] = result[ok]
+    return out
+
+
+def rate(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: float) -> np.ndarray:
+    """Prometheus ``rate(x[range])`` per row: ``increase`` divided by the range in seconds."""
+    return increase(ts, values, range_start, range_end, is_rate=True)
+
+
+def quantile_over_time(q: float, values: np.ndarray) -> np.ndarray:
+    """Prometheus ``quantile_over_time(q, x[range])`` per row (NaN for a row without samples)."""
+    v = _rows(values)
+    rows, n = v.shape
+    if rows == 0:
+        return np.empty(0)
+    if q < 0:
+        return np.full(rows, -math.inf)
+    if q > 1:
+        return np.full(rows, math.inf)
+    srt = np.sort(v, axis=1)  # NaN sorts last
+    count = (~np.isnan(srt)).sum(axis=1)
+    out = np.full(rows, np.nan)
+    ok = count > 0
+    if not ok.any() or n == 0:
+        return out
+    rank = q * (count - 1.0)
+    lower = np.maximum(0.0, np.floor(rank))
+    upper = np.minimum(count - 1.0, lower + 1.0)
+    weight = rank - np.floor(rank)
+    if ok.all() and (count == n).all():  # no gaps: the same positions in every row
+        lo_v, hi_v = srt[:, int(lower[0])], srt[:, int(upper[0])]
+    else:
+        lo_i = np.clip(lower, 0, n - 1).astype(int)[:, np.newaxis]
+        hi_i = np.clip(upper, 0, n - 1).astype(int)[:, np.newaxis]
+        lo_v = np.take_along_axis(srt, lo_i, axis=1)[:, 0]
+        hi_v = np.take_along_axis(srt, hi_i, axis=1)[:, 0]
+    res = lo_v * (1 - weight) + hi_v * weight
+    out[ok] = res[ok]
+    return out
+
+
+def histogram_quantile(q: float, upper_bounds: np.ndarray, counts: np.ndarray) -> float:
+    """Prometheus ``histogram_quantile`` on one histogram: cumulative ``counts`` per ``le`` bound
+    (typically each bucket's increase over the window). NaN without a +Inf bucket or observations."""
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    ub = np.asarray(upper_bounds, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    keep = ~np.isnan(c)
+    ub, c = ub[keep], c[keep]
+    if len(ub) == 0:
+        return math.nan
+    order = np.argsort(ub, kind="stable")
+    ub, c = ub[order], c[order]
+    if not math.isinf(ub[-1]) or ub[-1] < 0:
+        return math.nan
+    # coalesce buckets with the same bound (several series of one histogram)
+    uniq, inverse = np.unique(ub, return_inverse=True)
+    if len(uniq) != len(ub):
+        c = np.bincount(inverse, weights=c)
+        ub = uniq
+    c = np.maximum.accumulate(c)  # ensureMonotonic
+    if len(ub) < 2:
+        return math.nan
+    observations = c[-1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = int(np.searchsorted(c[:-1], rank, side="left"))  # first bucket with count >= rank
+    if b == len(ub) - 1:
+        return float(ub[-2])
+    if b == 0 and ub[0] <= 0:
+        return float(ub[0])
+    start = 0.0
+    end = ub[b]
+    count = c[b]
+    if b > 0:
+        start = ub[b - 1]
+        count -= c[b - 1]
+        rank -= c[b - 1]
+    return float(start + (end - start) * (rank / count))
+
+
+def counter_deltas(values: np.ndarray) -> np.ndarray:
+    """Per-interval increments of counters (rows), counter resets handled: a drop counts the new
+    value (the counter restarted from zero). Absent samples are bridged; shape (rows, n-1)."""
+    v = forward_fill(values)
+    if v.shape[1] < 2:
+        return np.zeros((v.shape[0], 0))
+    d = np.diff(v, axis=1)
+    with np.errstate(invalid="ignore"):
+        d = np.where(d < 0, v[:, 1:], d)
+    return np.nan_to_num(d, nan=0.0)
+
+
+def theil_sen_slope(x: np.ndarray, y: np.ndarray, max_points: int = 200) -> float:
+    """Median of pairwise slopes (robust to outliers such as a preemption stall); NaN if undefined.
+    Long inputs are thinned evenly to ``max_points`` to bound the O(n^2) pairs."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    keep = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[keep], y[keep]
+    if len(x) > max_points:
+        idx = np.linspace(0, len(x) - 1, max_points).astype(int)
+        x, y = x[idx], y[idx]
+    if len(x) < 2:
+        return math.nan
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    valid = dx != 0
+    if not valid.any():
+        return math.nan
+    return float(np.median((y[j] - y[i])[valid] / dx[valid]))

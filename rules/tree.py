@@ -1,0 +1,612 @@
+"""The decision tree, written once as data: features, small predicates, and branches in order.
+
+Evaluated twice from this one definition:
+
+- in Python (``rules/diagnosis.py``): each ``Feature`` computes its windowed value from a
+  ``Window`` with ``rules/stats.py`` (Prometheus arithmetic), then the branches are tried in order;
+- as PromQL (``rules/promql.py``): each ``Feature`` becomes a recording rule over the canonical
+  signals, and each verdict an alert whose expression is its branch's condition *and not* the
+  conditions of every branch before it -- so exactly one verdict alert fires for a scenario.
+
+Semantics shared by both halves: a feature with no data is *missing*; a comparison on a missing
+feature is false (PromQL drops the sample); ``Not`` is evaluated for engines that are active.
+
+Features are scoped to the engine (aggregated ``by (namespace, pod, model_name, engine)``, summing
+data-parallel ranks) or to the pod's GPUs (``by (namespace, pod)``, the busiest GPU); GPU
+conditions join the engine through ``pod``. A ``Window`` holds one engine and its GPUs, so the
+Python half aggregates over everything in it.
+
+The tree (DESIGN.md "The decision tree"), first match wins:
+
+ 1. idle                    no tokens generated in the window
+ 2. kv_thrashing            preemptions, or KV moved into a GPU pool that sits at the ceiling
+ 3. kv_tier_miss            significant KV moved into the GPU (transfers, PCIe, hits off-GPU)
+ 4. kv_capacity_pressure    KV pool at the ceiling and requests waiting, no preemption yet
+ 5. healthy                 ITL p95 under the SLO and not rising
+ 6. memory_bandwidth_bound  DRAM bandwidth high, SM not clearly above it
+ 7. compute_bound           SM activity high (bandwidth not high, or clearly below SM)
+ 8. host_overhead_bound     the GPU mostly idle (both bandwidth and SM low) while decode is slow
+ 9. compute_bound           no GPU counters, prefill-heavy traffic
+10. memory_bandwidth_bound  otherwise (the decode prior; lower confidence)
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Union
+
+import numpy as np
+
+from . import stats
+from .signals import (
+    GENERATION_TOKENS,
+    GPU_DRAM_BANDWIDTH_UTILIZATION,
+    GPU_PCIE_RX,
+    GPU_SM_ACTIVE,
+    INTER_TOKEN_LATENCY,
+    KV_CACHE_USAGE,
+    KV_TRANSFER_BYTES,
+    PREEMPTIONS,
+    PREFIX_CACHE_HITS_BY_TIER,
+    PROMPT_TOKENS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+)
+from .thresholds import Thresholds
+from .window import Window
+
+ENGINE = "engine"
+GPU = "gpu"
+
+# Labels that identify an engine / a pod's GPUs in PromQL aggregations and joins.
+ENGINE_KEYS = ("namespace", "pod", "model_name", "engine")
+GPU_KEYS = ("namespace", "pod")
+
+# Non-precise GPU counters: NVML's utilisation rates are duty cycles, not bandwidth or SM activity.
+DUTY_CYCLE_METHOD = "nvml_util"
+
+
+# ----------------------------------------------------------------------------------- selectors
+
+@dataclass(frozen=True)
+class Selector:
+    """A canonical series name plus label matchers (``=`` or ``!=``), used by both halves."""
+
+    name: str
+    matchers: tuple[tuple[str, str, str], ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for label, op, value in self.matchers:
+            have = labels.get(label, "")
+            if (op == "=" and have != value) or (op == "!=" and have == value):
+                return False
+        return True
+
+    def promql(self, suffix: str = "") -> str:
+        inner = ",".join(f'{label}{op}"{value}"' for label, op, value in self.matchers)
+        return f"{self.name}{suffix}{{{inner}}}" if inner else f"{self.name}{suffix}"
+
+
+# ------------------------------------------------------------------------- the Python half
+
+class WindowView:
+    """A window prepared for feature evaluation: series grouped by name, the range and its thirds."""
+
+    def __init__(self, window: Window):
+        self.window = window
+        self.ts = window.timestamps
+        self.start = window.start
+        self.end = window.end
+        self._by_name: dict[str, list[tuple[dict, np.ndarray]]] = {}
+        for (name, labels), values in window.series.items():
+            self._by_name.setdefault(name, []).append((dict(labels), values))
+        self._cache: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def has(self, name: str) -> bool:
+        """True if any series ``name`` has a sample in the window."""
+        return any(not np.isnan(v).all() for _, v in self._by_name.get(name, ()))
+
+    def labels(self, name: str) -> list[dict]:
+        return [labels for labels, _ in self._by_name.get(name, ())]
+
+    def rows(self, sel: Selector, part: str = "all") -> tuple[list[dict], np.ndarray, np.ndarray, float, float]:
+        """(labels, values (rows, n), timestamps, range start, range end) for a selector; ``part``
+        is "all", or "early"/"late" for the first/last third of the window."""
+        key = (sel, part)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        start, end = self.start, self.end
+        ts = self.ts
+        mask = None
+        if part != "all" and len(ts):
+            third = (end - start) / 3.0
+            if part == "early":
+                end = start + third
+            else:
+                start = end - third
+            mask = (ts >= start) & (ts <= end)
+            ts = ts[mask]
+        found = [(labels, values) for labels, values in self._by_name.get(sel.name, ()) if sel.matches(labels)]
+        if found:
+            arr = np.vstack([values for _, values in found])
+            if mask is not None:
+                arr = arr[:, mask]
+        else:
+            arr = np.empty((0, len(ts)))
+        out = ([labels for labels, _ in found], arr, ts, start, end)
+        self._cache[key] = out
+        return out
+
+    # aggregations mirroring the PromQL the compiler writes
+    def sum_rate(self, sel: Selector) -> float:
+        _, arr, ts, start, end = self.rows(sel)
+        return _nansum(stats.rate(ts, arr, start, end))
+
+    def sum_increase(self, sel: Selector, part: str = "all") -> float:
+        _, arr, ts, start, end = self.rows(sel, part)
+        return _nansum(stats.increase(ts, arr, start, end))
+
+    def quantiles(self, sel: Selector, q: float) -> np.ndarray:
+        key = ("quantile", sel, q)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = stats.quantile_over_time(q, self.rows(sel)[1])
+        return hit
+
+    def histogram_quantile(self, name: str, q: float, part: str = "all") -> float:
+        labels, arr, ts, start, end = self.rows(Selector(name + "_bucket"), part)
+        if not labels:
+            return math.nan
+        inc = stats.increase(ts, arr, start, end)
+        bounds = np.array([_le(lb.get("le")) for lb in labels])
+        keep = ~np.isnan(inc) & ~np.isnan(bounds)
+        if not keep.any():
+            return math.nan
+        return stats.histogram_quantile(q, bounds[keep], inc[keep])
+
+
+def _le(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _nansum(values: np.ndarray) -> float:
+    """Prometheus ``sum``: the sum of the samples there are, no sample if there are none."""
+    present = values[~np.isnan(values)]
+    return float(present.sum()) if len(present) else math.nan
+
+
+def _nanmax(values: np.ndarray) -> float:
+    present = values[~np.isnan(values)]
+    return float(present.max()) if len(present) else math.nan
+
+
+# ---------------------------------------------------------------------------- features
+
+def prom_number(value: float) -> str:
+    """A float as PromQL reads it back exactly (repr), without a trailing ``.0``."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+@dataclass(frozen=True)
+class PromContext:
+    """What feature expressions need to render: the window as PromQL durations and the keys."""
+
+    window: str  # e.g. "60s"
+    third: str  # window / 3
+    two_thirds: str  # 2 x window / 3, the offset of the first third
+    engine_keys: str = ", ".join(ENGINE_KEYS)
+    gpu_keys: str = ", ".join(GPU_KEYS)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One windowed quantity the tree compares: its Python computation and its PromQL twin."""
+
+    name: str  # also the recording rule's middle part: kvdoctor:<name>:<window>
+    scope: str  # ENGINE or GPU
+    unit: str  # for evidence: "ratio", "seconds", "bytes/s", "tokens/s", "per minute", "requests"
+    signals: tuple[str, ...]  # canonical signals read
+    note: str  # what the number is, for evidence
+    python: Callable[[WindowView, Thresholds], float]
+    promql: Callable[[PromContext, Thresholds], str]
+
+    @property
+    def signal(self) -> str:
+        return self.signals[0]
+
+
+def _gpu_median_max(sel: Selector) -> Callable[[WindowView, Thresholds], float]:
+    return lambda v, t: _nanmax(v.quantiles(sel, t.gpu_quantile))
+
+
+def _gpu_median_max_promql(sel: Selector) -> Callable[[PromContext, Thresholds], str]:
+    return lambda c, t: (f"max by ({c.gpu_keys}) "
+                         f"(quantile_over_time({prom_number(t.gpu_quantile)}, {sel.promql()}[{c.window}]))")
+
+
+_PRECISE = (("method", "!=", DUTY_CYCLE_METHOD),)
+_TO_GPU = Selector(KV_TRANSFER_BYTES, (("direction", "=", "to_gpu"),))
+_DRAM_PRECISE = Selector(GPU_DRAM_BANDWIDTH_UTILIZATION, _PRECISE)
+_SM_PRECISE = Selector(GPU_SM_ACTIVE, _PRECISE)
+_TIER_ALL = Selector(PREFIX_CACHE_HITS_BY_TIER)
+_TIER_SLOW = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "!=", "device"),))
+
+
+def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
+    total = v.sum_increase(_TIER_ALL)
+    if math.isnan(total):
+        return math.nan
+    slow = v.sum_increase(_TIER_SLOW)
+    slow = 0.0 if math.isnan(slow) else slow
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.float64(slow) / np.float64(total))
+
+
+def _gpu_busy(v: WindowView, t: Thresholds) -> float:
+    values = np.concatenate([
+        v.quantiles(Selector(GPU_DRAM_BANDWIDTH_UTILIZATION), t.gpu_quantile),
+        v.quantiles(Selector(GPU_SM_ACTIVE), t.gpu_quantile),
+    ])
+    return _nanmax(values)
+
+
+def _gpu_busy_promql(c: PromContext, t: Thresholds) -> str:
+    parts = [
+        f'label_replace(quantile_over_time({prom_number(t.gpu_quantile)}, {name}[{c.window}]), "gpu_signal", "{tag}", "", "")'
+        for name, tag in ((GPU_DRAM_BANDWIDTH_UTILIZATION, "dram"), (GPU_SM_ACTIVE, "sm"))
+    ]
+    return f"max by ({c.gpu_keys}) ({parts[0]} or {parts[1]})"
+
+
+def _itl_quantile(q: Callable[[Thresholds], float], part: str):
+    return lambda v, t: v.histogram_quantile(INTER_TOKEN_LATENCY, q(t), part)
+
+
+def _itl_quantile_promql(q: Callable[[Thresholds], float], part: str):
+    def render(c: PromContext, t: Thresholds) -> str:
+        rng = {"all": f"[{c.window}]", "late": f"[{c.third}]", "early": f"[{c.third}] offset {c.two_thirds}"}[part]
+        return (f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) "
+                f"(increase({INTER_TOKEN_LATENCY}_bucket{rng})))")
+    return render
+
+
+FEATURES: dict[str, Feature] = {f.name: f for f in (
+    Feature(
+        "generation_tokens_per_second", ENGINE, "tokens/s", (GENERATION_TOKENS,),
+        "output tokens per second over the window (counter resets handled)",
+        lambda v, t: v.sum_rate(Selector(GENERATION_TOKENS)),
+        lambda c, t: f"sum by ({c.engine_keys}) (rate({GENERATION_TOKENS}[{c.window}]))"),
+    Feature(
+        "prompt_tokens_per_second", ENGINE, "tokens/s", (PROMPT_TOKENS,),
+        "prompt tokens per second over the window",
+        lambda v, t: v.sum_rate(Selector(PROMPT_TOKENS)),
+        lambda c, t: f"sum by ({c.engine_keys}) (rate({PROMPT_TOKENS}[{c.window}]))"),
+    Feature(
+        "requests_running", ENGINE, "requests", (REQUESTS_RUNNING,),
+        "median requests running over the window",
+        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_RUNNING), 0.5)),
+        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_RUNNING}[{c.window}]))"),
+    Feature(
+        "requests_waiting", ENGINE, "requests", (REQUESTS_WAITING,),
+        "median requests waiting over the window",
+        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_WAITING), 0.5)),
+        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_WAITING}[{c.window}]))"),
+    Feature(
+        "preemptions_per_minute", ENGINE, "per minute", (PREEMPTIONS,),
+        "preemptions per minute over the window (counter history and resets handled)",
+        lambda v, t: v.sum_rate(Selector(PREEMPTIONS)) * 60,
+        lambda c, t: f"sum by ({c.engine_keys}) (rate({PREEMPTIONS}[{c.window}])) * 60"),
+    Feature(
+        "kv_usage", ENGINE, "ratio", (KV_CACHE_USAGE,),
+        "KV-cache usage, a high quantile over the window (robust to the oscillation under preemption)",
+        lambda v, t: _nanmax(v.quantiles(Selector(KV_CACHE_USAGE), t.kv_usage_quantile)),
+        lambda c, t: (f"max by ({c.engine_keys}) "
+                      f"(quantile_over_time({prom_number(t.kv_usage_quantile)}, {KV_CACHE_USAGE}[{c.window}]))")),
+    Feature(
+        "kv_to_gpu_bytes_per_second", ENGINE, "bytes/s", (KV_TRANSFER_BYTES,),
+        "KV bytes per second moved into the GPU from another tier",
+        lambda v, t: v.sum_rate(_TO_GPU),
+        lambda c, t: f"sum by ({c.engine_keys}) (rate({_TO_GPU.promql()}[{c.window}]))"),
+    Feature(
+        "slow_tier_hit_fraction", ENGINE, "ratio", (PREFIX_CACHE_HITS_BY_TIER,),
+        "share of prefix-cache hit tokens served from a tier other than the GPU",
+        _slow_tier_fraction,
+        lambda c, t: (
+            f"(sum by ({c.engine_keys}) (increase({_TIER_SLOW.promql()}[{c.window}])) "
+            f"or on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}])) * 0) "
+            f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}]))")),
+    Feature(
+        "itl_p95_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
+        "inter-token latency quantile from the histogram's bucket increases over the window",
+        _itl_quantile(lambda t: t.itl_quantile, "all"),
+        _itl_quantile_promql(lambda t: t.itl_quantile, "all")),
+    Feature(
+        "itl_early_median_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
+        "median inter-token latency in the window's first third",
+        _itl_quantile(lambda t: 0.5, "early"),
+        _itl_quantile_promql(lambda t: 0.5, "early")),
+    Feature(
+        "itl_late_median_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
+        "median inter-token latency in the window's last third",
+        _itl_quantile(lambda t: 0.5, "late"),
+        _itl_quantile_promql(lambda t: 0.5, "late")),
+    Feature(
+        "pcie_receive_bytes_per_second", GPU, "bytes/s", (GPU_PCIE_RX,),
+        "PCIe receive bandwidth, median over the window, busiest GPU",
+        _gpu_median_max(Selector(GPU_PCIE_RX)),
+        _gpu_median_max_promql(Selector(GPU_PCIE_RX))),
+    Feature(
+        "dram_bandwidth_ratio", GPU, "ratio", (GPU_DRAM_BANDWIDTH_UTILIZATION,),
+        "DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median, busiest GPU",
+        _gpu_median_max(_DRAM_PRECISE),
+        _gpu_median_max_promql(_DRAM_PRECISE)),
+    Feature(
+        "sm_active_ratio", GPU, "ratio", (GPU_SM_ACTIVE,),
+        "SM activity (GPM or DCGM; not NVML's duty cycle), median, busiest GPU",
+        _gpu_median_max(_SM_PRECISE),
+        _gpu_median_max_promql(_SM_PRECISE)),
+    Feature(
+        "gpu_busy_ratio", GPU, "ratio", (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE),
+        "the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median, busiest GPU",
+        _gpu_busy,
+        _gpu_busy_promql),
+)}
+
+
+# --------------------------------------------------------------------------- predicates
+
+@dataclass(frozen=True)
+class Param:
+    """A threshold: ``Thresholds.<name>`` (or ``slo_seconds``), optionally times another one."""
+
+    name: str
+    times: str | None = None
+
+    def value(self, params: Mapping[str, float]) -> float:
+        v = float(params[self.name])
+        return v * float(params[self.times]) if self.times else v
+
+    def describe(self) -> str:
+        return f"{self.name} x {self.times}" if self.times else self.name
+
+
+@dataclass(frozen=True)
+class Cmp:
+    """``feature <op> threshold``."""
+
+    feature: str
+    op: str
+    threshold: Param
+
+
+@dataclass(frozen=True)
+class CmpFeatures:
+    """``left <op> right x scale + offset``: two features of one scope compared."""
+
+    left: str
+    op: str
+    right: str
+    scale: Param | None = None
+    offset: Param | None = None
+
+
+@dataclass(frozen=True)
+class Present:
+    """The feature has a value in the window."""
+
+    feature: str
+
+
+@dataclass(frozen=True)
+class All:
+    terms: tuple = ()
+
+
+@dataclass(frozen=True)
+class Any:
+    terms: tuple = ()
+
+
+@dataclass(frozen=True)
+class Not:
+    term: object
+
+
+@dataclass(frozen=True)
+class Named:
+    """A sub-condition with a name: the PromQL half records it (``kvdoctor:<name>:<window>``) and
+    refers to it by that name, which keeps the alert expressions readable."""
+
+    name: str
+    condition: object
+
+
+Condition = Union[Cmp, CmpFeatures, Present, All, Any, Not, Named]
+Atom = Union[Cmp, CmpFeatures, Present]
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+}
+
+
+def right_side(c: CmpFeatures, values: Mapping[str, float], params: Mapping[str, float]) -> float:
+    v = values.get(c.right, math.nan)
+    if c.scale is not None:
+        v = v * c.scale.value(params)
+    if c.offset is not None:
+        v = v + c.offset.value(params)
+    return v
+
+
+def evaluate(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
+    """The condition on computed feature values; missing (NaN) features make comparisons false."""
+    if isinstance(cond, Cmp):
+        v = values.get(cond.feature, math.nan)
+        return not math.isnan(v) and OPS[cond.op](v, cond.threshold.value(params))
+    if isinstance(cond, CmpFeatures):
+        left = values.get(cond.left, math.nan)
+        right = right_side(cond, values, params)
+        return not (math.isnan(left) or math.isnan(right)) and OPS[cond.op](left, right)
+    if isinstance(cond, Present):
+        return not math.isnan(values.get(cond.feature, math.nan))
+    if isinstance(cond, All):
+        return all(evaluate(t, values, params) for t in cond.terms)
+    if isinstance(cond, Any):
+        return any(evaluate(t, values, params) for t in cond.terms)
+    if isinstance(cond, Not):
+        return not evaluate(cond.term, values, params)
+    if isinstance(cond, Named):
+        return evaluate(cond.condition, values, params)
+    raise TypeError(f"not a condition: {cond!r}")
+
+
+def atoms(cond: Condition) -> Iterator[Atom]:
+    """The comparisons a condition reads, in order."""
+    if isinstance(cond, (Cmp, CmpFeatures, Present)):
+        yield cond
+    elif isinstance(cond, (All, Any)):
+        for term in cond.terms:
+            yield from atoms(term)
+    elif isinstance(cond, Not):
+        yield from atoms(cond.term)
+    elif isinstance(cond, Named):
+        yield from atoms(cond.condition)
+
+
+def features_of(cond: Condition) -> list[str]:
+    out: list[str] = []
+    for a in atoms(cond):
+        for name in ((a.left, a.right) if isinstance(a, CmpFeatures) else (a.feature,)):
+            if name not in out:
+                out.append(name)
+    return out
+
+
+# ------------------------------------------------------------------------------ the tree
+
+ACTIVE = Named("engine_active", Any((
+    Cmp("generation_tokens_per_second", ">", Param("idle_tokens_per_second")),
+    # an engine without a token counter: requests in the batch are the next best sign of work
+    All((Cmp("requests_running", ">", Param("zero")), Not(Present("generation_tokens_per_second")))),
+)))
+AT_CEILING = Cmp("kv_usage", ">=", Param("kv_ceiling_ratio"))
+TRANSFERS_SIGNIFICANT = Named("kv_transfers_significant", Any((
+    Cmp("kv_to_gpu_bytes_per_second", ">=", Param("kv_to_gpu_bytes_per_second_min")),
+    Cmp("pcie_receive_bytes_per_second", ">=", Param("pcie_receive_bytes_per_second_min")),
+    Cmp("slow_tier_hit_fraction", ">=", Param("slow_tier_hit_fraction_min")),
+)))
+QUEUE_BACKED_UP = Cmp("requests_waiting", ">=", Param("queue_waiting_min"))
+SLOW = Named("itl_slow", Any((
+    Cmp("itl_p95_seconds", ">=", Param("slo_seconds")),
+    All((
+        CmpFeatures("itl_late_median_seconds", ">=", "itl_early_median_seconds", scale=Param("trend_ratio")),
+        Cmp("itl_late_median_seconds", ">=", Param("trend_min_slo_fraction", "slo_seconds")),
+    )),
+)))
+PRECISE_GPU = Named("gpu_counters_precise", Any((Present("dram_bandwidth_ratio"), Present("sm_active_ratio"))))
+BANDWIDTH_HIGH = Named("gpu_bandwidth_high", All((
+    Cmp("dram_bandwidth_ratio", ">=", Param("bandwidth_high_ratio")),
+    Not(CmpFeatures("sm_active_ratio", ">=", "dram_bandwidth_ratio", offset=Param("clearly_above_margin"))),
+)))
+# Recorded by the PromQL half, in this order (later ones may use the earlier ones).
+NAMED_CONDITIONS: tuple[Named, ...] = (ACTIVE, TRANSFERS_SIGNIFICANT, SLOW, PRECISE_GPU, BANDWIDTH_HIGH)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One leaf of the tree: the verdict when ``condition`` holds and no earlier branch did."""
+
+    id: str
+    verdict: str
+    step: int  # DESIGN.md's step: 1 idle, 2 capacity/placement, 3 healthy, 4 bottleneck
+    condition: Condition
+    summary: str  # the branch in words, for evidence and docs
+
+
+TRUE = All(())
+
+BRANCHES: tuple[Branch, ...] = (
+    Branch("idle", "idle", 1, Not(ACTIVE), "no tokens generated in the window"),
+    Branch("thrashing_preemptions", "kv_thrashing", 2,
+           Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
+           "the engine is preempting requests: the KV pool ran out"),
+    Branch("thrashing_reload", "kv_thrashing", 2, All((TRANSFERS_SIGNIFICANT, AT_CEILING)),
+           "KV moves into a GPU pool that sits at the ceiling"),
+    Branch("tier_miss", "kv_tier_miss", 2, TRANSFERS_SIGNIFICANT,
+           "prefix hits are served from a slower tier while the GPU pool has room"),
+    Branch("capacity_pressure", "kv_capacity_pressure", 2, All((AT_CEILING, QUEUE_BACKED_UP)),
+           "the KV pool is full and requests wait, no preemption yet"),
+    Branch("healthy", "healthy", 3, Not(SLOW), "ITL p95 under the SLO and not rising"),
+    Branch("bandwidth_high", "memory_bandwidth_bound", 4, BANDWIDTH_HIGH,
+           "DRAM bandwidth is high and SM activity is not clearly above it"),
+    Branch("sm_high", "compute_bound", 4, Cmp("sm_active_ratio", ">=", Param("sm_high_ratio")),
+           "SM activity is high and DRAM bandwidth is not"),
+    Branch("gpu_idle", "host_overhead_bound", 4, Cmp("gpu_busy_ratio", "<", Param("host_overhead_gpu_max")),
+           "the GPU is mostly idle while decode is slow: the time goes to the host"),
+    Branch("prefill_heavy_no_gpu", "compute_bound", 4,
+           All((Not(PRECISE_GPU), CmpFeatures("prompt_tokens_per_second", ">=", "generation_tokens_per_second",
+                                              scale=Param("prefill_heavy_ratio")))),
+           "no GPU counters; prefill-heavy traffic"),
+    Branch("decode_default", "memory_bandwidth_bound", 4, TRUE,
+           "slow decode without a clearer cause: most likely bandwidth (decode re-reads weights and KV every token)"),
+)
+
+BRANCH_BY_ID = {b.id: b for b in BRANCHES}
+
+
+def parameters(thresholds: Thresholds, slo_seconds: float) -> dict[str, float]:
+    """What ``Param`` names resolve to: every threshold, the SLO, and zero."""
+    return {**thresholds.as_dict(), "slo_seconds": float(slo_seconds), "zero": 0.0}
+
+
+def compute_features(view: WindowView, thresholds: Thresholds) -> dict[str, float]:
+    """Every feature's value on the window (NaN where missing)."""
+    out: dict[str, float] = {}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for name, feature in FEATURES.items():
+            value = feature.python(view, thresholds)
+            out[name] = math.nan if value is None else float(value)
+    return out
+
+
+def choose_branch(values: Mapping[str, float], params: Mapping[str, float]) -> Branch:
+    """The first branch whose condition holds (the last one always does)."""
+    for branch in BRANCHES:
+        if evaluate(branch.condition, values, params):
+            return branch
+    raise AssertionError("the tree's last branch must always hold")  # pragma: no cover
+
+
+def precedence_condition(index: int) -> Condition:
+    """Branch ``index``'s own condition and-not every earlier branch's: what its alert encodes."""
+    terms: list = [BRANCHES[index].condition]
+    for earlier in BRANCHES[:index]:
+        c = earlier.condition
+        terms.append(c.term if isinstance(c, Not) else Not(c))
+    return All(tuple(terms))
+
+
+@dataclass(frozen=True)
+class TreeSignals:
+    """Signals grouped by what is missing when they are absent (for ``Diagnosis.missing``)."""
+
+    gpu: tuple[str, ...] = (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, GPU_PCIE_RX)
+    engine: tuple[str, ...] = field(default=(
+        GENERATION_TOKENS, PROMPT_TOKENS, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS, KV_CACHE_USAGE,
+        KV_TRANSFER_BYTES, PREFIX_CACHE_HITS_BY_TIER, INTER_TOKEN_LATENCY,
+    ))
+
+
+TREE_SIGNALS = TreeSignals()
