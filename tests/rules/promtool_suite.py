@@ -1,0 +1,99 @@
+"""The scenario suite as one ``promtool test rules`` file, with the expectations the Python half gives.
+
+For each scenario, at the end of its series:
+
+- ``alert_rule_test`` for every verdict alert (and ``KvdoctorSourceDown``): the one matching the
+  expected verdict is firing, with the labels of the engine and the annotations Prometheus would
+  render (``$value`` is the Python evaluator's value of the alert's feature); all others are not;
+- ``promql_expr_test`` on ``ALERTS`` for the verdict alerts: exactly the expected one is pending or
+  firing -- *pending* for scenarios that do not settle (a latency trend holds only at the end, so
+  the alert's ``for`` cannot elapse; the tree's answer must still be the same).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from kvdoctor.rules import promql, tree
+from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
+from kvdoctor.rules.thresholds import Thresholds
+
+from tests.rules.scenarios import Scenario
+
+EVALUATION_INTERVAL = "30s"
+
+
+def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str, str]:
+    labels = {k: v for k, v in scenario.engine_labels().items() if k in tree.ENGINE_KEYS}
+    labels["severity"] = spec.severity
+    return labels
+
+
+def _annotations(rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str],
+                 value: float) -> dict[str, str]:
+    return {k: promql.render_template(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
+
+
+def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict]) -> dict[str, list[dict]]:
+    """Alert name -> the promtool ``exp_alerts`` list at the scenario's end, from the Python verdict."""
+    out: dict[str, list[dict]] = {}
+    for spec in promql.ALERTS:
+        out[spec.name] = []
+        if spec.verdict is not None and spec.verdict == diagnosis.verdict and scenario.settles:
+            labels = _engine_alert_labels(scenario, spec)
+            value = diagnosis.features.get(spec.value_feature, math.nan)
+            out[spec.name] = [{"exp_labels": labels,
+                               "exp_annotations": _annotations(rules, spec, labels, value)}]
+        if spec.verdict is None:
+            for source in scenario.sources_down:
+                labels = {"source": source, "pod": scenario.pod, "severity": spec.severity}
+                out[spec.name].append({"exp_labels": labels,
+                                       "exp_annotations": _annotations(rules, spec, labels, 0.0)})
+    return out
+
+
+def _alerts_series(scenario: Scenario, verdict: str) -> list[dict]:
+    name = promql.VERDICT_ALERT.get(verdict)
+    if name is None:
+        return []
+    spec = promql.ALERT_BY_NAME[name]
+    labels = {"alertname": name, "alertstate": "firing" if scenario.settles else "pending",
+              **_engine_alert_labels(scenario, spec)}
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return [{"labels": f"ALERTS{{{inner}}}", "value": 1}]
+
+
+def scenario_group(scenario: Scenario, rules: dict[str, dict], thresholds: Thresholds, slo_seconds: float) -> dict:
+    """One promtool test group for ``scenario`` (its verdict from the Python evaluator)."""
+    diagnosis = diagnose(scenario.window(), Context(slo_seconds=slo_seconds), thresholds)
+    verdict = diagnosis.verdict
+    at = f"{scenario.eval_seconds}s"
+    verdict_alerts = "|".join(promql.VERDICT_ALERT_NAMES)
+    return {
+        "name": scenario.name,
+        "interval": f"{scenario.step:g}s",
+        "input_series": scenario.input_series(),
+        "alert_rule_test": [
+            {"eval_time": at, "alertname": name, "exp_alerts": exp}
+            for name, exp in expected_alerts(scenario, diagnosis, rules).items()
+        ],
+        "promql_expr_test": [
+            {"expr": f'ALERTS{{alertname=~"{verdict_alerts}"}}', "eval_time": at,
+             "exp_samples": _alerts_series(scenario, verdict)},
+        ],
+    }
+
+
+def write_test_file(path: Path, rule_file: Path, scenarios: list[Scenario], thresholds: Thresholds | None = None,
+                    slo_seconds: float = promql.DEFAULT_SLO_SECONDS) -> Path:
+    t = thresholds or Thresholds()
+    rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds)}
+    doc = {
+        "rule_files": [str(rule_file)],
+        "evaluation_interval": EVALUATION_INTERVAL,
+        "tests": [scenario_group(s, rules, t, slo_seconds) for s in scenarios],
+    }
+    path.write_text(json.dumps(doc, indent=1))  # JSON is YAML, and much faster to write
+    return path
