@@ -1,0 +1,33 @@
+"""Regenerates the README's generated tables (metrics, collectors) in place.
+
+    .venv/bin/python scripts/update_readme.py
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def generated_blocks() -> dict[str, str]:
+    from kvdoctor.exporter.collectors import base as collectors
+    from kvdoctor.rules import signals
+
+    return {"metrics": signals.markdown_table(), "collectors": collectors.markdown_table()}
+
+
+def render(text: str) -> str:
+    for name, body in generated_blocks().items():
+        pattern = re.compile(rf"(<!-- {name}:begin[^>]*-->\n).*?(<!-- {name}:end -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"update_readme: README.md lacks the <!-- {name}:begin --> marker")
+        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+if __name__ == "__main__":
+    README.write_text(render(README.read_text()))
+    sys.exit(0)
