@@ -1,0 +1,165 @@
+"""Running an ASGI app with uvicorn: in a background thread, or blocking until Ctrl-C / SIGTERM.
+
+We bind the listening socket ourselves before handing it to uvicorn, so "address already in use"
+is a ``PortInUseError`` with a clear message at the call site, instead of uvicorn logging the
+error and calling ``sys.exit`` from wherever it happens to run.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import socket
+import threading
+import time
+from typing import Callable
+
+import uvicorn
+
+log = logging.getLogger("kvdoctor.server")
+
+STARTUP_TIMEOUT = 15.0
+
+
+class ServerError(RuntimeError):
+    """The server could not be started."""
+
+
+class PortInUseError(ServerError):
+    """The address is already taken by another process."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port); clear errors on failure."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ServerError(f"cannot bind {host}:{port}: unknown host ({exc.strerror})") from None
+    family, socktype, proto, _, address = infos[0]
+    sock = socket.socket(family, socktype, proto)
+    try:
+        # TIME_WAIT leftovers of a previous run may be reused; a live listener still refuses.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"port {port} on {host} is already in use (choose another with --port)") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ServerError(f"cannot bind {host}:{port}: address not available on this machine") from None
+        if exc.errno == errno.EACCES:
+            raise ServerError(f"cannot bind {host}:{port}: permission denied") from None
+        raise ServerError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class ServerHandle:
+    """A uvicorn server running in a daemon thread; ``stop()`` shuts it down."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread, sock: socket.socket):
+        self._server = server
+        self._thread = thread
+        self._socket = sock
+        address = sock.getsockname()
+        self.host: str = address[0]
+        self.port: int = address[1]
+        self.error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():  # a stuck connection: stop waiting for it
+            self._server.force_exit = True
+            self._thread.join(timeout)
+        try:
+            self._socket.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                    sock: socket.socket | None = None) -> ServerHandle:
+    """Start ``app`` on ``host:port`` (or on ``sock``, from ``bind_socket``) in a thread; returns
+    once it accepts connections.
+
+    Raises ``PortInUseError`` if the port is taken, ``ServerError`` for other start failures.
+    """
+    if sock is None:
+        sock = bind_socket(host, port)
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(config)
+    handle_box: list[ServerHandle] = []
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # SystemExit from uvicorn included: report, don't kill the process
+            if handle_box:
+                handle_box[0].error = exc
+            log.error("HTTP server stopped: %s", exc)
+
+    thread = threading.Thread(target=run, name=f"kvdoctor-http-{sock.getsockname()[1]}", daemon=True)
+    handle = ServerHandle(server, thread, sock)
+    handle_box.append(handle)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            handle.stop(timeout=1.0)
+            detail = f": {handle.error}" if handle.error else ""
+            raise ServerError(f"the HTTP server on {host}:{handle.port} did not start{detail}")
+        time.sleep(0.01)
+    return handle
+
+
+def serve(app, host: str = "127.0.0.1", port: int = 0, on_started: Callable[[ServerHandle], None] | None = None,
+          stop_event: threading.Event | None = None, sock: socket.socket | None = None) -> int:
+    """Serve ``app`` until Ctrl-C or SIGTERM (or ``stop_event``), then shut down cleanly.
+
+    ``sock`` is a socket from ``bind_socket`` (bind first to fail early on a port in use);
+    ``on_started(handle)`` runs once the server accepts connections (start collection, print
+    the URL there). Returns 0 after a requested stop, 1 if the server died on its own.
+    """
+    stop = stop_event or threading.Event()
+    handle = serve_in_thread(app, host, port, sock=sock)
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda *_: stop.set())
+    try:
+        if on_started is not None:
+            on_started(handle)
+        while not stop.wait(0.5):
+            if not handle.alive:
+                log.error("the HTTP server stopped unexpectedly%s", f": {handle.error}" if handle.error else "")
+                return 1
+        return 0
+    finally:
+        handle.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
