@@ -1,0 +1,188 @@
+"""The simulated GPU collector: the NVML collector's signals, read from the built-in simulator.
+
+It plays the part NVML GPM plays on a Hopper GPU: the device keeps cumulative activity counters
+(DRAM bytes, SM-busy time, PCIe bytes), the collector reads them twice and turns the difference
+into ``DRAM_BW_UTIL``, ``SM_UTIL`` and ``PCIE_RX/TX_PER_SEC``-style values, labelled
+``method="gpm"``. So, like GPM, the first collection has no ratios yet (it needs two samples).
+
+Sources: an in-process ``Simulation`` (tests, benchmarks), or the simulated engine's ``GET /gpu``
+over HTTP (what ``kvdoctor demo`` uses: the collector built from settings points at
+``settings.engine_url``'s host, the simulated engine). Registered as ``simulated_gpu``, off by
+default; ``kvdoctor demo`` turns it on instead of ``nvml``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from kvdoctor.exporter.collectors.base import Collected, NotApplicable, SourceError, register
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.window import labels_of
+
+NAME = "simulated_gpu"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of the simulated device."""
+
+    name: str
+    memory_total_bytes: float
+    memory_used_bytes: float
+    peak_bandwidth: float
+    seed: int
+    time: float
+    dram_bytes: float
+    sm_active_seconds: float
+    pcie_rx_bytes: float
+    pcie_tx_bytes: float
+
+    @classmethod
+    def from_payload(cls, p: dict) -> "GpuSample":
+        try:
+            return cls(
+                name=str(p["name"]),
+                memory_total_bytes=float(p["memory_total_bytes"]),
+                memory_used_bytes=float(p["memory_used_bytes"]),
+                peak_bandwidth=float(p["peak_bandwidth_bytes_per_second"]),
+                seed=int(p.get("seed", 0)),
+                time=float(p["time"]),
+                dram_bytes=float(p["dram_bytes"]),
+                sm_active_seconds=float(p["sm_active_seconds"]),
+                pcie_rx_bytes=float(p["pcie_rx_bytes"]),
+                pcie_tx_bytes=float(p["pcie_tx_bytes"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SourceError("bad_payload", f"simulated GPU payload lacks or mangles {exc}") from None
+
+
+class GpuSource(Protocol):
+    def read(self) -> GpuSample: ...
+
+    def close(self) -> None: ...
+
+
+class SimulationSource:
+    """Reads an in-process Simulation."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def read(self) -> GpuSample:
+        from .engine_server import gpu_payload
+
+        return GpuSample.from_payload(gpu_payload(self.sim))
+
+    def close(self) -> None:
+        pass
+
+
+class HttpSource:
+    """Reads the simulated engine's ``GET /gpu``."""
+
+    def __init__(self, url: str, timeout: float = 2.0):
+        self.url = url
+        self._client = httpx.Client(timeout=timeout)
+
+    @classmethod
+    def for_engine(cls, engine_url: str, timeout: float = 2.0) -> "HttpSource":
+        """The ``/gpu`` endpoint next to an engine's ``/metrics`` URL."""
+        parts = urlsplit(engine_url)
+        return cls(urlunsplit((parts.scheme, parts.netloc, "/gpu", "", "")), timeout)
+
+    def read(self) -> GpuSample:
+        try:
+            resp = self._client.get(self.url)
+        except httpx.ConnectError as exc:
+            raise SourceError("connection_refused", f"{self.url}: {exc}") from None
+        except httpx.TimeoutException:
+            raise SourceError("timeout", f"{self.url}: no answer") from None
+        except httpx.HTTPError as exc:
+            raise SourceError("http_error", f"{self.url}: {exc}") from None
+        if resp.status_code == 404:
+            raise NotApplicable(f"{self.url} is not a kvdoctor simulated engine")
+        if resp.status_code != 200:
+            raise SourceError(f"http_{resp.status_code}", f"{self.url} answered {resp.status_code}")
+        try:
+            payload = resp.json()
+        except ValueError:
+            raise SourceError("bad_payload", f"{self.url} did not answer JSON") from None
+        if not isinstance(payload, dict):
+            raise SourceError("bad_payload", f"{self.url} did not answer a JSON object")
+        return GpuSample.from_payload(payload)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def gpu_uuid(seed: int, index: int) -> str:
+    """A stable NVML-style UUID for simulated GPU ``index``."""
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvdoctor-simulated-gpu/{seed}/{index}"))
+
+
+class SimulatedGpuCollector:
+    """``count`` GPUs that all mirror the simulated engine's device (tensor-parallel shards carry
+    the same load), each with its own index and UUID."""
+
+    name = NAME
+
+    def __init__(self, source: GpuSource | None, count: int = 1):
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        self.source = source
+        self.count = count
+        self._previous: GpuSample | None = None
+        self._ratios: tuple[float, float, float, float] | None = None
+
+    @classmethod
+    def for_simulation(cls, sim, count: int = 1) -> "SimulatedGpuCollector":
+        return cls(SimulationSource(sim), count)
+
+    def collect(self) -> Collected:
+        if self.source is None:
+            raise NotApplicable("no simulated engine configured (--engine-url)")
+        sample = self.source.read()
+        previous, self._previous = self._previous, sample
+        if previous is not None:
+            elapsed = sample.time - previous.time
+            if elapsed > 0:
+                self._ratios = (
+                    min(1.0, max(0.0, (sample.dram_bytes - previous.dram_bytes) / (elapsed * sample.peak_bandwidth))),
+                    min(1.0, max(0.0, (sample.sm_active_seconds - previous.sm_active_seconds) / elapsed)),
+                    max(0.0, (sample.pcie_rx_bytes - previous.pcie_rx_bytes) / elapsed),
+                    max(0.0, (sample.pcie_tx_bytes - previous.pcie_tx_bytes) / elapsed),
+                )
+        out = Collected()
+        for index in range(self.count):
+            ident = {"gpu": str(index), "uuid": gpu_uuid(sample.seed, index), "model": sample.name}
+            labels = labels_of(ident)
+            out.add(S.GPU_MEMORY_TOTAL, sample.memory_total_bytes, labels)
+            out.add(S.GPU_MEMORY_USED, sample.memory_used_bytes, labels)
+            out.add(S.GPU_DRAM_PEAK_BANDWIDTH, sample.peak_bandwidth, labels)
+            if self._ratios is not None:
+                dram, sm, rx, tx = self._ratios
+                gpm = labels_of(ident, method="gpm")
+                out.add(S.GPU_DRAM_BANDWIDTH_UTILIZATION, dram, gpm)
+                out.add(S.GPU_SM_ACTIVE, sm, gpm)
+                out.add(S.GPU_PCIE_RX, rx, labels)
+                out.add(S.GPU_PCIE_TX, tx, labels)
+        return out
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+
+
+@register(NAME, "Simulated GPU (kvdoctor demo): the nvml collector's signals, method=gpm, from the "
+                "built-in simulated engine at --engine-url", enabled_by_default=False)
+def from_settings(settings) -> SimulatedGpuCollector:
+    """The collector ``kvdoctor exporter --collector.simulated_gpu`` builds: it reads the
+    simulated engine the engine collector scrapes."""
+    url = getattr(settings, "engine_url", None)
+    timeout = float(getattr(settings, "scrape_timeout", None) or 2.0)
+    return SimulatedGpuCollector(HttpSource.for_engine(url, timeout) if url else None)

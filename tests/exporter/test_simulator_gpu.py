@@ -1,0 +1,131 @@
+"""The simulated GPU collector: the nvml collector's canonical signals, GPM-style, from the simulator."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from kvdoctor.exporter.collectors.base import REGISTRY, NotApplicable, SourceError
+from kvdoctor.exporter.config import load_settings
+from kvdoctor.exporter.simulator.engine_server import EngineServer
+from kvdoctor.exporter.simulator.gpu import HttpSource, SimulatedGpuCollector, gpu_uuid
+from kvdoctor.exporter.simulator.physics import Simulation
+from kvdoctor.rules import signals as S
+
+T0 = 1_800_000_000.0
+
+GPU_SIGNALS = {S.GPU_DRAM_BANDWIDTH_UTILIZATION, S.GPU_SM_ACTIVE, S.GPU_MEMORY_USED, S.GPU_MEMORY_TOTAL,
+               S.GPU_PCIE_RX, S.GPU_PCIE_TX, S.GPU_DRAM_PEAK_BANDWIDTH}
+
+
+class Clock:
+    def __init__(self):
+        self.t = T0
+
+    def __call__(self):
+        return self.t
+
+
+def by_name(collected) -> dict[str, list[tuple[dict, float]]]:
+    out: dict[str, list] = {}
+    for (name, labels), value in collected.samples.items():
+        out.setdefault(name, []).append((dict(labels), value))
+    return out
+
+
+def test_registered_like_every_collector():
+    spec = REGISTRY["simulated_gpu"]
+    assert not spec.enabled_by_default  # only the demo turns it on
+
+
+def test_first_reading_has_no_ratios_then_gpm_ratios():
+    clock = Clock()
+    sim = Simulation("bandwidth_bound", seed=0, clock=clock, warmup=10)
+    collector = SimulatedGpuCollector.for_simulation(sim)
+    first = by_name(collector.collect())
+    assert set(first) == {S.GPU_MEMORY_USED, S.GPU_MEMORY_TOTAL, S.GPU_DRAM_PEAK_BANDWIDTH}  # GPM needs two samples
+    clock.t += 2
+    second = by_name(collector.collect())
+    assert set(second) == GPU_SIGNALS
+    for name in (S.GPU_DRAM_BANDWIDTH_UTILIZATION, S.GPU_SM_ACTIVE):
+        ((labels, _),) = second[name]
+        assert labels == {"gpu": "0", "uuid": gpu_uuid(0, 0), "model": "NVIDIA H100 80GB HBM3", "method": "gpm"}
+    ((labels, _),) = second[S.GPU_MEMORY_USED]
+    assert labels == {"gpu": "0", "uuid": gpu_uuid(0, 0), "model": "NVIDIA H100 80GB HBM3"}
+    assert set(labels) == set(S.SIGNALS[S.GPU_MEMORY_USED].labels)
+    dram = second[S.GPU_DRAM_BANDWIDTH_UTILIZATION][0][1]
+    sm = second[S.GPU_SM_ACTIVE][0][1]
+    assert dram >= 0.8 and sm < 0.5  # the bandwidth-bound workload, seen through the GPU
+    assert second[S.GPU_DRAM_PEAK_BANDWIDTH][0][1] == 3350e9
+
+
+def test_tier_miss_shows_pcie_receive():
+    clock = Clock()
+    sim = Simulation("tier_miss", seed=0, clock=clock, warmup=10)
+    collector = SimulatedGpuCollector.for_simulation(sim)
+    collector.collect()
+    clock.t += 3
+    rx = by_name(collector.collect())[S.GPU_PCIE_RX][0][1]
+    assert rx > 5e9
+
+
+def test_several_gpus_mirror_the_device_with_their_own_identity():
+    clock = Clock()
+    collector = SimulatedGpuCollector.for_simulation(Simulation("healthy", clock=clock, warmup=2), count=8)
+    collector.collect()
+    clock.t += 1
+    samples = by_name(collector.collect())
+    assert sorted(labels["gpu"] for labels, _ in samples[S.GPU_SM_ACTIVE]) == [str(i) for i in range(8)]
+    assert len({labels["uuid"] for labels, _ in samples[S.GPU_SM_ACTIVE]}) == 8
+    assert len({value for _, value in samples[S.GPU_SM_ACTIVE]}) == 1
+
+
+def test_from_settings_reads_the_simulated_engine_over_http():
+    with EngineServer(Simulation("compute_bound", seed=0, warmup=5)) as srv:
+        settings = load_settings(engine_url=srv.metrics_url, nvml=False, collectors={"simulated_gpu": True})
+        collector = REGISTRY["simulated_gpu"].factory(settings)
+        try:
+            collector.collect()
+            time.sleep(0.6)  # real time: GPM-style ratios need the device to have moved on
+            samples = by_name(collector.collect())
+        finally:
+            collector.close()
+    assert set(samples) == GPU_SIGNALS
+    assert samples[S.GPU_SM_ACTIVE][0][1] > 0.8
+
+
+def test_not_applicable_without_an_engine_url():
+    collector = REGISTRY["simulated_gpu"].factory(load_settings(nvml=False))
+    with pytest.raises(NotApplicable):
+        collector.collect()
+
+
+def test_not_applicable_when_the_engine_is_not_the_simulator():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404)
+
+    source = HttpSource("http://engine.invalid/gpu")
+    source._client = httpx.Client(transport=httpx.MockTransport(handler))
+    with pytest.raises(NotApplicable):
+        SimulatedGpuCollector(source).collect()
+
+
+def test_engine_gone_is_a_source_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    collector = SimulatedGpuCollector(HttpSource.for_engine(f"http://127.0.0.1:{port}/metrics", timeout=1))
+    with pytest.raises(SourceError) as info:
+        collector.collect()
+    assert info.value.reason == "connection_refused"
+
+
+def test_a_mangled_payload_is_a_source_error():
+    source = HttpSource("http://engine.invalid/gpu")
+    source._client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"name": "x"})))
+    with pytest.raises(SourceError) as info:
+        SimulatedGpuCollector(source).collect()
+    assert info.value.reason == "bad_payload"
