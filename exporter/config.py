@@ -95,6 +95,8 @@ class ExporterSettings(BaseSettings):
     gpu_peak_bandwidth: float | None = Field(None, gt=0, description="Peak DRAM bandwidth of one GPU in bytes/s (overrides NVML and the catalogue).")
     gpu_filter: str = Field("auto", description="Which GPUs the nvml collector reports (see exporter/gpu_filter.py).")
     pod: str | None = Field(None, description="Value of the pod label added to every series.")
+    slo_ms: float = Field(100.0, gt=0, description="Per-token latency SLO (ITL p95, ms) the live diagnosis compares against.")
+    diagnosis_window: float = Field(60.0, ge=5, le=900, description="Seconds of history the live diagnosis reads each cycle.")
     max_window_seconds: int = Field(900, ge=1, description="Longest window GET /api/v1/window serves.")
 
     @classmethod

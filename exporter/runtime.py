@@ -454,10 +454,12 @@ class Exporter:
         capacity: dict[Labels, float] = {}
         peaks: dict[str, float] = {}
         for (name, labels), value in samples.items():
+            # vLLM's cache_config_info carries no model_name: join usage and capacity without it.
+            pool = tuple(kv for kv in labels if kv[0] != "model_name")
             if name == S.KV_CACHE_USAGE:
-                usage[labels] = value
+                usage[pool] = value
             elif name == S.KV_CACHE_CAPACITY:
-                capacity[labels] = value
+                capacity[pool] = value
             elif name == S.GPU_DRAM_PEAK_BANDWIDTH:
                 peaks[dict(labels).get("gpu", "")] = value
         gpus = max(1, len(peaks))
@@ -478,7 +480,7 @@ class Exporter:
         if self.diagnose_hook is None:
             return []
         try:
-            result = self.diagnose_hook(self.store.window(DIAGNOSIS_WINDOW_SECONDS))
+            result = self.diagnose_hook(self.store.window(getattr(self.settings, "diagnosis_window", DIAGNOSIS_WINDOW_SECONDS)))
             payload = result.to_json()
             verdict = str(result.verdict)
         except Exception as exc:  # the diagnosis is an extra; its failure must not cost the page
@@ -494,12 +496,14 @@ class Exporter:
 
 
 def default_diagnose_hook(settings, model_shape=None) -> Callable[[Window], Diagnosis] | None:
-    """``rules.diagnosis.diagnose`` with the model and GPU context, or None until it exists."""
-    try:
-        from kvdoctor.rules import diagnosis
-    except ImportError:
-        return None
-    context = diagnosis.Context(model=model_shape, gpu_peak_bandwidth=getattr(settings, "gpu_peak_bandwidth", None))
+    """``rules.diagnosis.diagnose`` with the model, GPU and SLO context of the settings."""
+    from kvdoctor.rules import diagnosis
+
+    context = diagnosis.Context(
+        model=model_shape,
+        gpu_peak_bandwidth=getattr(settings, "gpu_peak_bandwidth", None),
+        slo_seconds=float(getattr(settings, "slo_ms", 100.0)) / 1e3,
+    )
 
     def diagnose(window: Window):
         return diagnosis.diagnose(window, context=context)

@@ -154,20 +154,6 @@ def status_line(window, diagnosis: dict | None, now: float | None = None) -> str
 
 # ------------------------------------------------------------------------------------ wiring
 
-def _diagnose_hook(shape, peak_bandwidth: float, slo_seconds: float):
-    """rules.diagnosis with the simulated model, GPU and the demo's SLO; None until it exists."""
-    try:
-        from kvdoctor.rules import diagnosis
-    except ImportError:
-        return None
-    context = diagnosis.Context(model=shape, gpu_peak_bandwidth=peak_bandwidth, slo_seconds=slo_seconds)
-
-    def diagnose(window):
-        return diagnosis.diagnose(window, context=context)
-
-    return diagnose
-
-
 def _dashboard_factory():
     """(create_app, serve_in_thread) of the dashboard, or None when it is not there."""
     try:
@@ -214,12 +200,12 @@ def run(args: argparse.Namespace) -> int:
                 engine_url=engine.metrics_url, engine="vllm", nvml=False, collectors={"simulated_gpu": True},
                 interval=args.interval, host="127.0.0.1", port=args.port,
                 model_config_path=str(model_config) if model_config else None,
+                gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth, slo_ms=args.slo_ms,
             )
         except ValidationError as exc:
             raise UsageError(error_line(exc)) from None
-        hook = _diagnose_hook(sim.config.shape, sim.config.gpu.peak_bandwidth, args.slo_ms / 1e3)
         try:
-            exporter = build_exporter(settings, diagnose_hook=hook)
+            exporter = build_exporter(settings)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         stack.callback(exporter.stop)

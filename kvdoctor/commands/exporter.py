@@ -92,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="peak DRAM bandwidth of one GPU in bytes/s (default: from NVML or the GPU catalogue)")
     ctx.add_argument("--gpu-filter", metavar="POLICY", help=_gpu_filter_help())
     ctx.add_argument("--pod", metavar="NAME", help="value of the pod label added to every series")
+    ctx.add_argument("--slo-ms", type=float, metavar="MS",
+                     help=f"per-token latency SLO the live diagnosis uses (default: {defaults['slo_ms']:g})")
+    ctx.add_argument("--diagnosis-window", type=float, metavar="S",
+                     help=f"seconds of history the live diagnosis reads (default: {defaults['diagnosis_window']:g})")
 
     run = parser.add_argument_group("collection and serving")
     run.add_argument("--interval", type=float, metavar="S", help=f"seconds between collections (default: {defaults['interval']:g})")
@@ -111,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 SETTINGS_ARGS = ("engine_url", "engine", "dcgm_url", "nvml", "scrape_timeout", "max_body_bytes", "model_config_path",
                  "gpu_peak_bandwidth", "gpu_filter", "pod", "interval", "host", "port", "retention_seconds", "max_snapshots",
-                 "max_series", "max_window_seconds")
+                 "max_series", "max_window_seconds", "slo_ms", "diagnosis_window")
 
 
 def settings_from_args(args: argparse.Namespace):

@@ -33,7 +33,7 @@ def engine_samples(step: int = 0, usage: float = 0.5, capacity: float = 4096.0) 
     out = Collected()
     eng = labels_of(engine="vllm", model_name="tiny", dp_rank="0")
     out.add(S.KV_CACHE_USAGE, usage, eng)
-    out.add(S.KV_CACHE_CAPACITY, capacity, eng)
+    out.add(S.KV_CACHE_CAPACITY, capacity, labels_of(engine="vllm", dp_rank="0"))  # as vLLM: no model_name
     out.add(S.REQUESTS_RUNNING, 4, eng)
     out.add(S.REQUESTS_WAITING, 1, eng)
     out.add(S.PREEMPTIONS, 3 + step, eng)

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvdoctor.commands.demo import DEFAULT_SLO_MS, _diagnose_hook
+from kvdoctor.commands.demo import DEFAULT_SLO_MS
 from kvdoctor.commands.exporter import build_exporter
 from kvdoctor.exporter.config import load_settings
 from kvdoctor.exporter.simulator.engine_server import EngineServer
 from kvdoctor.exporter.simulator.physics import Simulation
 from kvdoctor.exporter.simulator.scenarios import SCENARIOS
 from kvdoctor.rules import signals as S
-
-pytest.importorskip("kvdoctor.rules.diagnosis", reason="needs the rules' diagnose (kvdoctor.rules.diagnosis)")
 
 CYCLES = 8
 SETTLED = 3  # cycles after which the verdict must hold (the first one has no GPU ratios yet)
@@ -37,9 +35,9 @@ def run_pipeline(scenario: str, cycles: int = CYCLES):
     sim = Simulation(scenario, seed=0, clock=clock, warmup=20)
     with EngineServer(sim) as engine:
         settings = load_settings(engine_url=engine.metrics_url, engine="vllm", nvml=False,
-                                 collectors={"simulated_gpu": True}, port=0, scrape_timeout=5)
-        hook = _diagnose_hook(sim.config.shape, sim.config.gpu.peak_bandwidth, DEFAULT_SLO_MS / 1e3)
-        exporter = build_exporter(settings, diagnose_hook=hook, clock=clock)
+                                 collectors={"simulated_gpu": True}, port=0, scrape_timeout=5,
+                                 gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth, slo_ms=DEFAULT_SLO_MS)
+        exporter = build_exporter(settings, clock=clock)
         verdicts = []
         try:
             for _ in range(cycles):
