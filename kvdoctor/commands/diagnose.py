@@ -1,0 +1,304 @@
+"""kvdoctor diagnose: why is decode slow? The decision tree on a window from an exporter,
+a Prometheus, or a recorded trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+NAME = "diagnose"
+HELP = "say why decode is slow: verdict, evidence and actions for a window of samples"
+DESCRIPTION = """\
+Run kvdoctor's decision tree on a window of canonical samples and print the verdict, its
+confidence, a headline, the evidence (each signal, its windowed value, the threshold it was
+compared with, measured or missing) and the actions, cheapest first.
+
+Where the window comes from (one of):
+  --exporter URL                       a running kvdoctor exporter (its /api/v1/window)
+  --prometheus URL --selector SEL      a Prometheus scraping exporters; SEL picks one pod, e.g. '{pod="vllm-0"}'
+  --replay FILE                        a trace written by `kvdoctor record` (or raw engine /metrics
+                                       captures with timestamps: replayed through the engine adapters)
+
+The window is --window seconds (default 60) ending at the newest sample, or at --at
+(Unix seconds or RFC 3339, e.g. 2025-03-01T14:05:00Z).
+
+exit status: 0 healthy or idle, 1 a slow verdict, 2 a usage or input error.
+
+examples:
+  kvdoctor diagnose --exporter http://127.0.0.1:9745
+  kvdoctor diagnose --prometheus http://prometheus:9090 --selector '{pod="vllm-0"}' --at 2025-03-01T14:05:00Z
+  kvdoctor diagnose --replay incident.om --json
+"""
+
+OK_VERDICTS = ("idle", "healthy")
+HTTP_TIMEOUT_SECONDS = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--exporter", metavar="URL", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    source.add_argument("--prometheus", metavar="URL", help="a Prometheus server, e.g. http://prometheus:9090")
+    source.add_argument("--replay", metavar="FILE", help="a trace file (OpenMetrics with timestamps)")
+    parser.add_argument("--selector", metavar="SEL",
+                        help="with --prometheus: label matchers picking one pod, e.g. '{pod=\"vllm-0\"}'")
+    parser.add_argument("--at", metavar="TIME", help="end of the window: Unix seconds or RFC 3339 (default: newest sample)")
+    parser.add_argument("--window", type=float, metavar="SECONDS",
+                        help="window length in seconds (default: the thresholds' window_seconds, 60)")
+    parser.add_argument("--slo-ms", type=float, metavar="N", help="inter-token latency SLO in ms (default 100)")
+    parser.add_argument("--thresholds", metavar="YAML", help="a YAML file overriding decision-tree thresholds")
+    parser.add_argument("--model-config", metavar="PATH",
+                        help="the served model's Hugging Face config.json (enables the ledger's predicted effects)")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", metavar="NAME", help="GPU model for the ledger, e.g. H100 (default: from the samples)")
+    gpu.add_argument("--gpu-peak-bandwidth", type=float, metavar="B", help="peak DRAM bandwidth of one GPU, bytes/s")
+    parser.add_argument("--engine", metavar="NAME",
+                        help="with --replay: the engine whose raw families the trace holds (default: recognised)")
+    parser.add_argument("--timeout", type=float, default=HTTP_TIMEOUT_SECONDS, metavar="SECONDS",
+                        help=f"how long to wait for the exporter or Prometheus (default {HTTP_TIMEOUT_SECONDS:g})")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+
+# ------------------------------------------------------------------------------------- inputs
+
+def parse_time(text: str) -> float:
+    """Unix seconds or an RFC 3339 timestamp (with a zone: ``Z`` or ``+02:00``) -> Unix seconds."""
+    from kvdoctor.cli import UsageError
+
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise UsageError(f"--at {text!r}: not a time")
+        if seconds > 1e11:
+            raise UsageError(f"--at {text!r} looks like milliseconds; give Unix seconds")
+        return seconds
+    iso = value[:-1] + "+00:00" if value[-1:] in ("Z", "z") else value
+    try:
+        parsed = datetime.fromisoformat(iso.replace(" ", "T", 1) if "T" not in iso and " " in iso else iso)
+    except ValueError:
+        raise UsageError(f"--at {text!r}: give Unix seconds or RFC 3339, e.g. 2025-03-01T14:05:00Z") from None
+    if parsed.tzinfo is None:
+        raise UsageError(f"--at {text!r} has no time zone: add Z (UTC) or an offset such as +02:00")
+    return parsed.timestamp()
+
+
+def _context(args):
+    from kvdoctor.cli import UsageError
+    from kvdoctor.rules.diagnosis import Context
+
+    slo_seconds = 0.1
+    if args.slo_ms is not None:
+        if not (args.slo_ms > 0 and math.isfinite(args.slo_ms)):
+            raise UsageError(f"--slo-ms must be a positive number of milliseconds, got {args.slo_ms:g}")
+        slo_seconds = args.slo_ms / 1000.0
+    model = None
+    if args.model_config:
+        from kvdoctor.commands.ledger import load_model
+
+        model = load_model(args.model_config)
+    peak = None
+    if args.gpu:
+        from kvdoctor.commands.ledger import load_gpu
+
+        peak = load_gpu(args.gpu).peak_bandwidth
+    elif args.gpu_peak_bandwidth is not None:
+        if not (args.gpu_peak_bandwidth > 0 and math.isfinite(args.gpu_peak_bandwidth)):
+            raise UsageError(f"--gpu-peak-bandwidth must be a positive number of bytes/s, got {args.gpu_peak_bandwidth:g}")
+        peak = args.gpu_peak_bandwidth
+    return Context(model=model, gpu_peak_bandwidth=peak, slo_seconds=slo_seconds)
+
+
+def _thresholds(args):
+    from kvdoctor.cli import UsageError
+    from kvdoctor.rules.thresholds import Thresholds
+
+    if not args.thresholds:
+        return Thresholds()
+    try:
+        return Thresholds.from_yaml(args.thresholds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _validate(args) -> None:
+    from kvdoctor.cli import UsageError
+
+    if args.selector is not None and not args.prometheus:
+        raise UsageError("--selector goes with --prometheus")
+    if args.engine is not None:
+        if not args.replay:
+            raise UsageError("--engine goes with --replay (an exporter or Prometheus already holds canonical series)")
+        from kvdoctor.exporter.adapters import ADAPTERS
+
+        if args.engine not in ADAPTERS:
+            raise UsageError(f"unknown engine {args.engine!r} (choose from {', '.join(sorted(ADAPTERS))})")
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.window is not None and not (args.window > 0 and math.isfinite(args.window)):
+        raise UsageError(f"--window must be a positive number of seconds, got {args.window:g}")
+
+
+def load_window(args, seconds: float, at: float | None):
+    """(the window to diagnose, a description of where it came from); UsageError on bad input."""
+    from kvdoctor.cli import UsageError
+
+    if args.replay:
+        from kvdoctor.exporter.trace import TraceError, load_trace
+
+        try:
+            trace = load_trace(args.replay, engine=args.engine)
+        except TraceError as exc:
+            raise UsageError(str(exc)) from None
+        full = trace.window
+        end = full.end if at is None else at
+        window = full.slice(end - seconds, end)
+        if not len(window) or not window.series:
+            raise UsageError(f"{args.replay} has no samples in the {seconds:g} s before {_iso(end)} "
+                             f"(it covers {_iso(full.start)} to {_iso(full.end)})")
+        how = f"raw {trace.engine} families through the {trace.engine} adapter" if trace.engine else "canonical series"
+        return window, f"replay of {args.replay} ({how})"
+
+    if args.prometheus:
+        from kvdoctor.exporter.prometheus_source import PrometheusSource, PrometheusSourceError
+
+        try:
+            with PrometheusSource(args.prometheus, args.selector, timeout=args.timeout) as source:
+                window = source.window(seconds, at=at)
+        except PrometheusSourceError as exc:
+            raise UsageError(str(exc)) from None
+        return window, f"Prometheus {source.url}, {source.selector}"
+
+    from kvdoctor.commands.record import ExporterClient, ExporterError
+
+    client = ExporterClient(args.exporter, timeout=args.timeout)
+    try:
+        # The exporter serves "the last N seconds of its clock"; ask for a little more, cut here.
+        back = seconds + (max(0.0, time.time() - at) if at is not None else 0.0) + 5
+        full = client.window(back)
+    except LookupError:
+        raise UsageError(f"{client.url} has no /api/v1/window: is it a kvdoctor exporter?") from None
+    except ExporterError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        client.close()
+    if not len(full) or not full.series:
+        raise UsageError(f"the exporter at {client.url} holds no samples yet")
+    end = full.end if at is None else at
+    window = full.slice(end - seconds, end)
+    if not len(window) or not window.series:
+        raise UsageError(f"the exporter at {client.url} holds no samples in the {seconds:g} s before {_iso(end)} "
+                         f"(it holds {_iso(full.start)} to {_iso(full.end)})")
+    return window, f"exporter {client.url}"
+
+
+# ------------------------------------------------------------------------------------- output
+
+def run(args) -> int:
+    from kvdoctor.rules.diagnosis import diagnose
+
+    _validate(args)
+    thresholds = _thresholds(args)
+    context = _context(args)
+    at = parse_time(args.at) if args.at is not None else None
+    seconds = args.window if args.window is not None else thresholds.window_seconds
+    window, origin = load_window(args, seconds, at)
+    result = diagnose(window, context, thresholds)
+    if args.json:
+        text = json.dumps(result.to_json(), indent=2, allow_nan=False)
+    else:
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+        text = render(result, window, origin, context, colour=colour)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `kvdoctor diagnose ... | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0 if result.verdict in OK_VERDICTS else 1
+
+
+_COLOURS = {"ok": "32", "slow": "31", "dim": "2", "bold": "1", "warn": "33"}
+
+
+def _paint(text: str, style: str, colour: bool) -> str:
+    return f"\033[{_COLOURS[style]}m{text}\033[0m" if colour else text
+
+
+def render(result, window, origin: str, context, colour: bool = False) -> str:
+    """The human report: verdict, headline, evidence table, actions."""
+    slow = result.verdict not in OK_VERDICTS
+    lines = [
+        _paint(result.verdict, "slow" if slow else "ok", colour) + f"  (confidence {result.confidence:.2f})",
+        _paint(result.headline, "bold", colour),
+        "",
+        _paint(f"window: {_span(window)} s, {len(window)} snapshots ending {_iso(window.end)}; {origin}; "
+               f"ITL SLO {context.slo_seconds * 1000:g} ms", "dim", colour),
+    ]
+    lines += ["", "evidence"]
+    rows = [("signal", "value", "threshold", "holds", "status")]
+    for e in result.evidence:
+        value = _fmt(e.value, e.unit)
+        if e.comparison == "present":
+            threshold = "is measured"
+        else:
+            threshold = f"{e.comparison} {_fmt(e.threshold, e.unit)}" if e.comparison else ""
+        holds = {True: "yes", False: "no", None: "-"}[e.holds]
+        rows.append((e.feature, value, threshold, holds, "measured" if e.measured else "missing"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        text = "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+        if i == 0 or row[4] == "missing":
+            text = _paint(text, "dim", colour)
+        lines.append(text)
+    if result.missing:
+        lines.append(_paint("  missing signals: " + ", ".join(result.missing), "warn", colour))
+    knee = getattr(result, "knee", None)
+    if knee is not None and getattr(knee, "kind", None):
+        lines += ["", f"knee: {knee.note}"]
+    if result.actions:
+        lines += ["", "actions (cheapest first)"]
+        for n, action in enumerate(result.actions, 1):
+            flags = "; ".join(f"{engine} {flag}" for engine, flag in (("vLLM", action.flag_vllm),
+                                                                       ("SGLang", action.flag_sglang)) if flag)
+            lines.append(f"  {n}. {action.title}" + (f"  [{flags}]" if flags else ""))
+            lines.append(f"     {action.why}")
+            if action.effect:
+                lines.append(f"     effect: {action.effect}")
+    return "\n".join(lines)
+
+
+def _span(window) -> str:
+    return f"{window.end - window.start:.0f}" if len(window) else "0"
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    v = float(value)
+    if unit == "seconds":
+        return f"{v * 1000:.1f} ms"
+    if unit == "ratio":
+        return f"{v:.3f}"
+    if unit == "bytes/s":
+        for scale, name in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+            if abs(v) >= scale:
+                return f"{v / scale:.2f} {name}"
+        return f"{v:.0f} B/s"
+    if unit == "tokens/s":
+        return f"{v:.1f} tokens/s"
+    if unit == "per minute":
+        return f"{v:.2f}/min"
+    return f"{v:.4g}" + (f" {unit}" if unit else "")
+
+
+def _iso(t: float) -> str:
+    if t is None or not math.isfinite(t):
+        return "?"
+    stamp = datetime.fromtimestamp(t, tz=timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S") + (f".{stamp.microsecond // 1000:03d}" if stamp.microsecond else "") + "Z"

@@ -1,0 +1,612 @@
+"""`kvdoctor diagnose` and `kvdoctor record`: sources, output, exit codes, and every bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs
+from typing import Callable, NamedTuple
+
+import numpy as np
+import pytest
+
+from kvdoctor.cli import main as kvdoctor_main
+from kvdoctor.exporter.prometheus_source import MAX_POINTS, PrometheusSource, parse_selector
+from kvdoctor.exporter.trace import format_raw_captures, load_trace, write_window
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.window import Window
+
+from tests.rules.scenarios import SCENARIO_BY_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+FILL = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence").glob("*.txt"))
+T0 = 1_700_000_000.0
+ANSI = "\x1b["
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+def scenario_trace(path: Path, name: str, start: float = T0, keep: float = 150.0) -> Path:
+    """The last ``keep`` seconds of a scenario of tests/rules/scenarios.py as a canonical trace."""
+    full = SCENARIO_BY_NAME[name].full_window()
+    cut = full.slice(full.end - keep, full.end)
+    write_window(Window(cut.timestamps - cut.start + start, cut.series), path)
+    return path
+
+
+@pytest.fixture
+def fill_trace(tmp_path) -> Path:
+    """The real vLLM fill sequence (16 scrapes) as a raw trace, one second apart from T0."""
+    path = tmp_path / "fill.om"
+    path.write_text(format_raw_captures([(T0 + i, p.read_text()) for i, p in enumerate(FILL)]))
+    return path
+
+
+class Result(NamedTuple):
+    rc: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli() -> Callable[..., Result]:
+    """``cli("diagnose", ...)`` runs the command in this process (a subprocess costs seconds of
+    start-up on a busy machine; a few tests below use ``run_cli`` for the real entry point)."""
+
+    def run(*args) -> Result:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = kvdoctor_main([str(a) for a in args])
+            except SystemExit as exc:  # argparse
+                rc = exc.code if isinstance(exc.code, int) else 2
+        return Result(rc, out.getvalue(), err.getvalue())
+
+    return run
+
+
+def one_error_line(result, *phrases: str) -> str:
+    """Asserts exit 2 and exactly one line on stderr (containing ``phrases``); returns it."""
+    assert result.rc == 2, (result.rc, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+    return lines[0]
+
+
+class FakeHttp:
+    """A tiny HTTP server on a free port whose answers come from ``route(path) -> (status, type, body)``."""
+
+    def __init__(self, route: Callable[[str], tuple[int, str, bytes]], delay: float = 0.0):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self):
+                outer.requests.append(self.path)
+                if delay:
+                    time.sleep(delay)
+                status, ctype, body = route(self.path)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the client gave up (a timeout test): nothing to report
+                    pass
+
+            do_GET = _answer
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                outer.bodies.append(parse_qs(self.rfile.read(length).decode()))
+                self._answer()
+
+        self.requests: list[str] = []
+        self.bodies: list[dict] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_http():
+    servers: list[FakeHttp] = []
+
+    def start(route, delay: float = 0.0) -> FakeHttp:
+        server = FakeHttp(route, delay)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def closed_port_url(free_port: int) -> str:
+    return f"http://127.0.0.1:{free_port}"
+
+
+# ------------------------------------------------------------------------------ diagnose: replay
+
+def test_replay_of_a_real_vllm_recording_prints_the_report_and_exits_1(run_cli, fill_trace):
+    result = run_cli("diagnose", "--replay", fill_trace)
+    assert result.rc == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("kv_capacity_pressure  (confidence ")
+    assert lines[1].startswith("KV capacity pressure")
+    assert "16 snapshots" in result.stdout and "raw vllm families through the vllm adapter" in result.stdout
+    table = lines[lines.index("evidence") + 1:]
+    assert table[0].split() == ["signal", "value", "threshold", "holds", "status"]
+    kv = next(line for line in table if line.split()[0] == "kv_usage")
+    assert kv.split()[1:] == ["0.968", ">=", "0.900", "yes", "measured"]
+    assert any(line.split()[0] == "pcie_receive_bytes_per_second" and line.split()[-1] == "missing" for line in table)
+    assert "actions (cheapest first)" in lines
+    assert "--kv-cache-dtype fp8" in result.stdout
+    assert ANSI not in result.stdout  # not a terminal: no colour
+    assert result.stderr == ""
+
+
+def test_json_is_one_object_with_the_diagnosis(cli, fill_trace):
+    result = cli("diagnose", "--replay", fill_trace, "--json")
+    assert result.rc == 1
+    payload = json.loads(result.stdout)
+    assert {"verdict", "confidence", "headline", "evidence", "actions"} <= set(payload)
+    assert payload["verdict"] == "kv_capacity_pressure"
+    assert all({"signal", "value", "threshold", "measured"} <= set(e) for e in payload["evidence"])
+
+
+@pytest.mark.parametrize("name, verdict, rc", [
+    ("baseline", "healthy", 0),
+    ("idle_stale_kv", "idle", 0),
+    ("high_hit_ratio_bandwidth_bound", "memory_bandwidth_bound", 1),
+])
+def test_exit_status_follows_the_verdict(cli, tmp_path, name, verdict, rc):
+    result = cli("diagnose", "--replay", scenario_trace(tmp_path / "s.om", name), "--json")
+    assert (result.rc, json.loads(result.stdout)["verdict"]) == (rc, verdict)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_colour_on_a_terminal_unless_no_color(tmp_path, monkeypatch):
+    trace = scenario_trace(tmp_path / "s.om", "high_hit_ratio_bandwidth_bound")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    for no_color, coloured in ((None, True), ("1", False)):
+        if no_color:
+            monkeypatch.setenv("NO_COLOR", no_color)
+        out = _Terminal()
+        with contextlib.redirect_stdout(out):
+            assert kvdoctor_main(["diagnose", "--replay", str(trace)]) == 1
+        assert (ANSI + "31m" + "memory_bandwidth_bound" in out.getvalue()) is coloured
+        assert (ANSI in out.getvalue()) is coloured
+
+
+@pytest.mark.slow
+def test_colour_only_on_a_terminal(tmp_path):
+    trace = scenario_trace(tmp_path / "s.om", "high_hit_ratio_bandwidth_bound")
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm"
+    proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "diagnose", "--replay", str(trace)],
+                            stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO once the child has closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=60) == 1
+    os.close(leader)
+    out = b"".join(chunks).decode()
+    assert ANSI + "31m" + "memory_bandwidth_bound" in out
+    assert "Cache hit but slow" in out
+
+
+def test_at_picks_an_earlier_window_as_unix_seconds_or_rfc3339(cli, fill_trace):
+    # 3 s into the fill sequence the pool is at 97% but nobody waits yet
+    unix = cli("diagnose", "--replay", fill_trace, "--at", str(T0 + 2), "--json")
+    rfc = cli("diagnose", "--replay", fill_trace, "--at", "2023-11-15T00:13:22+02:00", "--json")
+    assert unix.rc == rfc.rc
+    assert json.loads(unix.stdout) == json.loads(rfc.stdout)
+    early = json.loads(unix.stdout)
+    assert early["window"]["samples"] == 3
+    assert early["verdict"] != "kv_capacity_pressure"
+
+
+def test_window_seconds_bounds_what_is_diagnosed(cli, fill_trace):
+    result = cli("diagnose", "--replay", fill_trace, "--window", "4", "--json")
+    assert json.loads(result.stdout)["window"]["samples"] == 5
+
+
+def test_slo_and_thresholds_change_the_verdict(cli, tmp_path, fill_trace):
+    trace = scenario_trace(tmp_path / "s.om", "slo_just_under")  # ITL p95 ~95 ms
+    assert json.loads(cli("diagnose", "--replay", trace, "--json").stdout)["verdict"] == "healthy"
+    tight = cli("diagnose", "--replay", trace, "--json", "--slo-ms", "80")
+    assert (tight.rc, json.loads(tight.stdout)["verdict"]) == (1, "memory_bandwidth_bound")
+
+    thresholds = tmp_path / "t.yaml"
+    thresholds.write_text("kv_ceiling_ratio: 0.99\n")
+    relaxed = cli("diagnose", "--replay", fill_trace, "--json", "--thresholds", thresholds)
+    assert json.loads(relaxed.stdout)["verdict"] != "kv_capacity_pressure"
+
+
+def test_model_config_and_gpu_give_predicted_effects(cli, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                                  "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                                  "torch_dtype": "bfloat16"}))
+    trace = scenario_trace(tmp_path / "s.om", "high_hit_ratio_bandwidth_bound")
+    plain = json.loads(cli("diagnose", "--replay", trace, "--json").stdout)
+    ledger = json.loads(cli("diagnose", "--replay", trace, "--json", "--model-config", config, "--gpu", "H100").stdout)
+    assert plain["verdict"] == ledger["verdict"] == "memory_bandwidth_bound"
+    assert not any(a["effect"] for a in plain["actions"])
+    assert any(a["effect"] for a in ledger["actions"])
+
+
+def test_engine_forces_the_adapter_of_a_raw_trace(cli, fill_trace):
+    forced = cli("diagnose", "--replay", fill_trace, "--engine", "vllm", "--json")
+    assert json.loads(forced.stdout)["verdict"] == "kv_capacity_pressure"
+    wrong = cli("diagnose", "--replay", fill_trace, "--engine", "sglang")
+    one_error_line(wrong, "no samples kvdoctor can use")
+
+
+# ---------------------------------------------------------------------------- diagnose: bad input
+
+BAD_TRACE_TEXTS = {
+    "empty": "",
+    "truncated": '# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running{engine="vllm"} 1 1700000000\n',
+    "not OpenMetrics": "<html><body>404</body></html>\n",
+    "no timestamps": '# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running{engine="vllm"} 1\n# EOF\n',
+    "non-monotonic": ('# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running 1 1700000002\n'
+                      'kvdoctor_requests_running 1 1700000001\n# EOF\n'),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TRACE_TEXTS, ids=list(BAD_TRACE_TEXTS))
+def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
+    path = tmp_path / "bad.om"
+    path.write_text(BAD_TRACE_TEXTS[case])
+    one_error_line(cli("diagnose", "--replay", path), "kvdoctor diagnose: error:", str(path))
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--replay", "/nonexistent/trace.om"], "cannot read"),
+    (["--replay", "{fill}", "--at", "yesterday"], "RFC 3339"),
+    (["--replay", "{fill}", "--at", "2023-11-14T22:13:22"], "no time zone"),
+    (["--replay", "{fill}", "--at", "1700000000000"], "milliseconds"),
+    (["--replay", "{fill}", "--at", "1600000000"], "no samples in the 60 s before"),
+    (["--replay", "{fill}", "--window", "0"], "--window"),
+    (["--replay", "{fill}", "--slo-ms", "0"], "--slo-ms"),
+    (["--replay", "{fill}", "--gpu", "X100"], "unknown GPU"),
+    (["--replay", "{fill}", "--gpu", "H100", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
+    (["--replay", "{fill}", "--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
+    (["--replay", "{fill}", "--model-config", "/nonexistent/config.json"], "no such file"),
+    (["--replay", "{fill}", "--model-config", "{notjson}"], "not JSON"),
+    (["--replay", "{fill}", "--thresholds", "/nonexistent/t.yaml"], "cannot read thresholds"),
+    (["--replay", "{fill}", "--thresholds", "{badyaml}"], "unknown threshold"),
+    (["--replay", "{fill}", "--engine", "nope"], "unknown engine"),
+    (["--replay", "{fill}", "--selector", '{pod="x"}'], "--selector goes with --prometheus"),
+    (["--exporter", "http://127.0.0.1:9", "--engine", "vllm"], "--engine goes with --replay"),
+    (["--replay", "{fill}", "--exporter", "http://127.0.0.1:9"], "not allowed with"),
+    ([], "one of the arguments"),
+    (["--exporter", "ftp://x"], "http(s) URL"),
+    (["--prometheus", "not a url"], "http(s) URL"),
+    (["--prometheus", "http://127.0.0.1:9", "--selector", "kvdoctor_x{pod=\"a\"}"], "label matchers only"),
+    (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
+    (["--replay", "{fill}", "--timeout", "0"], "--timeout"),
+])
+def test_bad_arguments_exit_2_with_one_line(cli, tmp_path, fill_trace, args, phrase):
+    notjson = tmp_path / "config.json"
+    notjson.write_text("{nope")
+    badyaml = tmp_path / "t.yaml"
+    badyaml.write_text("kv_ceiling: 0.9\n")
+    fills = {"{fill}": str(fill_trace), "{notjson}": str(notjson), "{badyaml}": str(badyaml)}
+    args = [fills.get(a, a) for a in args]
+    one_error_line(cli("diagnose", *args), phrase)
+
+
+def test_unreachable_sources_exit_2_with_one_line(cli, run_cli, free_port, tmp_path):
+    url = closed_port_url(free_port)
+    one_error_line(cli("diagnose", "--exporter", url), "cannot reach the exporter", "connection refused")
+    # through the real entry point: one line on stderr, no traceback
+    truncated = tmp_path / "t.om"
+    truncated.write_text(BAD_TRACE_TEXTS["truncated"])
+    one_error_line(run_cli("diagnose", "--replay", truncated), "does not end with a '# EOF' line")
+    one_error_line(cli("diagnose", "--prometheus", url, "--selector", '{pod="x"}'),
+                   "cannot reach Prometheus", "connection refused")
+
+
+def test_slow_sources_time_out_with_one_line(cli, fake_http):
+    slow = fake_http(lambda path: (200, "application/json", b"{}"), delay=3.0)
+    one_error_line(cli("diagnose", "--exporter", slow.url, "--timeout", "0.5"), "did not answer within 0.5 s")
+    one_error_line(cli("diagnose", "--prometheus", slow.url, "--timeout", "0.5"), "did not answer within 0.5 s")
+
+
+@pytest.mark.parametrize("status, ctype, body, phrase", [
+    (500, "application/json", b'{"status":"error","errorType":"internal","error":"tsdb broke"}', "HTTP 500: internal: tsdb broke"),
+    (503, "text/html", b"<html>down</html>", "answered HTTP 503"),
+    (400, "application/json", b'{"status":"error","errorType":"bad_data","error":"parse error: bad matcher"}',
+     "rejected the query"),
+    (200, "text/html", b"<html>a login page</html>", "does not answer like a Prometheus HTTP API"),
+    (200, "application/json", b'{"status":"success","data":{"resultType":"vector","result":[]}}', "no kvdoctor_* series match"),
+])
+def test_prometheus_errors_exit_2_with_one_line(cli, fake_http, status, ctype, body, phrase):
+    server = fake_http(lambda path: (status, ctype, body))
+    one_error_line(cli("diagnose", "--prometheus", server.url, "--selector", '{pod="x"}'), phrase)
+
+
+@pytest.mark.parametrize("route, phrase", [
+    (lambda path: (404, "text/plain", b"not found"), "no /api/v1/window"),
+    (lambda path: (500, "text/plain", b"boom"), "answered HTTP 500"),
+    (lambda path: (200, "text/html", b"<html></html>"), "did not return a kvdoctor window"),
+    (lambda path: (200, "application/json", b'{"timestamps": [], "series": []}'), "holds no samples"),
+])
+def test_exporter_errors_exit_2_with_one_line(cli, fake_http, route, phrase):
+    one_error_line(cli("diagnose", "--exporter", fake_http(route).url), phrase)
+
+
+def test_a_prometheus_selector_matching_two_pods_is_refused(cli, fake_http):
+    def series(pod):
+        return {"metric": {"__name__": S.REQUESTS_RUNNING, "pod": pod}, "values": [[T0, "1"], [T0 + 1, "2"]]}
+
+    def route(path):
+        if "query" in path:
+            return 200, "application/json", json.dumps({"status": "success", "data": {
+                "resultType": "matrix", "result": [series("a"), series("b")]}}).encode()
+        return 404, "text/plain", b""
+
+    server = fake_http(route)
+    one_error_line(cli("diagnose", "--prometheus", server.url, "--at", str(T0 + 1)),
+                   "matches 2 pods (a, b)", "--selector '{pod=\"a\"}'")
+
+
+# ------------------------------------------------------------------------- the Prometheus source
+
+@pytest.mark.parametrize("selector, matchers", [
+    ('{pod="vllm-0"}', 'pod="vllm-0"'),
+    ('pod="vllm-0"', 'pod="vllm-0"'),
+    ('{ pod = "a" , namespace=~"team-.*" }', 'pod="a",namespace=~"team-.*"'),
+    ('{model_name!="x \\"y\\""}', 'model_name!="x \\"y\\""'),
+    ("{}", ""),
+    ("", ""),
+    (None, ""),
+])
+def test_selectors_are_label_matchers(selector, matchers):
+    assert parse_selector(selector) == matchers
+
+
+@pytest.mark.parametrize("selector, phrase", [
+    ("{pod=vllm-0}", "label matchers such as"),
+    ('kvdoctor_kv_cache_usage_ratio{pod="a"}', "label matchers only"),
+    ('{__name__="x"}', "do not match __name__"),
+    ('{pod="a" namespace="b"}', "separated by commas"),
+    ('{pod="a"', "label matchers only"),
+])
+def test_bad_selectors_are_refused_before_asking(selector, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        parse_selector(selector)
+
+
+def _matrix(*series) -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": list(series)}}).encode()
+
+
+def test_raw_samples_of_series_scraped_at_different_times_line_up_in_one_window(fake_http):
+    engine = {"metric": {"__name__": S.REQUESTS_RUNNING, "pod": "a", "instance": "x:1", "job": "j"},
+              "values": [[T0 + 0.0, "1"], [T0 + 1.0, "2"], [T0 + 2.0, "3"]]}
+    gpu = {"metric": {"__name__": S.GPU_SM_ACTIVE, "pod": "a", "gpu": "0"},
+           "values": [[T0 + 0.5, "0.5"], [T0 + 2.0, "0.7"]]}
+    server = fake_http(lambda path: (200, "application/json", _matrix(engine, gpu)))
+    with PrometheusSource(server.url, '{pod="a"}') as source:
+        window = source.window(60, at=T0 + 2)
+    assert server.requests == ["/api/v1/query"]
+    assert server.bodies[0]["query"] == ['{__name__=~"kvdoctor_.+",pod="a"}[61s]']
+    assert list(window.timestamps) == [T0, T0 + 0.5, T0 + 1, T0 + 2]
+    (running,) = window.select(S.REQUESTS_RUNNING).values()
+    (sm,) = window.select(S.GPU_SM_ACTIVE).values()
+    assert np.array_equal(running, [1, np.nan, 2, 3], equal_nan=True)
+    assert np.array_equal(sm, [np.nan, 0.5, np.nan, 0.7], equal_nan=True)
+
+
+def test_long_windows_use_a_range_query_at_window_over_n(fake_http):
+    series = {"metric": {"__name__": S.REQUESTS_RUNNING}, "values": [[T0 - 7.2, "1"], [T0, "2"]]}
+    server = fake_http(lambda path: (200, "application/json", _matrix(series)))
+    with PrometheusSource(server.url, "") as source:
+        window = source.window(7200, at=T0)
+    assert server.requests == ["/api/v1/query_range"]
+    assert server.bodies[0]["step"] == [f"{7200 / MAX_POINTS:g}"]
+    assert float(server.bodies[0]["start"][0]) == T0 - 7200
+    assert len(window) == 2
+
+
+def test_the_newest_sample_is_found_without_colliding_series(fake_http):
+    def route(path):
+        return 200, "application/json", json.dumps({"status": "success", "data": {
+            "resultType": "vector", "result": [{"metric": {}, "value": [T0 + 99, str(T0 + 42)]}]}}).encode()
+
+    server = fake_http(route)
+    with PrometheusSource(server.url, '{pod="a"}') as source:
+        assert source.newest_sample_time(at=T0 + 99) == T0 + 42
+    expression = server.bodies[0]["query"][0]
+    assert expression.startswith("max(timestamp(") and f'timestamp({S.REQUESTS_WAITING}{{pod="a"}})' in expression
+    assert "_bucket" not in expression
+
+
+# --------------------------------------------------------------------------- a real exporter
+
+@pytest.fixture
+def live_exporter():
+    """A real exporter scraping the simulated vLLM engine over HTTP, serving its API on a free port."""
+    from kvdoctor.exporter.app import create_app
+    from kvdoctor.exporter.collectors.engine import EngineCollector
+    from kvdoctor.exporter.config import ExporterSettings
+    from kvdoctor.exporter.runtime import Exporter
+    from kvdoctor.exporter.server import serve_in_thread
+    from kvdoctor.exporter.simulator.engine_server import EngineServer
+    from kvdoctor.exporter.simulator.physics import Simulation
+
+    engine = EngineServer(Simulation("kv_thrashing", seed=1)).start()
+    settings = ExporterSettings(interval=0.25, engine_url=engine.metrics_url)
+    exporter = Exporter(settings, [EngineCollector(engine.metrics_url)]).start()
+    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
+    exporter.url = f"http://127.0.0.1:{handle.port}"
+    deadline = time.monotonic() + 20
+    while exporter.cycles < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield exporter
+    handle.stop()
+    exporter.stop()
+    engine.stop()
+
+
+@pytest.mark.slow
+def test_diagnose_reads_a_live_exporter(cli, live_exporter):
+    result = cli("diagnose", "--exporter", live_exporter.url, "--json", "--window", "5")
+    assert result.rc in (0, 1), result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["verdict"] != "idle"
+    assert 2 <= payload["window"]["samples"] <= 5 / 0.25 + 2
+    # the base URL may also be given as its /metrics; --at picks a window ending earlier
+    deadline = time.monotonic() + 20
+    while live_exporter.cycles < 16 and time.monotonic() < deadline:  # 4 s of history
+        time.sleep(0.1)
+    at = time.time() - 1
+    again = cli("diagnose", "--exporter", live_exporter.url + "/metrics", "--window", "2", "--at", at, "--json")
+    assert again.rc in (0, 1), again.stderr
+    assert 2 <= json.loads(again.stdout)["window"]["samples"] <= 2 / 0.25 + 1
+
+
+# ------------------------------------------------------------------------------------- record
+
+@pytest.mark.slow
+def test_record_writes_a_trace_that_replays(run_cli, cli, live_exporter, tmp_path):
+    out = tmp_path / "rec.om"
+    result = run_cli("record", "--exporter", live_exporter.url, "--seconds", "2", "--interval", "0.5", "-o", out)
+    assert result.rc == 0, result.stderr
+    assert "wrote" in result.stderr
+    trace = load_trace(out)
+    assert trace.canonical_families and not trace.raw_families
+    assert len(trace.window) >= 2 / 0.25 - 2  # every exporter cycle, not one per poll
+    gaps = np.diff(trace.window.timestamps)
+    assert gaps.max() < 0.25 * 3
+    assert trace.window.select(S.KV_CACHE_USAGE)
+    replay = cli("diagnose", "--replay", out, "--json")
+    assert replay.rc in (0, 1) and json.loads(replay.stdout)["verdict"] != "idle"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_stopping_record_early_keeps_what_was_collected(live_exporter, tmp_path, sig):
+    out = tmp_path / "rec.om"
+    proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "record", "--exporter", live_exporter.url,
+                             "--seconds", "120", "--interval", "0.25", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    first = proc.stderr.readline()  # "recording ... into FILE": the first poll is done
+    assert "recording" in first, first
+    time.sleep(1.5)
+    started = time.monotonic()
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=20) == 0, rest
+    assert time.monotonic() - started < 10
+    assert "stopped early; wrote" in rest
+    window = load_trace(out).window
+    assert len(window) >= 4
+    assert window.end - window.start >= 1.0
+
+
+def test_record_falls_back_to_metrics_without_the_window_api(cli, fake_http, tmp_path):
+    count = {"n": 0}
+
+    def route(path):
+        if path.startswith("/metrics"):
+            count["n"] += 1
+            page = (f"# TYPE {S.GENERATION_TOKENS} counter\n"
+                    f'{S.GENERATION_TOKENS}{{engine="vllm",model_name="m"}} {100 * count["n"]}\n'
+                    f'# TYPE {S.KV_CACHE_USAGE} gauge\n{S.KV_CACHE_USAGE}{{engine="vllm",model_name="m"}} 0.5\n'
+                    '# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3\n')
+            return 200, "text/plain", page.encode()
+        return 404, "application/json", b'{"detail":"Not Found"}'
+
+    out = tmp_path / "rec.om"
+    result = cli("record", "--exporter", fake_http(route).url, "--seconds", "1.2", "--interval", "0.3", "-o", out)
+    assert result.rc == 0, result.stderr
+    assert "(/metrics)" in result.stderr
+    window = load_trace(out).window
+    assert len(window) >= 3
+    (gen,) = window.select(S.GENERATION_TOKENS).values()
+    assert np.all(np.diff(gen) > 0)
+    assert not any(name.startswith("process_") for name, _ in window.series)
+
+
+def test_record_engine_url_writes_a_raw_trace_of_the_real_pages(cli, fake_http, tmp_path):
+    pages = iter(p.read_bytes() for p in FILL)
+    last = {"page": FILL[0].read_bytes()}
+
+    def route(path):
+        last["page"] = next(pages, last["page"])
+        return 200, "text/plain; version=0.0.4", last["page"]
+
+    server = fake_http(route)
+    out = tmp_path / "raw.om"
+    result = cli("record", "--engine-url", server.url, "--seconds", "1.5", "--interval", "0.25", "-o", out)
+    assert result.rc == 0, result.stderr
+    assert "of vllm metrics" in result.stderr
+    assert "# TYPE vllm:kv_cache_usage_perc gauge" in out.read_text()
+    trace = load_trace(out)
+    assert trace.engine == "vllm" and len(trace.window) >= 4
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--exporter", "{closed}", "--seconds", "5", "-o", "{out}"], "cannot reach the exporter"),
+    (["--engine-url", "{closed}/metrics", "--seconds", "5", "-o", "{out}"], "GET"),
+    (["--exporter", "{closed}", "--seconds", "0", "-o", "{out}"], "--seconds"),
+    (["--exporter", "{closed}", "--seconds", "5", "--interval", "-1", "-o", "{out}"], "--interval"),
+    (["--exporter", "{closed}", "--seconds", "5", "-o", "/nonexistent/dir/x.om"], "does not exist"),
+    (["--exporter", "{closed}", "--seconds", "5", "-o", "{tmp}"], "is a directory"),
+    (["--exporter", "{closed}", "--engine-url", "{closed}", "--seconds", "5", "-o", "{out}"], "not allowed with"),
+    (["--seconds", "5", "-o", "{out}"], "one of the arguments"),
+    (["--exporter", "{closed}", "-o", "{out}"], "--seconds"),
+    (["--exporter", "ftp://x", "--seconds", "5", "-o", "{out}"], "http(s) URL"),
+])
+def test_record_bad_input_exits_2_with_one_line(cli, tmp_path, free_port, args, phrase):
+    closed = closed_port_url(free_port)
+    fills = {"{out}": str(tmp_path / "x.om"), "{tmp}": str(tmp_path)}
+    args = [fills.get(a, a.replace("{closed}", closed)) for a in args]
+    one_error_line(cli("record", *args), phrase)
+    assert not (tmp_path / "x.om").exists()
+
+
+def test_record_refuses_a_page_no_engine_adapter_knows(cli, fake_http, tmp_path):
+    server = fake_http(lambda path: (200, "text/plain", b"# TYPE foo gauge\nfoo 1\n"))
+    one_error_line(cli("record", "--engine-url", server.url, "--seconds", "1", "-o", tmp_path / "x.om"),
+                   "no engine adapter")
