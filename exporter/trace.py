@@ -34,7 +34,7 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect
+from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
 from kvdoctor.exporter.adapters.base import EngineAdapter
 from kvdoctor.exporter.collectors.dcgm import WANTED as DCGM_WANTED
 from kvdoctor.exporter.collectors.dcgm import normalise_dcgm
@@ -50,7 +50,6 @@ __all__ = [
     "format_raw_captures",
     "format_window",
     "load_trace",
-    "normalise_engine_samples",
     "parse_trace",
     "write_raw_captures",
     "write_window",
@@ -155,7 +154,7 @@ def parse_trace(text: str, engine: str | None = None, source: str = "trace") -> 
         raw = raw_by_ts[ts]
         samples: dict[SeriesKey, float] = {}
         if adapter is not None:
-            samples.update(normalise_engine_samples(adapter, raw))
+            samples.update(normalise_page(adapter, raw))
             used_adapter = True
         if dcgm:
             samples.update(normalise_dcgm(raw))
@@ -245,20 +244,6 @@ def _same(token: str, number: float) -> bool:
     except ValueError:
         return False
     return parsed == number or (math.isnan(parsed) and math.isnan(number))
-
-
-def normalise_engine_samples(adapter: EngineAdapter, raw: list[tuple[str, dict, float]],
-                             extra_labels: Mapping[str, str] | None = None) -> dict[SeriesKey, float]:
-    """One scrape's raw samples -> canonical samples, as ``EngineCollector.normalise`` does live:
-    every KV-tier adapter (with the engine's name in its ``engine`` label), then the engine adapter,
-    whose value wins where both produce the same series."""
-    extra = dict(extra_labels or {})
-    tier_labels = {**extra, "engine": adapter.name}
-    out: dict[SeriesKey, float] = {}
-    for tier in TIER_ADAPTERS.values():
-        out.update(tier.normalise(raw, tier_labels))
-    out.update(adapter.normalise(raw, extra))
-    return out
 
 
 def _check_openmetrics(text: str, source: str) -> None:

@@ -8,7 +8,9 @@ share the engine's /metrics or have their own endpoint) land in ``TIER_ADAPTERS`
 from __future__ import annotations
 
 import importlib
-from typing import Iterable
+from typing import Iterable, Mapping
+
+from kvdoctor.rules.window import SeriesKey
 
 from .base import EngineAdapter, MetricMap
 
@@ -40,4 +42,17 @@ def detect(names: Iterable[str]) -> EngineAdapter | None:
     return None
 
 
-__all__ = ["ADAPTERS", "TIER_ADAPTERS", "EngineAdapter", "MetricMap", "detect"]
+def normalise_page(adapter: EngineAdapter, raw, extra_labels: Mapping[str, str] | None = None) -> dict[SeriesKey, float]:
+    """One scrape's raw samples -> canonical samples, live or replayed: every KV-tier adapter
+    (with the engine's name in its ``engine`` label), then the engine adapter, whose value wins
+    where both produce the same series."""
+    extra = dict(extra_labels or {})
+    tier_labels = {**extra, "engine": adapter.name}
+    out: dict[SeriesKey, float] = {}
+    for tier in TIER_ADAPTERS.values():
+        out.update(tier.normalise(raw, tier_labels))
+    out.update(adapter.normalise(raw, extra))
+    return out
+
+
+__all__ = ["ADAPTERS", "TIER_ADAPTERS", "EngineAdapter", "MetricMap", "detect", "normalise_page"]

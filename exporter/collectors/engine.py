@@ -23,7 +23,7 @@ from typing import Mapping
 
 import httpx
 
-from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect
+from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
 from kvdoctor.exporter.adapters.base import EngineAdapter
 from kvdoctor.exporter.textparse import ExpositionError, family_names, iter_samples
 from kvdoctor.rules.window import SeriesKey
@@ -176,12 +176,7 @@ class EngineCollector:
             # The page no longer shows the engine we knew: another engine may answer here now.
             adapter = self._use(self._recognise(text))
             raw = parse_exposition(text, self._wanted)
-        tier_labels = {**self.extra_labels, "engine": adapter.name}
-        out: dict[SeriesKey, float] = {}
-        for tier in TIER_ADAPTERS.values():
-            out.update(tier.normalise(raw, tier_labels))
-        out.update(adapter.normalise(raw, self.extra_labels))
-        return out
+        return normalise_page(adapter, raw, self.extra_labels)
 
     def _recognise(self, text: str) -> EngineAdapter:
         try:
