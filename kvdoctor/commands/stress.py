@@ -1,0 +1,382 @@
+"""kvdoctor stress: the KV-cache pressure test against an OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+
+NAME = "stress"
+HELP = "KV-cache pressure test: step concurrency up until the KV cache saturates; write a report"
+DESCRIPTION = """\
+The KV-cache pressure test. Sends a fixed long prompt with a fixed generation length to an
+OpenAI-compatible endpoint (vLLM, SGLang, trtllm-serve, ...; /v1/completions, else
+/v1/chat/completions), streaming, with the concurrency stepped up 1, 2, 4, ... every
+--step-seconds until the KV cache saturates (usage >= --kv-saturation, or the engine preempts)
+or --max-concurrency. Meanwhile it records what the requests see (time to first token, tokens
+per second, the gaps between streamed tokens) and the exporter's signals (KV usage, the engine's
+per-token latency histogram, preemptions, queue): from --exporter, else from an exporter run in
+this process on the engine's own /metrics. The engine's histogram is the per-token latency
+reported; the streamed gaps stand in where the engine has none.
+
+It writes a report folder (-o): report.html (self-contained), kv-latency.png (KV usage and
+per-token latency p50/p95 on one time axis, steps and knee marked), trace.om (the recorded
+signals, OpenMetrics: `kvdoctor diagnose --replay trace.om`) and summary.json; and says which
+pattern the run shows: latency rising in step with KV (memory-bandwidth bound) or a jump at
+KV ~x% (preemption / paging onset).
+
+exit status: 0 report written, 1 the endpoint failed during the run (report written), 2 bad
+arguments, endpoint or exporter.
+
+examples:
+  kvdoctor stress --endpoint http://127.0.0.1:8000 --exporter http://127.0.0.1:9745
+  kvdoctor stress --endpoint http://127.0.0.1:8000 --prompt-tokens 2000 --max-tokens 1000 --max-concurrency 128 -o run1
+"""
+
+DEFAULTS = dict(prompt_tokens=1000, max_tokens=500, start_concurrency=1, max_concurrency=256, step_seconds=30.0)
+POLL_SECONDS = 1.0
+TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
+DIAGNOSIS_SECONDS = 60.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", required=True, metavar="URL",
+                        help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1)")
+    parser.add_argument("--exporter", metavar="URL",
+                        help="a kvdoctor exporter scraping that engine (default: one runs in this process on "
+                             "ENDPOINT/metrics)")
+    parser.add_argument("--model", metavar="NAME", help="the model to ask for (default: the first of /v1/models)")
+    parser.add_argument("--prompt-tokens", type=int, default=DEFAULTS["prompt_tokens"], metavar="N",
+                        help=f"prompt length in tokens, calibrated on the server's count (default {DEFAULTS['prompt_tokens']})")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="N",
+                        help=f"tokens generated per request (ignore_eos where supported; default {DEFAULTS['max_tokens']})")
+    parser.add_argument("--start-concurrency", type=int, default=DEFAULTS["start_concurrency"], metavar="N",
+                        help="requests in flight in the first step (default 1); doubled each step")
+    parser.add_argument("--max-concurrency", type=int, default=DEFAULTS["max_concurrency"], metavar="N",
+                        help=f"the last step's concurrency if the KV cache never saturates (default {DEFAULTS['max_concurrency']})")
+    parser.add_argument("--step-seconds", type=float, default=DEFAULTS["step_seconds"], metavar="S",
+                        help=f"seconds per concurrency step (default {DEFAULTS['step_seconds']:g})")
+    parser.add_argument("--kv-saturation", type=float, default=0.95, metavar="RATIO",
+                        help="KV usage (0..1) that counts as saturated (default 0.95); a preemption always does")
+    parser.add_argument("-o", "--output", metavar="DIR",
+                        help="report folder (default: stress-YYYYmmdd-HHMMSS in the current folder)")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="seconds to wait for the exporter's answers (default 10)")
+
+
+# ---------------------------------------------------------------------------------------- progress
+
+class Progress:
+    """One redrawn line on a terminal (stderr); plain lines, one per step, anywhere else."""
+
+    BAR = 24
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._drawn = False
+
+    def line(self, text: str) -> None:
+        """A line that stays (a step finished, a warning)."""
+        if self._drawn:
+            self.stream.write("\r\033[K")
+            self._drawn = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def update(self, fraction: float, text: str) -> None:
+        if not self.tty:
+            return
+        width = shutil.get_terminal_size((100, 20)).columns
+        filled = int(round(max(0.0, min(1.0, fraction)) * self.BAR))
+        bar = "█" * filled + "░" * (self.BAR - filled)
+        out = f"stress {bar} {text}"
+        self.stream.write("\r\033[K" + out[: max(10, width - 1)])
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+def _pct(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0%}"
+
+
+def _ms(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1000:.0f} ms"
+
+
+# ---------------------------------------------------------------------------------------- the run
+
+class LiveState:
+    """What the exporter said since the run started: for saturation and the progress line."""
+
+    def __init__(self):
+        self.kv_now = math.nan
+        self.kv_step_max = math.nan
+        self.preemptions = 0.0
+        self.step_preemptions = 0.0
+        self.snapshots = 0
+
+    def refresh(self, signals, run_start: float, step_start: float) -> None:
+        import numpy as np
+
+        from kvdoctor.exporter.stress import kv_signals
+
+        window = signals.window(since=run_start - 2)
+        self.snapshots = len(window)
+        sig = kv_signals(window) if len(window) else {}
+        if "kv_usage" in sig:
+            ts, kv = sig["kv_usage"]
+            present = ~np.isnan(kv)
+            self.kv_now = float(kv[present][-1]) if present.any() else math.nan
+            in_step = present & (ts >= step_start)
+            self.kv_step_max = float(kv[in_step].max()) if in_step.any() else math.nan
+        if "preemptions" in sig:
+            ts, d = sig["preemptions"]
+            self.preemptions = float(d[ts >= run_start].sum())
+            self.step_preemptions = float(d[ts >= step_start].sum())
+
+
+async def _run(args, settings, progress: Progress) -> "_Run":
+    import httpx
+
+    from kvdoctor.cli import UsageError
+    from kvdoctor.exporter import stress as S
+    from kvdoctor.exporter.stress_load import EndpointError, ExporterSignals, LocalSignals, api_root, discover, server_root
+
+    try:
+        base = api_root(settings.endpoint)
+    except EndpointError as exc:
+        raise UsageError(str(exc)) from None
+    schedule = S.step_schedule(settings.start_concurrency, settings.max_concurrency)
+    planned = len(schedule) * settings.step_seconds
+
+    if settings.exporter:
+        from kvdoctor.commands.record import exporter_base_url
+
+        signals = ExporterSignals(exporter_base_url(settings.exporter), timeout=args.timeout)
+    else:
+        signals = LocalSignals(server_root(base) + "/metrics", retention_seconds=planned + 600)
+    limits = httpx.Limits(max_connections=settings.max_concurrency + 4, max_keepalive_connections=settings.max_concurrency + 4)
+    async with httpx.AsyncClient(limits=limits, follow_redirects=True) as client:
+        try:
+            if settings.exporter:  # a wrong exporter is told before any request is sent
+                await _start_signals(signals)
+            try:
+                endpoint = await discover(base, settings.model, settings.prompt_tokens, settings.max_tokens, client)
+            except EndpointError as exc:
+                raise UsageError(str(exc)) from None
+            if not settings.exporter:
+                await _start_signals(signals)
+            progress.line(f"kvdoctor stress: {endpoint.model} at {endpoint.url}; prompt {endpoint.prompt_tokens or '?'} "
+                          f"tokens, {settings.max_tokens} generated; concurrency {' '.join(map(str, schedule))}, "
+                          f"{settings.step_seconds:g} s each; signals: {signals.description}")
+            for note in endpoint.notes:
+                progress.line(f"kvdoctor stress: note: {note}")
+            if isinstance(signals, LocalSignals):
+                up, error = signals.engine_up()
+                if up is False:
+                    progress.line(f"kvdoctor stress: warning: no engine metrics at {signals.metrics_url} ({error}); "
+                                  "KV usage will be unknown: pass --exporter URL")
+            return await _steps(settings, schedule, endpoint, signals, client, progress)
+        finally:
+            await asyncio.to_thread(signals.close)
+
+
+class _Run:
+    """The state of one run, shared by the step loop and the report."""
+
+    def __init__(self, settings, schedule, endpoint, signals, runner):
+        self.settings = settings
+        self.schedule = schedule
+        self.endpoint = endpoint
+        self.signals = signals
+        self.runner = runner
+        self.steps: list = []
+        self.live = LiveState()
+        self.run_start = time.time()
+        self.run_end = self.run_start
+        self.saturated_at: int | None = None
+        self.failed = ""
+        self.interrupted = False
+        self.poll_errors: list[str] = []
+        self.window = None
+
+
+async def _start_signals(signals) -> None:
+    from kvdoctor.cli import UsageError
+    from kvdoctor.exporter.stress_load import LocalSignals, SignalsError
+
+    if isinstance(signals, LocalSignals):
+        # its sources' ups and downs are in the report; log lines would tear the progress bar
+        logging.getLogger("kvdoctor.exporter").setLevel(logging.CRITICAL)
+    try:
+        await asyncio.to_thread(signals.start)
+    except SignalsError as exc:
+        raise UsageError(str(exc)) from None
+    if isinstance(signals, LocalSignals):  # let its first collection cycle finish
+        await asyncio.to_thread(signals.exporter.ready.wait, 5.0)
+
+
+async def _steps(settings, schedule, endpoint, signals, client, progress: Progress) -> _Run:
+    from kvdoctor.exporter.stress_load import LoadRunner
+
+    run = _Run(settings, schedule, endpoint, signals, LoadRunner(endpoint, settings.max_tokens, client))
+    try:
+        await _step_loop(run, progress)
+    except asyncio.CancelledError:  # Ctrl-C: stop the load, still write the report of what ran
+        asyncio.current_task().uncancel()
+        run.interrupted = True
+        progress.line("kvdoctor stress: interrupted; writing the report of what ran")
+    finally:
+        await run.runner.stop()
+        progress.close()
+    run.run_end = time.time()
+    for s in run.steps:
+        s.ended = min(s.ended or run.run_end, run.run_end)
+    await asyncio.sleep(TAIL_SECONDS)
+    await _poll(run, progress)
+    run.window = signals.window(since=run.run_start - 2)
+    return run
+
+
+async def _poll(run: _Run, progress: Progress, step_start: float | None = None) -> None:
+    error = await asyncio.to_thread(run.signals.try_poll)
+    if error and (not run.poll_errors or run.poll_errors[-1] != error):
+        run.poll_errors.append(error)
+        progress.line(f"kvdoctor stress: warning: {error}")
+    run.live.refresh(run.signals, run.run_start, step_start if step_start is not None else run.run_start)
+
+
+async def _step_loop(run: _Run, progress: Progress) -> None:
+    from kvdoctor.exporter.stress import StepRecord
+
+    settings, runner, live, schedule = run.settings, run.runner, run.live, run.schedule
+    planned = len(schedule) * settings.step_seconds
+    for index, concurrency in enumerate(schedule):
+        step = StepRecord(index, concurrency, time.time())
+        run.steps.append(step)
+        runner.set_concurrency(concurrency, index)
+        before = runner.counts()
+        last_poll = 0.0
+        while (now := time.time()) < step.started + settings.step_seconds:
+            if now - last_poll >= POLL_SECONDS:
+                last_poll = now
+                await _poll(run, progress, step.started)
+                counts = runner.counts()
+                p50, _ = runner.recent_itl()
+                progress.update((now - run.run_start) / planned,
+                                f"step {index + 1}/{len(schedule)} ×{concurrency}  "
+                                f"{now - step.started:3.0f}/{settings.step_seconds:g} s  KV {_pct(live.kv_now)}  "
+                                f"client ITL p50 {_ms(p50)}  preemptions {live.preemptions:.0f}  "
+                                f"done {counts['ok']} failed {counts['failed']}")
+            await asyncio.sleep(0.2)
+        step.ended = time.time()
+        await _poll(run, progress, step.started)
+        counts = runner.counts()
+        started_here = sum(1 for r in runner.requests if r.step == index)
+        failed_here = counts["failed"] - before["failed"]
+        ok_here = counts["ok"] - before["ok"]
+        kv_text = f"KV max {_pct(live.kv_step_max)}" if not math.isnan(live.kv_step_max) else "KV unknown"
+        progress.line(f"kvdoctor stress: step {index + 1}/{len(schedule)} ×{concurrency}: {kv_text}, "
+                      f"preemptions {live.step_preemptions:.0f}, completed {ok_here}, failed {failed_here}")
+        if started_here and failed_here >= started_here and ok_here == 0 and not _any_tokens(runner, step):
+            run.failed = runner.last_error or "every request failed"
+            progress.line(f"kvdoctor stress: the endpoint failed during step {index + 1}: {run.failed}")
+            return
+        if live.step_preemptions > 0 or (not math.isnan(live.kv_step_max) and live.kv_step_max >= settings.kv_saturation):
+            run.saturated_at = concurrency
+            return
+
+
+def _any_tokens(runner, step) -> bool:
+    return any(r.token_times and r.token_times[-1] >= step.started for r in runner.requests)
+
+
+def write_report(settings, result: dict, out_dir) -> dict:
+    """Analyses a finished run and writes the report folder; returns the summary."""
+    from pathlib import Path
+
+    from kvdoctor.exporter import stress as S
+    from kvdoctor.exporter.stress_report import render_figure, render_html, write_json
+    from kvdoctor.exporter.trace import write_window
+    from kvdoctor.rules.diagnosis import diagnose
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runner, steps, window = result.runner, result.steps, result.window
+    start, end = result.run_start, result.run_end
+    bins = S.bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
+    summaries = S.summarise_steps(runner.requests, steps, bins, window)
+    saturation = S.find_saturation(bins, steps, settings.kv_saturation)
+    verdict = S.stress_verdict(bins, saturation)
+
+    diagnosis = None
+    if len(window) >= 2:
+        tail = window.slice(end - DIAGNOSIS_SECONDS, end + TAIL_SECONDS + 1)
+        if len(tail) >= 2:
+            d = diagnose(tail)
+            diagnosis = {"verdict": d.verdict, "headline": d.headline, "confidence": round(d.confidence, 3),
+                         "window_seconds": round(d.window_seconds)}
+    trace_series = 0
+    if len(window):
+        trace_series = write_window(window, out / "trace.om")
+    else:
+        (out / "trace.om").write_text("# EOF\n")
+    endpoint = result.endpoint
+    extra = {
+        "signals": {"source": result.signals.description, "snapshots": len(window),
+                    "trace_series": trace_series, "poll_errors": result.poll_errors},
+        "latency_source": bins.latency_source,
+        "diagnosis": diagnosis,
+        "failed": result.failed or None,
+        "interrupted": result.interrupted,
+        "requests": runner.counts(),
+        "files": {"report": "report.html", "figure": "kv-latency.png", "trace": "trace.om", "summary": "summary.json"},
+    }
+    summary = S.summary_json(settings, endpoint.describe(), summaries, saturation, verdict, start, end, extra)
+    title = f"kvdoctor stress — {endpoint.model}, {endpoint.prompt_tokens or settings.prompt_tokens}-token prompt, " \
+            f"{settings.max_tokens} tokens generated"
+    render_figure(bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title)
+    write_json(summary, out / "summary.json")
+    render_html(summary, out / "kv-latency.png", out / "report.html")
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvdoctor.cli import UsageError
+    from kvdoctor.exporter.stress import StressSettings
+
+    settings = StressSettings(endpoint=args.endpoint, model=args.model, prompt_tokens=args.prompt_tokens,
+                              max_tokens=args.max_tokens, start_concurrency=args.start_concurrency,
+                              max_concurrency=args.max_concurrency, step_seconds=args.step_seconds,
+                              kv_saturation=args.kv_saturation, exporter=args.exporter)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    out_dir = args.output or time.strftime("stress-%Y%m%d-%H%M%S")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"-o {out_dir}: exists and is not a folder")
+
+    progress = Progress()
+    result = asyncio.run(_run(args, settings, progress))
+    summary = write_report(settings, result, out_dir)
+    verdict = summary["verdict"]
+    sat = summary["saturation"]
+    reached = (f"KV saturated at concurrency ×{sat['concurrency']} ({sat['reason'].replace('_', ' ')})"
+               if sat["reached"] else "KV did not saturate")
+    print(f"{verdict['headline']}\n{reached}\nreport: {os.path.join(out_dir, 'report.html')}", flush=True)
+    return 1 if result.failed else 0
