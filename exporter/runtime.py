@@ -41,6 +41,9 @@ from kvdoctor.rules.window import Labels, SeriesKey, Snapshot, Window
 log = logging.getLogger("kvdoctor.exporter")
 
 DIAGNOSIS_WINDOW_SECONDS = 60.0
+# Fewer snapshots than this give no rates (one snapshot has no increase): no verdict yet, rather
+# than an "idle" or a low-confidence slow verdict read off a single instant after a restart.
+MIN_DIAGNOSIS_SNAPSHOTS = 3
 NOT_APPLICABLE_RETRY_SECONDS = 30.0
 MAX_REASONS_PER_SOURCE = 16  # error reasons are label values: keep their number bounded
 DIAGNOSIS_SOURCE = "diagnosis"  # errors of the diagnose hook are counted under this source
@@ -60,12 +63,10 @@ def clean_reason(reason: Any) -> str:
     return text or "unknown"
 
 
-def known_verdicts() -> tuple[str, ...] | None:
-    """``kvdoctor.rules.diagnosis.VERDICTS``, or None while that module does not exist."""
-    try:
-        from kvdoctor.rules.diagnosis import VERDICTS
-    except ImportError:
-        return None
+def known_verdicts() -> tuple[str, ...]:
+    """Every verdict id: the verdict gauge is a state set over all of them."""
+    from kvdoctor.rules.diagnosis import VERDICTS
+
     return tuple(VERDICTS)
 
 
@@ -479,8 +480,11 @@ class Exporter:
     def _diagnose(self) -> list[tuple[SeriesKey, float]]:
         if self.diagnose_hook is None:
             return []
+        window = self.store.window(getattr(self.settings, "diagnosis_window", DIAGNOSIS_WINDOW_SECONDS))
+        if len(window) < MIN_DIAGNOSIS_SNAPSHOTS:
+            return []
         try:
-            result = self.diagnose_hook(self.store.window(getattr(self.settings, "diagnosis_window", DIAGNOSIS_WINDOW_SECONDS)))
+            result = self.diagnose_hook(window)
             payload = result.to_json()
             verdict = str(result.verdict)
         except Exception as exc:  # the diagnosis is an extra; its failure must not cost the page

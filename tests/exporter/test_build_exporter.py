@@ -81,9 +81,11 @@ def test_an_unusable_model_config_is_a_config_error(registry, tmp_path):
 
 
 def test_the_default_diagnosis_is_used_when_the_rules_have_it(registry):
-    pytest.importorskip("kvdoctor.rules.diagnosis")
+    from kvdoctor.exporter.runtime import MIN_DIAGNOSIS_SNAPSHOTS
+
     exp = command.build_exporter(ExporterSettings(interval=0.1))
     assert exp.diagnose_hook is not None
-    exp.run_cycle()
+    for _ in range(MIN_DIAGNOSIS_SNAPSHOTS):
+        exp.run_cycle()
     assert exp.diagnosis()["verdict"] in __import__("kvdoctor.rules.diagnosis", fromlist=["VERDICTS"]).VERDICTS
     assert f'{S.DIAGNOSIS_VERDICT}{{verdict="{exp.diagnosis()["verdict"]}"}} 1.0' in exp.metrics_bytes().decode()

@@ -322,23 +322,19 @@ def test_diagnose_hook_sees_the_window_and_the_verdict_is_a_state_set(monkeypatc
         return FakeDiagnosis("kv_thrashing", len(window))
 
     exp = Exporter(settings(), [StaticCollector("engine", engine_samples)], diagnose_hook=hook)
-    assert exp.diagnosis() is None
+    for _ in range(runtime_module.MIN_DIAGNOSIS_SNAPSHOTS - 1):
+        exp.run_cycle()
+    assert exp.diagnosis() is None and seen == []  # too few snapshots for rates: no verdict yet
+    assert S.DIAGNOSIS_VERDICT not in exp.metrics_bytes().decode()
     exp.run_cycle()
     exp.run_cycle()
-    assert seen == [1, 2]
+    n = runtime_module.MIN_DIAGNOSIS_SNAPSHOTS
+    assert seen == [n, n + 1]
     page = exp.metrics_bytes()
     assert {v: value(page, S.DIAGNOSIS_VERDICT, verdict=v) for v in verdicts} == {
         "idle": 0.0, "healthy": 0.0, "kv_thrashing": 1.0}
     assert exp.diagnosis()["verdict"] == "kv_thrashing"
-    assert exp.diagnosis()["snapshots"] == 2
-
-
-def test_without_the_diagnosis_module_no_verdict_series_is_emitted(monkeypatch):
-    monkeypatch.setattr(runtime_module, "known_verdicts", lambda: None)
-    exp = Exporter(settings(), [StaticCollector("engine", engine_samples)], diagnose_hook=lambda w: FakeDiagnosis("idle", 0))
-    exp.run_cycle()
-    assert S.DIAGNOSIS_VERDICT not in exp.metrics_bytes().decode()
-    assert exp.diagnosis() == {"verdict": "idle", "snapshots": 0, "ts": exp.store.latest().ts}
+    assert exp.diagnosis()["snapshots"] == n + 1
 
 
 def test_a_failing_diagnosis_is_counted_and_the_page_still_renders(monkeypatch):
@@ -348,7 +344,8 @@ def test_a_failing_diagnosis_is_counted_and_the_page_still_renders(monkeypatch):
         raise RuntimeError("bug in the rules")
 
     exp = Exporter(settings(), [StaticCollector("engine", engine_samples)], diagnose_hook=broken)
-    exp.run_cycle()
+    for _ in range(runtime_module.MIN_DIAGNOSIS_SNAPSHOTS):
+        exp.run_cycle()
     page = exp.metrics_bytes()
     assert value(page, S.SOURCE_ERRORS, source="diagnosis", reason="exception") == 1.0
     assert value(page, S.SOURCE_UP, source="engine") == 1.0
