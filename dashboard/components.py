@@ -1,0 +1,211 @@
+"""Pure builders of page pieces that are not charts: the verdict banner, the stale badge, tables.
+
+Data in, Dash components out; no callbacks and no I/O, so they are tested without a browser.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable, Mapping
+
+from dash import dcc, html
+
+from kvdoctor.dashboard.derive import severity
+
+VERDICT_TITLES: dict[str, str] = {
+    "kv_thrashing": "KV thrashing",
+    "kv_capacity_pressure": "KV capacity pressure",
+    "kv_tier_miss": "KV served from a slow tier",
+    "memory_bandwidth_bound": "Decode is HBM-bandwidth bound",
+    "compute_bound": "Compute bound",
+    "host_overhead_bound": "Host overhead bound",
+    "healthy": "Healthy",
+    "idle": "Idle",
+}
+
+
+def verdict_title(verdict: str | None) -> str:
+    if not verdict:
+        return "No verdict"
+    return VERDICT_TITLES.get(verdict, verdict.replace("_", " ").capitalize())
+
+
+def verdict_class(verdict: str | None) -> str:
+    level = severity(verdict)
+    if verdict in ("healthy",):
+        return "verdict-ok"
+    if verdict in ("idle",) or not verdict:
+        return "verdict-idle"
+    return "verdict-bad" if level >= 5 else "verdict-warn"
+
+
+def format_number(value: Any, unit: str = "") -> str:
+    """Short human form: 3 significant digits, SI prefixes for big numbers."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(v):
+        return "–"
+    if math.isinf(v):
+        return "∞"
+    sep = " " if unit else ""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= factor and unit not in ("%", "ms", "s"):
+            return f"{v / factor:.3g}{sep}{prefix}{unit}"
+    return f"{v:.3g}{sep}{unit}"
+
+
+def format_confidence(value: Any) -> str:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return f"{v * 100:.0f}%" if v <= 1.0 else f"{v:.0f}%"
+
+
+COMPARISONS = {">=": "≥", "<=": "≤", ">": ">", "<": "<", "==": "=", "!=": "≠"}
+
+
+def format_with_unit(value: Any, unit: str) -> str:
+    """An evidence value in the unit the rules give it: ratios as %, seconds as ms, bytes/s in SI."""
+    if value is None or isinstance(value, bool):
+        return format_number(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(v):
+        return format_number(v)
+    if unit == "ratio":
+        return f"{v * 100:.3g}%"
+    if unit == "seconds":
+        return f"{v * 1000:.3g} ms" if abs(v) < 10 else f"{v:.3g} s"
+    if unit == "bytes/s":
+        return format_number(v, "B/s")
+    return format_number(v, unit)
+
+
+def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
+    rows = []
+    for item in evidence:
+        measured = item.get("measured", True)
+        unit = str(item.get("unit") or "")
+        comparison = COMPARISONS.get(str(item.get("comparison") or ""), str(item.get("comparison") or ""))
+        threshold = item.get("threshold")
+        against = f"{comparison} {format_with_unit(threshold, unit)}" if threshold is not None else ""
+        signal = str(item.get("signal", ""))
+        feature = str(item.get("feature") or "")
+        rows.append(html.Tr(
+            [
+                html.Td([feature or signal] + ([html.Br(), html.Span(signal, className="evidence-series")]
+                                              if feature and feature != signal else []),
+                        className="evidence-signal"),
+                html.Td(format_with_unit(item.get("value"), unit), className="evidence-value"),
+                html.Td(against, className="evidence-threshold"),
+                html.Td("" if measured else "not measured", className="evidence-measured"),
+                html.Td(str(item.get("note") or "")),
+            ],
+            className="" if measured else "not-measured",
+            **({"data-holds": str(item["holds"]).lower()} if item.get("holds") is not None else {}),
+        ))
+    if not rows:
+        return None
+    head = html.Thead(html.Tr([html.Th(h) for h in ("signal", "value", "threshold", "", "note")]))
+    return html.Table([head, html.Tbody(rows)], className="evidence")
+
+
+def action_list(actions: Iterable[Mapping]) -> html.Ol | None:
+    items = []
+    for action in actions:
+        flags = []
+        for engine, key in (("vLLM", "flag_vllm"), ("SGLang", "flag_sglang")):
+            if action.get(key):
+                flags += [html.Span(f"{engine}: ", className="flag-engine"), html.Code(str(action[key])), " "]
+        parts: list[Any] = [html.Strong(str(action.get("title", "")))]
+        if flags:
+            parts += [html.Br(), *flags]
+        if action.get("effect"):
+            parts += [html.Br(), html.Span(str(action["effect"]), className="action-effect")]
+        items.append(html.Li(parts))
+    return html.Ol(items, className="actions") if items else None
+
+
+def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
+    """The verdict banner: headline, confidence, evidence against thresholds, ordered actions."""
+    if not diagnosis:
+        return html.Div(
+            [html.Div("Waiting for the first diagnosis…", className="verdict-title")],
+            className="banner verdict-idle", **{"data-verdict": ""},
+        )
+    verdict = str(diagnosis.get("verdict") or "")
+    head = [html.Span(verdict_title(verdict), className="verdict-title")]
+    confidence = format_confidence(diagnosis.get("confidence"))
+    if confidence:
+        head.append(html.Span(f"confidence {confidence}", className="verdict-confidence"))
+    head.append(html.Code(verdict, className="verdict-code"))
+    body: list[Any] = [html.Div(head, className="verdict-head"),
+                       html.P(str(diagnosis.get("headline") or ""), className="verdict-headline")]
+    columns = []
+    table = evidence_table(diagnosis.get("evidence") or [])
+    if table is not None:
+        columns.append(html.Div([html.H4("Evidence"), table], className="banner-col"))
+    actions = action_list(diagnosis.get("actions") or [])
+    if actions is not None:
+        columns.append(html.Div([html.H4("What to do, in order"), actions], className="banner-col"))
+    if columns:
+        body.append(html.Div(columns, className="banner-cols"))
+    missing = [str(m) for m in diagnosis.get("missing") or []]
+    notes = list(notes)
+    if missing or notes:
+        text = []
+        if missing:
+            text.append("Not measured here: " + ", ".join(missing) + ".")
+        text.extend(notes)
+        body.append(html.P(" ".join(text), className="verdict-missing"))
+    return html.Div(body, className=f"banner {verdict_class(verdict)}", **{"data-verdict": verdict})
+
+
+def _clock(ts: float | None) -> str:
+    if ts is None or not math.isfinite(ts):
+        return "never"
+    return time.strftime("%H:%M:%S", time.gmtime(ts)) + " UTC"
+
+
+def badge(health: Mapping | None) -> html.Span:
+    """The freshness badge: live, stale (fetch failing: last data kept) or a source down.
+
+    ``health`` = {"ok": bool, "error": str, "last_ok": ts, "newest": ts,
+    "sources_down": [{"name", "error"}], "history": bool}.
+    """
+    if not health:
+        return html.Span("connecting…", className="badge badge-idle", **{"data-state": "connecting"})
+    if health.get("history"):
+        return html.Span("history (not live)", className="badge badge-idle", **{"data-state": "history"})
+    down = health.get("sources_down") or []
+    if not health.get("ok"):
+        text = f"stale: showing data up to {_clock(health.get('newest'))}; {health.get('error') or 'fetch failed'}"
+        return html.Span(text, className="badge badge-stale", title=text, **{"data-state": "stale"})
+    if down:
+        text = "; ".join(f"source {d['name']} down" + (f": {d['error']}" if d.get("error") else "") for d in down)
+        return html.Span(text, className="badge badge-down", title=text, **{"data-state": "source-down"})
+    return html.Span(f"live · data at {_clock(health.get('newest'))}", className="badge badge-ok",
+                     **{"data-state": "live"})
+
+
+def key_value_table(rows: Iterable[tuple[str, str]], class_name: str = "kv-table") -> html.Table:
+    return html.Table(html.Tbody([html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]), className=class_name)
+
+
+def table(header: list[str], rows: list[list[Any]], class_name: str = "data-table") -> html.Table:
+    return html.Table([html.Thead(html.Tr([html.Th(h) for h in header])),
+                       html.Tbody([html.Tr([html.Td(c) for c in r]) for r in rows])], className=class_name)
+
+
+def link(text: str, href: str) -> dcc.Link:
+    return dcc.Link(text, href=href)

@@ -1,0 +1,417 @@
+"""Pure figure builders: data in, Plotly figure (or ``extendData`` payload) out. No Dash, no I/O.
+
+The Live charts go through a small JSON form, ``ChartData``::
+
+    {"traces": [{"name": str, "kind": str, "group": str, "x": [...], "y": [...]}, ...],
+     "extras": {...}}   # knee, decode-floor line: whatever is drawn but not appended to
+
+``live_charts(frame, diagnosis)`` makes it from a ``LiveFrame``; ``build(chart, data)`` turns it
+into a figure, ``extension(data, cap)`` into a ``dcc.Graph.extendData`` payload that appends the
+same traces in the same order. ``signature(data)`` says what a figure is made of (trace names and
+extras): when it changes the page rebuilds the figure instead of appending to it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from tsdownsample import NaNMinMaxLTTBDownsampler
+
+from kvdoctor.dashboard.derive import LiveFrame
+
+KV_LATENCY = "kv_latency"
+BANDWIDTH = "bandwidth"
+TRANSFERS = "transfers"
+ITL_KV = "itl_kv"
+LIVE_CHARTS = (KV_LATENCY, BANDWIDTH, TRANSFERS, ITL_KV)
+
+BANDWIDTH_BOUND_LINE = 80.0  # percent: the guide's "DRAM >= 80%" line
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+KV_COLOR, P50_COLOR, P95_COLOR, FLOOR_COLOR, KNEE_COLOR = "#9ecae1", "#31a354", "#e6550d", "#636363", "#d62728"
+DUTY_CYCLE_METHOD = "nvml_util"
+KNEE_STEP = 0.02
+SCATTER_KINDS = frozenset({"itl_points"})
+
+ChartData = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- compact JSON lists
+
+
+def compact(values: Iterable[float] | np.ndarray, digits: int = 4) -> list:
+    """Floats rounded to ``digits`` significant digits, ``None`` for NaN/inf (JSON null, a gap)."""
+    a = np.asarray(values, dtype=float)
+    out = np.full(a.shape, np.nan)
+    finite = np.isfinite(a)
+    x = a[finite]
+    if x.size:
+        nonzero = x != 0
+        mag = np.zeros_like(x)
+        mag[nonzero] = np.floor(np.log10(np.abs(x[nonzero])))
+        shift = (digits - 1 - mag).astype(int)
+        # Multiply or divide by an exact power of ten so the result prints short.
+        up = np.power(10.0, np.clip(shift, 0, None))
+        down = np.power(10.0, np.clip(-shift, 0, None))
+        out[finite] = np.round(x * up / down) * down / up
+    return [None if not f else v for f, v in zip(finite.tolist(), out.tolist())]
+
+
+def epoch_ms(ts: np.ndarray) -> list[int]:
+    return np.round(np.asarray(ts, dtype=float) * 1000.0).astype(np.int64).tolist()
+
+
+# ------------------------------------------------------------------------------ frame -> charts
+
+
+def _trace(name: str, kind: str, x: list, y, group: str = "", digits: int = 4) -> dict:
+    return {"name": name, "kind": kind, "group": group, "x": x, "y": compact(y, digits)}
+
+
+def knee_extras(diagnosis: Mapping | None) -> dict | None:
+    """``{"kind", "kv_level"}`` from a diagnosis' knee, or None."""
+    knee = (diagnosis or {}).get("knee")
+    if not isinstance(knee, Mapping) or not knee.get("kind"):
+        return None
+    try:
+        level = float(knee.get("kv_level"))
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(level):
+        return None
+    # Rounded to 2% of KV so a knee estimate that wobbles does not rebuild the charts each second.
+    return {"kind": str(knee.get("kind") or ""), "kv_level": round(round(level / KNEE_STEP) * KNEE_STEP, 4)}
+
+
+def floor_line(x: np.ndarray, floor_seconds: np.ndarray, x_max: float) -> dict | None:
+    """The decode-floor line in ms over ``[0, x_max]`` fitted on (x, floor) pairs, or the points
+    themselves when x has not moved enough to fit a slope; None without floor data."""
+    ok = np.isfinite(x) & np.isfinite(floor_seconds)
+    if not np.any(ok):
+        return None
+    xs, ys = x[ok], floor_seconds[ok] * 1000.0
+    if np.ptp(xs) > 0.01 * max(x_max, 1e-12) and len(xs) >= 2:
+        slope, intercept = np.polyfit(xs, ys, 1)
+        return {"x": [0.0, _sig(x_max)], "y": [_sig(intercept), _sig(intercept + slope * x_max)], "fit": True}
+    return {"x": [_sig(float(np.median(xs)))], "y": [_sig(float(np.median(ys)))], "fit": False}
+
+
+def _sig(v: float, digits: int = 3) -> float:
+    return float(f"{v:.{digits}g}") if math.isfinite(v) else v
+
+
+def live_charts(frame: LiveFrame, diagnosis: Mapping | None = None, floor_frame: LiveFrame | None = None) -> dict[str, ChartData]:
+    """The four Live charts' data from a frame (all of a window, or only its new points).
+
+    ``floor_frame`` is where the decode-floor line is fitted (the whole window); it defaults to
+    ``frame``.
+    """
+    t = epoch_ms(frame.ts)
+    knee = knee_extras(diagnosis)
+
+    kv_latency = {
+        "traces": [
+            _trace("KV cache usage (%)", "kv", t, frame.kv_usage * 100.0),
+            _trace("ITL p50 (ms)", "p50", t, frame.itl_p50 * 1000.0),
+            _trace("ITL p95 (ms)", "p95", t, frame.itl_p95 * 1000.0),
+        ],
+        "extras": {"knee": knee},
+    }
+
+    bw_traces = []
+    for g in frame.gpus:
+        label = f"GPU {g.gpu}"
+        if g.dram_method == DUTY_CYCLE_METHOD:
+            bw_traces.append(_trace(f"{label} memory duty cycle (NVML, not bandwidth) (%)", "dram", t, g.dram * 100, g.gpu))
+        else:
+            bw_traces.append(_trace(f"{label} DRAM bandwidth (%)", "dram", t, g.dram * 100, g.gpu))
+        bw_traces.append(_trace(f"{label} SM active (%)", "sm", t, g.sm * 100, g.gpu))
+    bandwidth = {"traces": bw_traces, "extras": {"line": BANDWIDTH_BOUND_LINE}}
+
+    transfers = {
+        "traces": [
+            _trace("preemptions/s", "preemptions", t, frame.preemption_rate),
+            _trace("KV to GPU (B/s)", "kv_to_gpu", t, frame.kv_to_gpu_rate),
+            _trace("KV from GPU (B/s)", "kv_from_gpu", t, frame.kv_from_gpu_rate),
+            _trace("PCIe receive (B/s)", "pcie_rx", t, frame.pcie_rx),
+            _trace("PCIe transmit (B/s)", "pcie_tx", t, frame.pcie_tx),
+        ],
+        "extras": {},
+    }
+
+    by_tokens = math.isfinite(frame.kv_capacity_tokens)
+    x = frame.resident_tokens if by_tokens else frame.kv_usage * 100.0
+    ff = floor_frame or frame
+    fx = ff.resident_tokens if by_tokens else ff.kv_usage * 100.0
+    x_max = frame.kv_capacity_tokens if by_tokens else 100.0
+    keep = np.isfinite(x) & np.isfinite(frame.itl_mean)
+    floor = floor_line(fx, ff.decode_floor, x_max)
+    knee_x = None
+    if knee:
+        knee_x = _sig(knee["kv_level"] * (x_max if by_tokens else 100.0))
+    itl_kv = {
+        "traces": [
+            {"name": "mean ITL (ms)", "kind": "itl_points", "group": "",
+             "x": compact(x[keep], 5), "y": compact(frame.itl_mean[keep] * 1000.0)},
+        ],
+        "extras": {
+            "x_unit": "tokens" if by_tokens else "percent",
+            "x_max": _sig(x_max, 6),
+            "floor": floor,
+            "knee": dict(knee, x=knee_x) if knee else None,
+        },
+    }
+    return {KV_LATENCY: kv_latency, BANDWIDTH: bandwidth, TRANSFERS: transfers, ITL_KV: itl_kv}
+
+
+def signature(data: ChartData) -> str:
+    """What the figure is made of; a change means rebuild instead of append. The decode-floor
+    line counts only by its presence: it is refitted on rebuilds, not on every update."""
+    extras = dict(data.get("extras") or {})
+    if "floor" in extras:
+        extras["floor"] = bool(extras["floor"])
+    return json.dumps([[t["name"] for t in data["traces"]], extras], sort_keys=True)
+
+
+def point_count(charts: Mapping[str, ChartData]) -> int:
+    return max((len(t["x"]) for c in charts.values() for t in c["traces"]), default=0)
+
+
+MIN_POINTS_PER_TRACE = 300
+# A marker costs the browser several times a line vertex: scatters (ITL against KV) keep fewer.
+MAX_SCATTER_POINTS = 600
+
+
+def downsample(data: ChartData, n_out: int, chart_budget: int | None = None) -> ChartData:
+    """Each trace cut to at most ``n_out`` points with MinMaxLTTB (keeps the spikes and the gaps);
+    with ``chart_budget``, the traces share that many points (at least MIN_POINTS_PER_TRACE each)."""
+    if chart_budget and data["traces"]:
+        n_out = min(n_out, max(MIN_POINTS_PER_TRACE, chart_budget // len(data["traces"])))
+    traces = []
+    for t in data["traces"]:
+        scatter = t["kind"] in SCATTER_KINDS
+        limit = min(n_out, MAX_SCATTER_POINTS) if scatter else n_out
+        if len(t["x"]) <= limit:
+            traces.append(t)
+            continue
+        x = np.asarray([np.nan if v is None else v for v in t["x"]], dtype=float)
+        y = np.asarray([np.nan if v is None else v for v in t["y"]], dtype=float)
+        if scatter or not np.all(np.diff(x) >= 0):  # not a time series: keep an even sample
+            idx = np.linspace(0, len(x) - 1, limit).round().astype(int)
+        elif np.all(np.isnan(y)):
+            idx = np.linspace(0, len(x) - 1, limit).round().astype(int)
+        else:
+            idx = np.sort(NaNMinMaxLTTBDownsampler().downsample(x, y, n_out=limit))
+        xs, ys = t["x"], t["y"]
+        traces.append(dict(t, x=[xs[i] for i in idx], y=[ys[i] for i in idx]))
+    return {"traces": traces, "extras": data.get("extras")}
+
+
+def extension(data: ChartData, cap: int) -> tuple[dict, list[int], int] | None:
+    """``dcc.Graph.extendData`` for appending ``data``'s points, keeping at most ``cap`` per trace."""
+    traces = data["traces"]
+    if not traces or not any(t["x"] for t in traces):
+        return None
+    if all(t["kind"] in SCATTER_KINDS for t in traces):
+        cap = min(cap, MAX_SCATTER_POINTS)
+    return (
+        {"x": [t["x"] for t in traces], "y": [t["y"] for t in traces]},
+        list(range(len(traces))),
+        cap,
+    )
+
+
+# ------------------------------------------------------------------------------------- figures
+#
+# Figures are plain dicts ({"data": [...], "layout": {...}}), which dcc.Graph takes as they are:
+# building plotly.graph_objects validates every point and costs ~100x more for the same JSON.
+# The unit tests check every builder's output against Plotly's schema with go.Figure(fig).
+
+Figure = dict[str, Any]
+
+
+def _base_layout(title: str, **kw) -> dict:
+    layout = dict(
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15}},
+        margin={"l": 60, "r": 60, "t": 40, "b": 50},
+        height=330,
+        legend={"orientation": "h", "y": -0.2, "x": 0, "yanchor": "top"},
+        hovermode="x unified",
+        template=TEMPLATE,
+        uirevision="keep",  # keep zoom and hidden traces across updates
+        shapes=[],
+        annotations=[],
+    )
+    layout.update(kw)
+    return layout
+
+
+# A small template instead of "plotly_white": the named templates add ~10 KB to every figure.
+TEMPLATE = {
+    "layout": {
+        "paper_bgcolor": "white",
+        "plot_bgcolor": "white",
+        "font": {"family": "system-ui, sans-serif", "size": 12, "color": "#2a3f5f"},
+        "xaxis": {"gridcolor": "#ebf0f8", "linecolor": "#ebf0f8", "zerolinecolor": "#ebf0f8", "automargin": True},
+        "yaxis": {"gridcolor": "#ebf0f8", "linecolor": "#ebf0f8", "zerolinecolor": "#ebf0f8", "automargin": True},
+    }
+}
+
+
+def _time_axis() -> dict:
+    return {"type": "date", "hoverformat": "%H:%M:%S UTC"}
+
+
+def _line(t: Mapping, **kw) -> dict:
+    trace = {"type": "scatter", "x": t["x"], "y": t["y"], "name": t["name"], "mode": "lines", "connectgaps": False}
+    trace.update(kw)
+    return trace
+
+
+def _figure(data: list[dict], layout: dict) -> Figure:
+    return {"data": data, "layout": layout}
+
+
+def _hline(y: float, color: str, yref: str = "y") -> dict:
+    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": yref, "y0": y, "y1": y,
+            "line": {"color": color, "dash": "dash", "width": 2}}
+
+
+def _note(text: str, color: str = "#888", size: int = 14) -> dict:
+    return {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False, "text": text,
+            "font": {"size": size, "color": color}}
+
+
+def kv_latency_figure(data: ChartData) -> Figure:
+    """KV usage (%) and ITL p50/p95 (ms) on one time axis, two y axes; the knee as a KV line."""
+    style = {
+        "kv": dict(yaxis="y", line={"color": "#3182bd", "width": 1.5}, fill="tozeroy", fillcolor="rgba(158,202,225,0.35)"),
+        "p50": dict(yaxis="y2", line={"color": P50_COLOR, "width": 2}),
+        "p95": dict(yaxis="y2", line={"color": P95_COLOR, "width": 2}),
+    }
+    layout = _base_layout(
+        "KV cache usage and per-token latency",
+        xaxis=_time_axis(),
+        yaxis={"title": {"text": "KV cache usage (%)"}, "range": [0, 105]},
+        yaxis2={"title": {"text": "inter-token latency (ms)"}, "overlaying": "y", "side": "right",
+                "rangemode": "tozero", "showgrid": False},
+    )
+    knee = (data.get("extras") or {}).get("knee")
+    if knee:
+        level = knee["kv_level"] * 100.0
+        what = "latency jumps" if knee["kind"] == "jump" else "latency rises with KV"
+        layout["shapes"].append(_hline(level, KNEE_COLOR))
+        layout["annotations"].append({"xref": "paper", "x": 0.99, "yref": "y", "y": level, "yshift": -12,
+                                      "showarrow": False, "xanchor": "right", "font": {"color": KNEE_COLOR},
+                                      "bgcolor": "rgba(255,255,255,0.8)",
+                                      "text": f"knee: {what} at {level:.0f}% KV"})
+    return _figure([_line(t, **style.get(t["kind"], {})) for t in data["traces"]], layout)
+
+
+def bandwidth_figure(data: ChartData) -> Figure:
+    """DRAM bandwidth utilisation against SM activity per GPU, with the 80% line."""
+    layout = _base_layout("DRAM bandwidth (solid) vs SM activity (dotted)", xaxis=_time_axis(),
+                          yaxis={"title": {"text": "% of peak"}, "range": [0, 105]})
+    groups = sorted({t["group"] for t in data["traces"]}, key=lambda g: (len(g), g))
+    traces = []
+    for t in data["traces"]:
+        color = PALETTE[groups.index(t["group"]) % len(PALETTE)]
+        dram = t["kind"] == "dram"
+        # One legend entry per GPU (its DRAM line); clicking it hides both of the GPU's lines.
+        traces.append(_line(t, line={"color": color, "dash": "solid" if dram else "dot", "width": 1.8},
+                            legendgroup=t["group"], showlegend=dram,
+                            hovertemplate="%{y:.0f}%<extra>" + t["name"].replace(" (%)", "") + "</extra>"))
+        if dram:
+            traces[-1]["name"] = f"GPU {t['group']}"
+    line = (data.get("extras") or {}).get("line", BANDWIDTH_BOUND_LINE)
+    layout["shapes"].append(_hline(line, "#444"))
+    layout["annotations"].append({"xref": "paper", "x": 1, "yref": "y", "y": line, "yshift": -9, "showarrow": False,
+                                  "xanchor": "right", "font": {"size": 11, "color": "#444"},
+                                  "bgcolor": "rgba(255,255,255,0.8)",
+                                  "text": f"{line:.0f}%: bandwidth bound above this"})
+    if not traces:
+        layout["annotations"].append(_note("no GPU counters from this exporter"))
+    return _figure(traces, layout)
+
+
+def transfers_figure(data: ChartData) -> Figure:
+    """Preemptions/s (right axis) with KV transfer and PCIe bytes/s (left axis)."""
+    style = {
+        "preemptions": dict(yaxis="y2", line={"color": "#d62728", "width": 2}),
+        "kv_to_gpu": dict(line={"color": "#756bb1", "width": 2}),
+        "kv_from_gpu": dict(line={"color": "#bcbddc", "width": 2}),
+        "pcie_rx": dict(line={"color": "#3182bd", "dash": "dot", "width": 1.5}),
+        "pcie_tx": dict(line={"color": "#9ecae1", "dash": "dot", "width": 1.5}),
+    }
+    layout = _base_layout(
+        "Preemptions, KV transfers and PCIe",
+        xaxis=_time_axis(),
+        yaxis={"title": {"text": "bytes/s"}, "rangemode": "tozero", "exponentformat": "SI"},
+        yaxis2={"title": {"text": "preemptions/s"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
+                "showgrid": False},
+    )
+    return _figure([_line(t, **style.get(t["kind"], {})) for t in data["traces"]], layout)
+
+
+def itl_kv_figure(data: ChartData) -> Figure:
+    """Mean ITL against resident KV (scatter), the ledger's decode floor and the knee."""
+    extras = data.get("extras") or {}
+    by_tokens = extras.get("x_unit") == "tokens"
+    layout = _base_layout(
+        "Per-token latency against resident KV",
+        xaxis={"title": {"text": "resident KV (tokens)" if by_tokens else "KV cache usage (%)"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "mean inter-token latency (ms)"}, "rangemode": "tozero"},
+        hovermode="closest",
+        legend={"orientation": "h", "x": 0, "y": -0.3, "yanchor": "top"},
+        margin={"l": 60, "r": 60, "t": 40, "b": 70},
+    )
+    traces = [{"type": "scatter", "x": t["x"], "y": t["y"], "name": t["name"], "mode": "markers",
+               "marker": {"size": 5, "color": P95_COLOR, "opacity": 0.6}} for t in data["traces"]]
+    floor = extras.get("floor")
+    if floor:
+        traces.append({"type": "scatter", "x": floor["x"], "y": floor["y"], "name": "decode floor (ledger)",
+                       "mode": "lines" if floor.get("fit") else "markers",
+                       "line": {"color": FLOOR_COLOR, "dash": "dash", "width": 2},
+                       "marker": {"color": FLOOR_COLOR, "size": 8}})
+    knee = extras.get("knee")
+    if knee and knee.get("x") is not None:
+        what = "jump" if knee["kind"] == "jump" else "rise"
+        layout["shapes"].append({"type": "line", "xref": "x", "x0": knee["x"], "x1": knee["x"], "yref": "paper",
+                                 "y0": 0, "y1": 1, "line": {"color": KNEE_COLOR, "dash": "dash", "width": 2}})
+        layout["annotations"].append({"xref": "x", "x": knee["x"], "yref": "paper", "y": 1, "showarrow": False,
+                                      "xanchor": "left", "text": f" knee ({what})", "font": {"color": KNEE_COLOR}})
+    return _figure(traces, layout)
+
+
+BUILDERS = {KV_LATENCY: kv_latency_figure, BANDWIDTH: bandwidth_figure, TRANSFERS: transfers_figure,
+            ITL_KV: itl_kv_figure}
+
+
+def build(chart: str, data: ChartData) -> Figure:
+    return BUILDERS[chart](data)
+
+
+def placeholder_figure(message: str) -> Figure:
+    """An empty chart that says why it is empty."""
+    layout = _base_layout("", xaxis={"visible": False}, yaxis={"visible": False})
+    layout["annotations"].append(_note(message))
+    return _figure([], layout)
+
+
+# --------------------------------------------------------------------------------------- fleet
+
+
+def fleet_history_figure(title: str, unit: str, series: list[dict], x_range: tuple[float, float] | None = None) -> Figure:
+    """One line per target over the picked range: ``series`` = [{"name", "x" (ms), "y"}];
+    ``x_range`` (Unix seconds) shows the whole picked range even where there is no data."""
+    xaxis = _time_axis()
+    if x_range:
+        xaxis["range"] = [x_range[0] * 1000.0, x_range[1] * 1000.0]
+    layout = _base_layout(title, xaxis=xaxis, yaxis={"title": {"text": unit}, "rangemode": "tozero"})
+    traces = [_line(s, line={"color": PALETTE[i % len(PALETTE)], "width": 1.6}) for i, s in enumerate(series)]
+    if not series:
+        layout["annotations"].append(_note("no data in this range"))
+    return _figure(traces, layout)

@@ -1,0 +1,234 @@
+"""Ledger: how fast decode *can* be for a model on a GPU, and what each fix would buy.
+
+A form (model from an uploaded ``config.json`` or a common shape, GPU, context, batch, KV dtype)
+-> the ledger's KV bytes per token, total KV, decode floor, tokens/s ceiling, what-if rows, and
+whether host offload can hide behind the decode step. No I/O: the upload is read in the browser's
+request, nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import asdict
+
+import dash
+from dash import Input, Output, State, dcc, html, no_update
+
+from kvdoctor.dashboard import components, ids, ledger_view
+from kvdoctor.rules.ledger import (
+    COMMON_MODELS,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_HOST_BANDWIDTH,
+    GPU_CATALOGUE,
+    ModelShape,
+)
+
+PATH = "/ledger"
+UPLOADED = "__uploaded__"
+MAX_UPLOAD_BYTES = 1_000_000
+DEFAULT_MODEL = "Llama-3.1-8B" if "Llama-3.1-8B" in COMMON_MODELS else next(iter(COMMON_MODELS))
+DEFAULT_GPU = "H100" if "H100" in GPU_CATALOGUE else next(iter(GPU_CATALOGUE))
+
+
+def register(app: dash.Dash) -> None:
+    dash.register_page(__name__, path=PATH, name="Ledger", order=1, title="kvdoctor · Ledger", layout=layout)
+    app.callback(
+        Output(ids.LEDGER_UPLOADED_SHAPE, "data"),
+        Output(ids.LEDGER_UPLOAD_STATUS, "children"),
+        Output(ids.LEDGER_MODEL, "options"),
+        Output(ids.LEDGER_MODEL, "value"),
+        Input(ids.LEDGER_UPLOAD, "contents"),
+        State(ids.LEDGER_UPLOAD, "filename"),
+        State(ids.LEDGER_MODEL, "options"),
+        prevent_initial_call=True,
+    )(read_upload)
+    app.callback(
+        Output(ids.LEDGER_RESULT, "children"),
+        Output(ids.LEDGER_WHAT_IF, "children"),
+        Output(ids.LEDGER_OFFLOAD, "children"),
+        Output(ids.LEDGER_ERROR, "children"),
+        Input(ids.LEDGER_MODEL, "value"),
+        Input(ids.LEDGER_UPLOADED_SHAPE, "data"),
+        Input(ids.LEDGER_GPU, "value"),
+        Input(ids.LEDGER_CONTEXT, "value"),
+        Input(ids.LEDGER_BATCH, "value"),
+        Input(ids.LEDGER_KV_DTYPE, "value"),
+        Input(ids.LEDGER_HOST_BANDWIDTH, "value"),
+        Input(ids.LEDGER_GPU_MEMORY_UTILIZATION, "value"),
+    )(compute)
+
+
+def _model_options() -> list[dict]:
+    return [{"label": name, "value": name} for name in COMMON_MODELS]
+
+
+def layout(**_params) -> html.Div:
+    def field(label, control, hint=""):
+        return html.Label([html.Span(label, className="field-label"), control,
+                           html.Span(hint, className="field-hint") if hint else None], className="field")
+
+    form = html.Div(
+        [
+            html.H3("Model, GPU and load"),
+            field("model", dcc.Dropdown(id=ids.LEDGER_MODEL, options=_model_options(), value=DEFAULT_MODEL,
+                                        clearable=False)),
+            dcc.Upload(id=ids.LEDGER_UPLOAD, children=html.Div(["or drop a Hugging Face ", html.Code("config.json"),
+                                                                " here / click to choose one"]),
+                       className="upload", max_size=MAX_UPLOAD_BYTES, accept=".json,application/json"),
+            html.Div(id=ids.LEDGER_UPLOAD_STATUS, className="upload-status"),
+            field("GPU", dcc.Dropdown(id=ids.LEDGER_GPU, value=DEFAULT_GPU, clearable=False,
+                                      options=[{"label": f"{g.name} ({g.peak_bandwidth / 1e9:,.0f} GB/s, "
+                                                         f"{g.memory_bytes / 1e9:.0f} GB)", "value": g.name}
+                                               for g in GPU_CATALOGUE.values()])),
+            field("context (tokens per sequence)", dcc.Input(id=ids.LEDGER_CONTEXT, type="number", min=1, step=1,
+                                                             value=8192, debounce=True)),
+            field("batch (concurrent sequences)", dcc.Input(id=ids.LEDGER_BATCH, type="number", min=1, step=1,
+                                                            value=16, debounce=True)),
+            field("KV cache dtype", dcc.Dropdown(id=ids.LEDGER_KV_DTYPE, value="auto", clearable=False,
+                                                 options=[{"label": "model dtype" if d == "auto" else d, "value": d}
+                                                          for d in ledger_view.KV_DTYPES])),
+            field("host memory bandwidth (GB/s)", dcc.Input(id=ids.LEDGER_HOST_BANDWIDTH, type="number", min=1,
+                                                            value=round(DEFAULT_HOST_BANDWIDTH / 1e9, 1),
+                                                            debounce=True), "8 channels of DDR5-4800"),
+            field("GPU memory utilisation", dcc.Input(id=ids.LEDGER_GPU_MEMORY_UTILIZATION, type="number", min=0.05,
+                                                      max=1, step=0.01, debounce=True,
+                                                      value=DEFAULT_GPU_MEMORY_UTILIZATION),
+                  "vLLM --gpu-memory-utilization"),
+            dcc.Store(id=ids.LEDGER_UPLOADED_SHAPE),
+        ],
+        className="ledger-form",
+    )
+    results = html.Div(
+        [
+            html.Div(id=ids.LEDGER_ERROR, className="form-error"),
+            html.H3("The ledger"),
+            html.Div(id=ids.LEDGER_RESULT),
+            html.H3("What if"),
+            html.Div(id=ids.LEDGER_WHAT_IF),
+            html.H3("Host offload"),
+            html.Div(id=ids.LEDGER_OFFLOAD),
+        ],
+        className="ledger-results",
+    )
+    return html.Div([form, results], className="page page-ledger")
+
+
+def shape_from_upload(contents: str, filename: str | None) -> ModelShape:
+    """A ``dcc.Upload`` data URL of a ``config.json`` -> ModelShape; ``ValueError`` with one line."""
+    try:
+        _, _, encoded = contents.partition(",")
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the upload is not readable") from None
+    if len(raw) > MAX_UPLOAD_BYTES:
+        raise ValueError("config.json is larger than 1 MB")
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError("config.json must be a JSON object")
+    name = None
+    if not config.get("_name_or_path") and filename:
+        name = filename.rsplit("/", 1)[-1]
+    return ModelShape.from_hf_config(config, name=name)
+
+
+def read_upload(contents, filename, options):
+    if not contents:
+        return no_update, no_update, no_update, no_update
+    try:
+        shape = shape_from_upload(contents, filename)
+    except ValueError as exc:
+        return no_update, html.Span(f"could not read {filename or 'the file'}: {exc}", className="form-error"), \
+            no_update, no_update
+    status = (f"read {shape.name}: {shape.num_layers} layers, {shape.num_attention_heads} heads, "
+              f"{shape.num_kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype}")
+    if shape.num_parameters is None:
+        status += " (no vocab/intermediate size: weights unknown, counted as 0)"
+    options = [o for o in (options or _model_options()) if o["value"] != UPLOADED]
+    options.insert(0, {"label": f"uploaded: {shape.name}", "value": UPLOADED})
+    return asdict(shape), status, options, UPLOADED
+
+
+def _bytes(v: float) -> str:
+    if v < 1e6:
+        return f"{v:,.0f} B ({v / 1024:,.1f} KiB)"
+    return f"{v / 1e9:,.2f} GB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.2f} ms"
+
+
+def _rate(v: float) -> str:
+    return f"{v:,.1f} tokens/s"
+
+
+def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memory_utilization):
+    try:
+        if model == UPLOADED:
+            if not uploaded:
+                raise ValueError("upload a config.json first")
+            shape = ModelShape(**uploaded)
+        elif model in COMMON_MODELS:
+            shape = COMMON_MODELS[model]
+        else:
+            raise ValueError("pick a model")
+        if gpu_name not in GPU_CATALOGUE:
+            raise ValueError("pick a GPU")
+        if context is None or batch is None or host_gbps is None or memory_utilization is None:
+            raise ValueError("fill in every field")
+        r = ledger_view.report(shape, GPU_CATALOGUE[gpu_name], int(context), int(batch), kv_dtype or "auto",
+                               float(host_gbps) * 1e9, float(memory_utilization))
+    except (ValueError, TypeError) as exc:
+        return None, None, None, str(exc)
+
+    b = r.baseline
+    led = b.ledger
+    result = components.key_value_table([
+        ("model", f"{r.model.name}: {r.model.num_layers} layers, {r.model.num_kv_heads} KV heads x head dim "
+                  f"{r.model.head_dim}, {r.model.dtype}"),
+        ("weights", _bytes(led.weight_bytes)),
+        ("KV bytes per token", _bytes(led.kv_bytes_per_token)),
+        ("total KV (context x batch)", _bytes(led.live_kv_bytes)),
+        ("KV pool on this GPU", f"{_bytes(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
+                                f"room for {b.max_batch:,} sequences of this context)"),
+        ("decode step floor", _ms(led.step_floor_seconds)),
+        ("tokens/s ceiling per sequence", _rate(led.tokens_per_second_per_sequence)),
+        ("tokens/s ceiling, whole batch", _rate(led.tokens_per_second_total)),
+    ], class_name="kv-table ledger-table")
+
+    what_if = components.table(
+        ["case", "how", "KV/token", "total KV", "fits", "step floor", "tokens/s per seq", "vs now"],
+        [[c.label, html.Code(c.flag) if c.flag else "–", _bytes(c.ledger.kv_bytes_per_token),
+          _bytes(c.ledger.live_kv_bytes), "yes" if c.fits else "no", _ms(c.ledger.step_floor_seconds),
+          _rate(c.ledger.tokens_per_second_per_sequence),
+          "–" if c is b else f"{c.tokens_per_second_ratio:.2f}x tokens/s"] for c in [b, *r.what_if]],
+        class_name="data-table what-if",
+    )
+
+    o = r.offload
+    rows = [
+        ("bandwidth host -> GPU", f"{o.link_bandwidth / 1e9:,.1f} GB/s (min of host memory and PCIe)"),
+        ("loading one sequence's context from the host", f"{_ms(o.prefix_load_seconds)} "
+                                                         f"({o.prefix_load_steps:,.1f} decode steps)"),
+    ]
+    if o.overflow_bytes <= 0:
+        verdict = html.P("The KV fits in the GPU's pool: nothing needs to live on the host.", className="offload-ok")
+    else:
+        rows = [
+            ("KV beyond the GPU pool", _bytes(o.overflow_bytes)),
+            ("transfer time per step", _ms(o.transfer_seconds_per_step)),
+            ("decode step (floor)", _ms(o.step_seconds)),
+            ("prefetch hit rate needed", f"{o.prefetch_hit_rate_needed:.1%}"),
+        ] + rows
+        verdict = (html.P("Offload can hide behind the step: the transfer takes less than one decode step.",
+                          className="offload-ok") if o.hideable else
+                   html.P(f"Offload cannot hide behind the step: at least {o.prefetch_hit_rate_needed:.0%} of "
+                          f"the offloaded KV must already be on the GPU (prefetched or reused) when each step starts.",
+                          className="offload-bad"))
+    offload = html.Div([components.key_value_table(rows, class_name="kv-table offload-table"), verdict])
+    return result, what_if, offload, None

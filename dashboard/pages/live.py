@@ -1,0 +1,368 @@
+"""Live: the page on-call opens. Verdict banner, then the four charts of the troubleshooting guide.
+
+Data flow (STYLE.md):
+
+    dcc.Interval -> gateTick (browser) -> LIVE_TICK -> fetch (server, the only I/O) -> stores
+    LIVE_DATA -> routeCharts (browser): whole figures on a full frame, else extendData with a cap
+    LIVE_DIAGNOSIS -> render_banner;  LIVE_HEALTH -> render_badge
+
+Figures and extendData payloads are made on the server by figures.py; the two browser functions
+(assets/kvdoctor.js) only gate and route. What the browser already holds (the last timestamp,
+what each figure is made of) lives in the LIVE_CURSOR store, so the server keeps no state. On a
+failed fetch only the health store changes: the charts keep their data and the badge turns stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from typing import Any
+
+import dash
+import numpy as np
+from dash import ClientsideFunction, Input, Output, State, dcc, html, no_update
+
+from kvdoctor.dashboard import components, derive, figures, ids, promql
+from kvdoctor.dashboard.sources import (
+    SourceError,
+    backend,
+    fetch_live_from_exporter,
+    fetch_live_from_prometheus,
+    now,
+    prometheus_diagnosis,
+)
+
+PATH = "/"
+GRAPHS = (
+    (figures.KV_LATENCY, ids.LIVE_GRAPH_KV_LATENCY),
+    (figures.BANDWIDTH, ids.LIVE_GRAPH_BANDWIDTH),
+    (figures.TRANSFERS, ids.LIVE_GRAPH_TRANSFERS),
+    (figures.ITL_KV, ids.LIVE_GRAPH_ITL_KV),
+)
+HISTORY_RANGES = (("last 1 h", 3600), ("last 6 h", 6 * 3600), ("last 24 h", 24 * 3600))
+MAX_HISTORY_SECONDS = 31 * 24 * 3600
+EXPORTER_INSTANCE = ""  # the instance picker's value for "the configured exporter's own API"
+# How far behind the clock the newest point may be before the badge says stale.
+STALE_AFTER_REFRESHES = 5
+PROMETHEUS_STALE_SECONDS = 120
+
+
+def register(app: dash.Dash) -> None:
+    dash.register_page(__name__, path=PATH, name="Live", order=0, title="kvdoctor · Live", layout=layout)
+    _register_callbacks(app)
+
+
+# ----------------------------------------------------------------------------------- ranges
+
+
+def range_options(live_seconds: int, with_prometheus: bool) -> list[dict]:
+    spans = sorted({s for s in (300, 900) if s <= live_seconds} | {live_seconds})
+    options = [{"label": f"live, last {_span_text(s)}", "value": f"live:{s}"} for s in spans]
+    if with_prometheus:
+        options += [{"label": f"history, {label}", "value": f"hist:{s}"} for label, s in HISTORY_RANGES]
+    return options
+
+
+def _span_text(seconds: int) -> str:
+    return f"{seconds // 3600} h" if seconds % 3600 == 0 else f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
+def parse_range(value: str | None, live_seconds: int) -> tuple[bool, float]:
+    """(is_history, span seconds) from a range picker value; bad values fall back to live."""
+    kind, _, raw = (value or "").partition(":")
+    try:
+        span = float(raw)
+    except ValueError:
+        return False, float(live_seconds)
+    if kind == "hist" and 0 < span <= MAX_HISTORY_SECONDS:
+        return True, span
+    if kind == "live" and 0 < span <= live_seconds:
+        return False, span
+    return False, float(live_seconds)
+
+
+def parse_history(params: dict[str, Any]) -> dict | None:
+    """``from``/``to`` (Unix seconds) from the page URL, as a fixed history range, or None."""
+    try:
+        start, end = float(params.get("from")), float(params.get("to"))
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(start) and math.isfinite(end)) or not 0 < end - start <= MAX_HISTORY_SECONDS:
+        return None
+    return {"from": start, "to": end}
+
+
+# ----------------------------------------------------------------------------------- layout
+
+
+def layout(**params) -> html.Div:
+    b = backend()
+    s = b.settings
+    history = parse_history(params) if b.prometheus else None
+    instance_options, instance_error = [], ""
+    if b.prometheus is not None:
+        try:
+            found = sorted({m.get(promql.TARGET_LABEL, "") for m, _ in b.prometheus.query(promql.instances_query())} - {""})
+        except SourceError as exc:
+            found, instance_error = [], str(exc)
+        if b.exporter is not None:
+            instance_options.append({"label": "this exporter (live API)", "value": EXPORTER_INSTANCE})
+        instance_options += [{"label": f"{promql.TARGET_LABEL} {i}", "value": i} for i in found]
+    wanted = str(params.get("instance") or "")
+    if wanted and wanted not in {o["value"] for o in instance_options} and b.prometheus is not None:
+        instance_options.append({"label": f"{promql.TARGET_LABEL} {wanted}", "value": wanted})
+    instance = wanted if wanted else (instance_options[0]["value"] if instance_options else EXPORTER_INSTANCE)
+    if b.exporter is None and not instance and instance_options:
+        instance = instance_options[0]["value"]
+
+    ranges = range_options(s.live_seconds, b.prometheus is not None)
+    default_range = f"live:{min(900, s.live_seconds)}"  # always among the options: see range_options
+    if history:
+        ranges = [{"label": "from the Fleet link", "value": "fixed"}] + ranges
+        default_range = "fixed"
+
+    controls = [
+        html.Label(["target", dcc.Dropdown(id=ids.LIVE_TARGET, options=[{"label": "All engines and GPUs", "value": ""}],
+                                           value=derive.format_target(derive.parse_target(params.get("target"))),
+                                           clearable=False, className="picker")]),
+    ]
+    if b.prometheus is not None:
+        controls.append(html.Label(["exporter", dcc.Dropdown(id=ids.LIVE_INSTANCE, options=instance_options,
+                                                             value=instance, clearable=False, className="picker wide",
+                                                             placeholder=instance_error or "no exporter found")]))
+    else:  # exporter only: nothing to pick, but the callback reads the value
+        controls.append(html.Div(dcc.Dropdown(id=ids.LIVE_INSTANCE, options=[], value=EXPORTER_INSTANCE),
+                                 style={"display": "none"}))
+    controls.append(html.Label(["range", dcc.Dropdown(id=ids.LIVE_RANGE, options=ranges, value=default_range,
+                                                      clearable=False, className="picker")]))
+    controls.append(html.Div(components.badge(None), id=ids.LIVE_BADGE, className="badge-slot"))
+
+    # The verdict is what on-call came for: put it in the first paint instead of waiting for the
+    # charts' first fetch (the browser is busy loading Plotly for seconds on a slow machine).
+    first_diagnosis, notes = None, []
+    try:
+        if b.exporter is not None and not instance and not history:
+            first_diagnosis = b.exporter.diagnosis()
+        elif b.prometheus is not None and instance and not history:
+            first_diagnosis, note = prometheus_diagnosis(b.prometheus, instance, now())
+            notes = [note] if note else []
+    except SourceError:
+        pass
+    return html.Div(
+        [
+            html.Div(controls, className="controls"),
+            html.Div(components.banner(first_diagnosis, notes), id=ids.LIVE_BANNER),
+            html.Div(
+                [dcc.Graph(id=graph_id, figure=figures.placeholder_figure("loading…"),
+                           config={"displaylogo": False}, className="chart") for _, graph_id in GRAPHS],
+                className="charts",
+            ),
+            dcc.Interval(id=ids.LIVE_INTERVAL, interval=int(s.refresh_seconds * 1000), n_intervals=0,
+                         disabled=bool(history)),
+            dcc.Store(id=ids.LIVE_TICK, data=0),
+            dcc.Store(id=ids.LIVE_GATE, data={}),
+            dcc.Store(id=ids.LIVE_DATA),
+            dcc.Store(id=ids.LIVE_CURSOR),
+            dcc.Store(id=ids.LIVE_DIAGNOSIS),
+            dcc.Store(id=ids.LIVE_HEALTH),
+            dcc.Store(id=ids.LIVE_HISTORY, data=history),
+        ],
+        className="page page-live",
+    )
+
+
+# -------------------------------------------------------------------------------- callbacks
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stale_after(settings, from_prometheus: bool) -> float:
+    if from_prometheus:
+        return PROMETHEUS_STALE_SECONDS
+    return STALE_AFTER_REFRESHES * settings.refresh_seconds + 5.0
+
+
+def fetch(tick, target_value, range_value, instance, history, cursor):
+    """Interval tick or control change -> new points (or a full frame) in the stores."""
+    b = backend()
+    s = b.settings
+    target = derive.parse_target(target_value)
+    is_history, span = parse_range(range_value, s.live_seconds)
+    if range_value == "fixed" and history:
+        is_history, span = True, history["to"] - history["from"]
+    from_prometheus = bool(instance) or b.exporter is None or is_history
+    key = [target_value, range_value, instance, history]
+    full = not cursor or cursor.get("key") != key
+    if is_history and not full:
+        return no_update, no_update, no_update, no_update, no_update, True  # a fixed range: fetched once
+    clock = now()
+
+    def get(full_fetch: bool):
+        if not from_prometheus:
+            seconds = span if full_fetch else min(span, clock - cursor["last"] + s.rate_window_seconds + 3 * s.refresh_seconds)
+            return fetch_live_from_exporter(b.exporter, seconds, target, s.rate_window_seconds)
+        if b.prometheus is None:
+            raise SourceError("history and other exporters need --prometheus")
+        if not instance:
+            raise SourceError("history comes from Prometheus: pick one of its exporters")
+        if range_value == "fixed" and history:
+            end = history["to"]
+        else:
+            end = clock
+        if is_history:
+            step = promql.range_step(span, s.oversampling * s.max_points)
+        else:
+            step = max(1.0, float(math.ceil(s.refresh_seconds)))
+        start = end - span if full_fetch else cursor["last"] - s.rate_window_seconds - 3 * step
+        start = math.floor(start / step) * step  # a stable grid, so appended points line up
+        got = fetch_live_from_prometheus(b.prometheus, instance, target, start, end, step, s.rate_window_seconds)
+        if is_history:
+            got.notes.append(f"Diagnosis of the minute before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(end))} UTC, "
+                             "the end of the range shown.")
+        return got
+
+    previous_newest = (cursor or {}).get("newest")
+    last = (cursor or {}).get("last", -math.inf)
+    try:
+        got = get(full)
+        chart_diagnosis = got.diagnosis
+        if is_history and len(got.frame):
+            # The diagnosis' knee covers its last minute; a range shows its own knee.
+            chart_diagnosis = dict(got.diagnosis or {}, knee=history_knee(got.frame))
+        if full:
+            charts = figures.live_charts(got.frame, chart_diagnosis)
+            sigs = {c: figures.signature(d) for c, d in charts.items()}
+        else:
+            # Only the points the browser does not have yet (the fetch reaches further back, for
+            # the rate window); their figures must be made of the same traces, else rebuild.
+            mask = got.frame.ts > last
+            if np.any(mask):
+                charts = figures.live_charts(derive.slice_frame(got.frame, mask), chart_diagnosis)
+                sigs = {c: figures.signature(d) for c, d in charts.items()}
+            else:  # nothing new to append, but the knee or the sources may have changed
+                charts = None
+                probe = figures.live_charts(derive.slice_frame(got.frame, got.frame.ts >= got.frame.ts.max()),
+                                            chart_diagnosis) if len(got.frame) else None
+                sigs = {c: figures.signature(d) for c, d in probe.items()} if probe else cursor.get("sigs")
+            if sigs != cursor.get("sigs"):
+                full = True  # something new to draw (a GPU, the knee, the floor): rebuild, do not append
+                got = get(True)
+                chart_diagnosis = got.diagnosis
+                charts = figures.live_charts(got.frame, chart_diagnosis)
+                sigs = {c: figures.signature(d) for c, d in charts.items()}
+    except SourceError as exc:
+        health = {"ok": False, "error": str(exc), "newest": previous_newest, "history": False, "tick": tick}
+        return no_update, no_update, no_update, health, no_update, no_update
+
+    if full:
+        # History shares a points budget per chart (drawing speed); live charts keep every point.
+        budget = s.max_chart_points if is_history else None
+        data = chart_payload({c: figures.downsample(d, s.max_points, budget) for c, d in charts.items()}, True, 0)
+    elif charts:
+        data = chart_payload(charts, False, s.live_points_cap)
+    else:
+        data = no_update
+    newest_ts = float(got.frame.ts[-1]) if len(got.frame) else last
+    newest = got.newest if math.isfinite(got.newest) else previous_newest
+    options = [{"label": o.label, "value": o.value} for o in got.targets]
+    if target_value and target_value not in {o["value"] for o in options}:
+        options.append({"label": f"{target_value} (not seen)", "value": target_value})
+    diag_payload = {"diagnosis": got.diagnosis, "notes": got.notes}
+    diag_digest = _digest(diag_payload)
+    new_cursor = {
+        "key": key,
+        "last": max(last, newest_ts) if not full else newest_ts,
+        "sigs": sigs,
+        "targets": _digest(options),
+        "diag": diag_digest,
+        "newest": newest,
+    }
+    stale = newest is None or not math.isfinite(newest) or (not is_history and clock - newest > _stale_after(s, from_prometheus))
+    health = {
+        "ok": True,
+        "tick": tick,  # the tick this answers: the browser's gate waits for it before the next
+        "newest": newest,
+        "history": is_history,
+        "sources_down": [{"name": h.name, "error": h.error} for h in got.health if not h.up],
+    }
+    if stale and not is_history:
+        health.update(ok=False, error="no new data from the source" if newest else "no data yet")
+    return (
+        data,
+        new_cursor,
+        diag_payload if full or (cursor or {}).get("diag") != diag_digest else no_update,
+        health,
+        options if full or (cursor or {}).get("targets") != new_cursor["targets"] else no_update,
+        is_history,
+    )
+
+
+def history_knee(frame) -> dict | None:
+    """The rules' knee detection on a range's (KV usage, mean ITL) pairs."""
+    from kvdoctor.rules.knee import detect_knee
+
+    return detect_knee(frame.kv_usage, frame.itl_mean).to_json()
+
+
+def chart_payload(charts: dict, full: bool, cap: int) -> dict:
+    """What the chart router in the browser applies: whole figures, or ``extendData`` per graph."""
+    order = [chart for chart, _ in GRAPHS]  # the outputs' order
+    if full:
+        return {"mode": "full", "order": order, "figures": {c: figures.build(c, charts[c]) for c in order}}
+    return {"mode": "extend", "order": order, "extend": {c: figures.extension(charts[c], cap) for c in order}}
+
+
+def render_banner(payload):
+    payload = payload or {}
+    return components.banner(payload.get("diagnosis"), payload.get("notes") or [])
+
+
+def render_badge(health):
+    return components.badge(health)
+
+
+def _register_callbacks(app: dash.Dash) -> None:
+    app.callback(
+        Output(ids.LIVE_DATA, "data"),
+        Output(ids.LIVE_CURSOR, "data"),
+        Output(ids.LIVE_DIAGNOSIS, "data"),
+        Output(ids.LIVE_HEALTH, "data"),
+        Output(ids.LIVE_TARGET, "options"),
+        Output(ids.LIVE_INTERVAL, "disabled"),
+        Input(ids.LIVE_TICK, "data"),
+        Input(ids.LIVE_TARGET, "value"),
+        Input(ids.LIVE_RANGE, "value"),
+        Input(ids.LIVE_INSTANCE, "value"),
+        State(ids.LIVE_HISTORY, "data"),
+        State(ids.LIVE_CURSOR, "data"),
+    )(fetch)
+    # The interval goes through a gate in the browser: a tick while a fetch is still in flight is
+    # skipped. Without it a source slower than the refresh never shows anything: each tick sends a
+    # new request and Dash drops the answer of the one before.
+    app.clientside_callback(
+        ClientsideFunction(namespace="kvdoctor", function_name="gateTick"),
+        Output(ids.LIVE_TICK, "data"),
+        Output(ids.LIVE_GATE, "data"),
+        Input(ids.LIVE_INTERVAL, "n_intervals"),
+        State(ids.LIVE_TICK, "data"),
+        State(ids.LIVE_HEALTH, "data"),
+        State(ids.LIVE_GATE, "data"),
+        prevent_initial_call=True,
+    )
+    # The charts are routed in the browser (assets/kvdoctor.js): a server round trip here could be
+    # overtaken by the next update and Dash would drop the older answer, losing a rebuild.
+    outputs = []
+    for _, graph_id in GRAPHS:
+        outputs += [Output(graph_id, "figure"), Output(graph_id, "extendData")]
+    app.clientside_callback(
+        ClientsideFunction(namespace="kvdoctor", function_name="routeCharts"),
+        *outputs,
+        Input(ids.LIVE_DATA, "data"),
+    )
+    app.callback(Output(ids.LIVE_BANNER, "children"), Input(ids.LIVE_DIAGNOSIS, "data"))(render_banner)
+    app.callback(Output(ids.LIVE_BADGE, "children"), Input(ids.LIVE_HEALTH, "data"))(render_badge)
+

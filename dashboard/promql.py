@@ -1,0 +1,118 @@
+"""PromQL for the Prometheus-backed views (Live history, Fleet): pure string building, no I/O.
+
+Every label value that reaches a query goes through ``quote`` (a PromQL string literal), so a
+value taken from a page URL can only ever select series, never change the query.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from kvdoctor.rules import signals as S
+
+# Prometheus refuses range queries of more than 11,000 points per series.
+MAX_POINTS_PER_SERIES = 11_000
+TARGET_LABEL = "instance"  # one scrape target = one exporter = one engine pod
+CAPACITY_MATCH = "instance, pod, engine, dp_rank"  # the labels a KV capacity shares with its usage
+
+
+def quote(value: str) -> str:
+    """A PromQL double-quoted string literal for ``value``."""
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def matchers(labels: Mapping[str, str]) -> str:
+    """``{a="1",b="2"}`` (empty string for no labels); label names are checked, values quoted."""
+    if not labels:
+        return ""
+    parts = []
+    for name in sorted(labels):
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ValueError(f"not a label name: {name!r}")
+        parts.append(f"{name}={quote(labels[name])}")
+    return "{" + ",".join(parts) + "}"
+
+
+def selector(metric: str, labels: Mapping[str, str]) -> str:
+    return metric + matchers(labels)
+
+
+def range_step(seconds: float, points: int, minimum: float = 1.0) -> float:
+    """Step for a range query over ``seconds`` giving about ``points`` points (whole seconds)."""
+    step = max(minimum, seconds / max(1, points), seconds / MAX_POINTS_PER_SERIES)
+    return float(math.ceil(step))
+
+
+def rate_window(step: float, base: float) -> str:
+    """A rate window at least ``base`` seconds and four steps wide, as a PromQL duration."""
+    return f"{int(math.ceil(max(base, 4 * step)))}s"
+
+
+def live_queries(labels: Mapping[str, str], step: float, base_rate_window: float) -> dict[str, str]:
+    """The Live page's arrays as PromQL, keyed like ``derive.LiveFrame``'s fields.
+
+    ``labels`` selects the target (``instance`` plus any engine/GPU filter); GPU queries keep the
+    ``gpu``, ``model``, ``method`` and ``pod`` labels so each GPU is its own series.
+    """
+    w = rate_window(step, base_rate_window)
+    m = matchers(labels)
+    # The capacity series may lack model_name (vLLM's cache_config_info): match without it.
+    cap = matchers({k: v for k, v in labels.items() if k != "model_name"})
+    itl_bucket = f"sum by (le) (rate({S.INTER_TOKEN_LATENCY}_bucket{m}[{w}]))"
+    return {
+        "kv_usage": f"max({S.KV_CACHE_USAGE}{m})",
+        "itl_p50": f"histogram_quantile(0.5, {itl_bucket})",
+        "itl_p95": f"histogram_quantile(0.95, {itl_bucket})",
+        "itl_mean": f"sum(rate({S.INTER_TOKEN_LATENCY}_sum{m}[{w}])) / sum(rate({S.INTER_TOKEN_LATENCY}_count{m}[{w}]))",
+        "resident_tokens": f"sum({S.KV_CACHE_USAGE}{m} * on ({CAPACITY_MATCH}) group_left {S.KV_CACHE_CAPACITY}{cap})",
+        "kv_capacity_tokens": f"sum({S.KV_CACHE_CAPACITY}{cap})",
+        "preemption_rate": f"sum(rate({S.PREEMPTIONS}{m}[{w}]))",
+        "kv_to_gpu_rate": f"sum(rate({selector(S.KV_TRANSFER_BYTES, dict(labels, direction='to_gpu'))}[{w}]))",
+        "kv_from_gpu_rate": f"sum(rate({selector(S.KV_TRANSFER_BYTES, dict(labels, direction='from_gpu'))}[{w}]))",
+        "pcie_rx": f"sum({S.GPU_PCIE_RX}{m})",
+        "pcie_tx": f"sum({S.GPU_PCIE_TX}{m})",
+        "decode_floor": f"max({S.DECODE_STEP_FLOOR}{matchers({k: v for k, v in labels.items() if k in (TARGET_LABEL, 'pod')})})",
+        "gpu_dram": f"max by (pod, gpu, model, method) ({S.GPU_DRAM_BANDWIDTH_UTILIZATION}{m})",
+        "gpu_sm": f"max by (pod, gpu, model, method) ({S.GPU_SM_ACTIVE}{m})",
+    }
+
+
+def target_listing_query(instance: str) -> str:
+    """The engine and GPU series of one exporter, for the Live target picker."""
+    names = "|".join((S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION))
+    return f'group by (__name__, pod, engine, model_name, dp_rank, gpu, model) ({{__name__=~{quote(names)}, {TARGET_LABEL}={quote(instance)}}})'
+
+
+def instances_query() -> str:
+    """Every exporter Prometheus scrapes (each reports its sources' health)."""
+    return f"group by ({TARGET_LABEL}, pod) ({S.SOURCE_UP})"
+
+
+def recent_window_selector(instance: str) -> str:
+    """All canonical series of one exporter (for a short raw window the rules can diagnose)."""
+    names = sorted({n for sig in S.SIGNALS.values() for n in sig.series_names})
+    return f"{{__name__=~{quote('|'.join(names))}, {TARGET_LABEL}={quote(instance)}}}"
+
+
+def fleet_queries(window: str) -> dict[str, str]:
+    """Instant queries for the Fleet table, each by target (``window``: a PromQL duration)."""
+    by = f"by ({TARGET_LABEL})"
+    return {
+        "verdict": f"{S.DIAGNOSIS_VERDICT} == 1",
+        "worst": f"max_over_time({S.DIAGNOSIS_VERDICT}[{window}]) == 1",
+        "kv_usage": f"max {by} ({S.KV_CACHE_USAGE})",
+        "itl_p95": f"histogram_quantile(0.95, sum by ({TARGET_LABEL}, le) (rate({S.INTER_TOKEN_LATENCY}_bucket[1m])))",
+        "preemption_rate": f"sum {by} (rate({S.PREEMPTIONS}[1m]))",
+        "info": f"group by ({TARGET_LABEL}, pod, engine, model_name) ({S.KV_CACHE_USAGE})",
+    }
+
+
+def fleet_history_queries(step: float, base_rate_window: float) -> dict[str, str]:
+    """Range queries for the Fleet charts: ITL p95 and KV usage per target."""
+    w = rate_window(step, base_rate_window)
+    return {
+        "itl_p95": f"histogram_quantile(0.95, sum by ({TARGET_LABEL}, le) (rate({S.INTER_TOKEN_LATENCY}_bucket[{w}])))",
+        "kv_usage": f"max by ({TARGET_LABEL}) ({S.KV_CACHE_USAGE})",
+    }

@@ -1,0 +1,59 @@
+"""kvdoctor dashboard: serve the web dashboard for an exporter and/or a Prometheus."""
+
+from __future__ import annotations
+
+NAME = "dashboard"
+HELP = "serve the web dashboard (Live, Ledger, Fleet)"
+DESCRIPTION = """\
+Serve the dashboard on-call opens during a latency incident.
+
+  --exporter URL     a kvdoctor exporter (live window, verdict, evidence); Live page
+  --prometheus URL   a Prometheus scraping kvdoctor exporters; Fleet page and history
+
+At least one is needed. The dashboard only ever talks to these two URLs.
+Binds 127.0.0.1 unless --host says otherwise. Basic auth: set KVDOCTOR_DASHBOARD_USERS
+("user:password,...") or KVDOCTOR_DASHBOARD_AUTH_FILE (a file of user:password lines).
+Other settings from the environment: KVDOCTOR_DASHBOARD_REFRESH (seconds between live updates),
+KVDOCTOR_DASHBOARD_LIVE_SECONDS (seconds the live charts keep)."""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--exporter", metavar="URL", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
+    parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090")
+    parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (default 8050; 0: any free port)")
+    parser.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
+                        help="seconds between live updates (default 1)")
+
+
+def run(args) -> int:
+    import os
+    import threading
+
+    from kvdoctor.cli import UsageError
+    from kvdoctor.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, create_app, serve_in_thread
+
+    exporter = args.exporter or os.environ.get("KVDOCTOR_DASHBOARD_EXPORTER_URL")
+    prometheus = args.prometheus or os.environ.get("KVDOCTOR_DASHBOARD_PROMETHEUS_URL")
+    if not exporter and not prometheus:
+        raise UsageError("give --exporter URL and/or --prometheus URL")
+    port = DEFAULT_PORT if args.port is None else args.port
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {port}")
+    host = args.host or DEFAULT_HOST
+    try:
+        app = create_app(exporter_url=exporter, prometheus_url=prometheus, refresh_seconds=args.refresh)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        handle = serve_in_thread(app, host, port)
+    except OSError as exc:
+        raise UsageError(exc.strerror or str(exc)) from None
+    print(f"kvdoctor dashboard: {handle.url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+    return 0

@@ -1,0 +1,545 @@
+"""Synthetic canonical series (an engine and its GPUs) and a fake exporter HTTP API serving them.
+
+The data is a pure function of time since ``t0`` so a fake exporter can answer
+``/api/v1/window?seconds=N`` at any moment with a window that grows like a real one. Used by the
+dashboard tests (until, and besides, the real ``kvdoctor demo``) and by bench/bench_dashboard.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.window import Window, labels_of
+
+# vLLM's inter-token latency buckets (seconds).
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0, math.inf)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
+ENGINE = {"engine": "vllm", "model_name": "tiny"}
+CAPACITY_TOKENS = 100_000.0
+TOKENS_PER_SECOND = 400.0
+PEAK_BANDWIDTH = 3.35e12
+WEIGHT_BYTES = 16e9
+KV_BYTES_PER_TOKEN = 131072.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """How the simulated engine behaves; functions of seconds since t0."""
+
+    name: str
+    verdict: str
+    kv: callable  # -> KV usage 0..1
+    itl: callable  # (kv usage) -> mean ITL seconds
+    dram: float
+    sm: float
+    preemptions_per_second: float = 0.0
+    kv_to_gpu_bytes_per_second: float = 0.0
+    headline: str = ""
+    knee: dict | None = None
+
+
+SCENARIOS = {
+    "healthy": Scenario(
+        "healthy", "healthy",
+        kv=lambda t: 0.35 + 0.05 * np.sin(t / 30.0), itl=lambda kv: 0.012 + 0.004 * kv,
+        dram=0.45, sm=0.40, headline="Decode is healthy: ITL p95 14 ms is under the 100 ms SLO."),
+    "bandwidth": Scenario(
+        "bandwidth", "memory_bandwidth_bound",
+        kv=lambda t: np.minimum(0.88, 0.30 + 0.004 * t), itl=lambda kv: 0.010 + 0.11 * kv,
+        dram=0.91, sm=0.32,
+        headline="Decode is HBM-bandwidth bound: each token re-reads the weights and 9 GB of KV.",
+        knee={"kind": "rises_with_kv", "kv_level": 0.5}),
+    "thrashing": Scenario(
+        "thrashing", "kv_thrashing",
+        kv=lambda t: 0.95 + 0.03 * np.sin(t / 3.0), itl=lambda kv: 0.03 + 0.5 * np.maximum(0.0, kv - 0.94),
+        dram=0.7, sm=0.35, preemptions_per_second=0.8, kv_to_gpu_bytes_per_second=2e9,
+        headline="KV thrashing: the pool ran out and requests are preempted; prefix hit rate 91% does not help.",
+        knee={"kind": "jump", "kv_level": 0.9}),
+}
+
+
+def diagnosis_for(scenario: Scenario) -> dict:
+    """A Diagnosis JSON in the shape the rules produce."""
+    return {
+        "verdict": scenario.verdict,
+        "confidence": 0.85,
+        "headline": scenario.headline,
+        "evidence": [
+            {"signal": S.KV_CACHE_USAGE, "value": 0.95, "threshold": 0.9, "comparison": ">=", "measured": True,
+             "note": "KV pool nearly full"},
+            {"signal": S.GPU_DRAM_BANDWIDTH_UTILIZATION, "value": scenario.dram, "threshold": 0.8,
+             "comparison": ">=", "measured": True, "note": ""},
+            {"signal": S.PREFIX_CACHE_HITS, "value": None, "threshold": None, "comparison": "",
+             "measured": False, "note": "no prefix cache metrics"},
+        ],
+        "actions": [
+            {"title": "Quantise the KV cache", "flag_vllm": "--kv-cache-dtype fp8",
+             "flag_sglang": "--kv-cache-dtype fp8_e5m2", "effect": "halves KV bytes per token"},
+            {"title": "Cap concurrent sequences", "flag_vllm": "--max-num-seqs 64", "flag_sglang": "--max-running-requests 64",
+             "effect": ""},
+        ],
+        "knee": scenario.knee,
+        "missing": [S.PREFIX_CACHE_HITS],
+    }
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """Standard normal CDF, vectorised (Abramowitz & Stegun 7.1.26 erf, error < 1.5e-7)."""
+    z = np.abs(x) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-z * z)
+    return 0.5 * (1.0 + np.sign(x) * erf)
+
+
+def _bucket_fractions(mean: np.ndarray, bounds: tuple[float, ...], spread: float = 0.25) -> np.ndarray:
+    """(n, B) cumulative fraction of observations <= each bound for a log-normal around ``mean``."""
+    finite = np.array([b for b in bounds if math.isfinite(b)])
+    z = (np.log(finite)[None, :] - np.log(np.maximum(mean, 1e-6))[:, None]) / spread
+    frac = _normal_cdf(z)
+    return np.hstack([frac, np.ones((len(mean), 1))])
+
+
+@dataclass
+class SyntheticEngine:
+    """An engine with ``gpus`` GPUs following ``scenario`` since ``t0`` (1 sample a second)."""
+
+    scenario: Scenario
+    t0: float
+    gpus: int = 8
+    step: float = 1.0
+    with_floor: bool = True
+    reset_at: float | None = None  # seconds after t0 at which every counter restarts from zero
+
+    # Series are computed ahead, this many steps past the last request, and sliced per request.
+    AHEAD = 600
+
+    def window(self, start: float, end: float) -> Window:
+        """The samples with start <= ts <= end (ts on the t0 + k*step grid)."""
+        k_end = math.floor((end - self.t0) / self.step + 1e-9)
+        if k_end < 0:
+            return Window.empty()
+        cached = self.__dict__.get("_computed")
+        if cached is None or cached[0] < k_end:
+            ts_all = self.t0 + self.step * np.arange(k_end + self.AHEAD + 1)
+            cached = (k_end + self.AHEAD, ts_all, self._series(ts_all - self.t0))
+            self.__dict__["_computed"] = cached
+        _, ts_all, series = cached
+        k_start = max(0, math.ceil((start - self.t0) / self.step - 1e-9))
+        part = slice(k_start, k_end + 1)
+        return Window(ts_all[part], {k: v[part] for k, v in series.items()})
+
+    def _counter(self, per_step: np.ndarray, t: np.ndarray) -> np.ndarray:
+        total = np.cumsum(per_step)
+        if self.reset_at is not None:
+            after = t >= self.reset_at
+            if np.any(after):
+                first = int(np.argmax(after))
+                base = total[first - 1] if first > 0 else 0.0
+                total = np.where(after, total - base, total)
+        return total
+
+    def _series(self, t: np.ndarray) -> dict:
+        sc, n = self.scenario, len(t)
+        out: dict = {}
+        eng = labels_of(ENGINE)
+
+        def put(name, values, labels=eng):
+            out[(name, labels)] = np.asarray(values, dtype=float) * np.ones(n)
+
+        kv = np.clip(sc.kv(t), 0.0, 1.0)
+        mean_itl = sc.itl(kv)
+        tokens = np.full(n, TOKENS_PER_SECOND * self.step)
+        tokens[0] = 0.0
+        put(S.KV_CACHE_USAGE, kv)
+        # Like vLLM's cache_config_info: the capacity carries no model_name.
+        put(S.KV_CACHE_CAPACITY, CAPACITY_TOKENS, labels_of({"engine": ENGINE["engine"]}))
+        put(S.REQUESTS_RUNNING, 16)
+        put(S.REQUESTS_WAITING, 3 if sc.preemptions_per_second else 0)
+        put(S.GENERATION_TOKENS, self._counter(tokens, t))
+        put(S.PROMPT_TOKENS, self._counter(tokens * 2, t))
+        put(S.PREFIX_CACHE_QUERIES, self._counter(tokens * 2, t))
+        put(S.PREFIX_CACHE_HITS, self._counter(tokens * 1.8, t))
+        put(S.PREEMPTIONS, self._counter(np.where(t > 0, sc.preemptions_per_second * self.step, 0.0), t))
+        for direction, rate in (("to_gpu", sc.kv_to_gpu_bytes_per_second), ("from_gpu", sc.kv_to_gpu_bytes_per_second / 2)):
+            put(S.KV_TRANSFER_BYTES, self._counter(np.where(t > 0, rate * self.step, 0.0), t),
+                labels_of(ENGINE, direction=direction, tier="cpu"))
+        cum = _bucket_fractions(mean_itl, ITL_BUCKETS) * tokens[:, None]
+        for j, le in enumerate(ITL_BUCKETS):
+            put(S.INTER_TOKEN_LATENCY + "_bucket", self._counter(cum[:, j], t),
+                labels_of(ENGINE, le="+Inf" if math.isinf(le) else repr(le)))
+        put(S.INTER_TOKEN_LATENCY + "_sum", self._counter(mean_itl * tokens, t))
+        put(S.INTER_TOKEN_LATENCY + "_count", self._counter(tokens, t))
+        requests = np.where(t > 0, 2.0 * self.step, 0.0)
+        ttft = _bucket_fractions(np.full(n, 0.08), TTFT_BUCKETS) * requests[:, None]
+        for j, le in enumerate(TTFT_BUCKETS):
+            put(S.TIME_TO_FIRST_TOKEN + "_bucket", self._counter(ttft[:, j], t),
+                labels_of(ENGINE, le="+Inf" if math.isinf(le) else repr(le)))
+        put(S.TIME_TO_FIRST_TOKEN + "_sum", self._counter(0.08 * requests, t))
+        put(S.TIME_TO_FIRST_TOKEN + "_count", self._counter(requests, t))
+        if self.with_floor:
+            put(S.DECODE_STEP_FLOOR, (WEIGHT_BYTES + kv * CAPACITY_TOKENS * KV_BYTES_PER_TOKEN) / PEAK_BANDWIDTH, ())
+        for g in range(self.gpus):
+            gl = {"gpu": str(g), "uuid": f"GPU-{g:04d}", "model": "NVIDIA H100 80GB HBM3"}
+            wobble = 0.03 * np.sin(t / 7.0 + g)
+            put(S.GPU_DRAM_BANDWIDTH_UTILIZATION, np.clip(sc.dram + wobble, 0, 1), labels_of(gl, method="gpm"))
+            put(S.GPU_SM_ACTIVE, np.clip(sc.sm - wobble, 0, 1), labels_of(gl, method="gpm"))
+            put(S.GPU_MEMORY_USED, 70e9, labels_of(gl))
+            put(S.GPU_MEMORY_TOTAL, 80e9, labels_of(gl))
+            put(S.GPU_PCIE_RX, sc.kv_to_gpu_bytes_per_second / self.gpus + 1e8, labels_of(gl))
+            put(S.GPU_PCIE_TX, 5e7, labels_of(gl))
+            put(S.GPU_DRAM_PEAK_BANDWIDTH, PEAK_BANDWIDTH, labels_of(gl))
+        for source in ("engine", "nvml"):
+            put(S.SOURCE_UP, 1, labels_of(source=source))
+            put(S.SOURCE_SCRAPE_DURATION, 0.004, labels_of(source=source))
+        for verdict in ("idle", "healthy", "kv_thrashing", "memory_bandwidth_bound"):
+            put(S.DIAGNOSIS_VERDICT, 1.0 if verdict == sc.verdict else 0.0, labels_of(verdict=verdict))
+        return out
+
+
+@dataclass
+class FakeExporter:
+    """The exporter's JSON API over HTTP on loopback, serving a SyntheticEngine.
+
+    ``fail = True`` makes every request answer 500 (a broken exporter); ``stop()`` closes the port
+    (an exporter that went away); ``sources_down`` marks sources down in the window and status.
+    """
+
+    engine: SyntheticEngine
+    max_window_seconds: int = 900
+    fail: bool = False
+    sources_down: dict = field(default_factory=dict)  # name -> last_error
+    diagnosis: dict | None = None
+    embed_status: bool = True
+    delay: float = 0.0  # seconds each window request takes (a slow exporter)
+    stopped: bool = False
+    requests: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.diagnosis is None:
+            self.diagnosis = diagnosis_for(self.engine.scenario)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like the real exporter (uvicorn)
+            disable_nagle_algorithm = True  # headers and body go out in two writes
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if fake.stopped:  # a kept-alive connection outlives shutdown(): hang up like a dead process
+                    self.close_connection = True
+                    return
+                parts = urlsplit(self.path)
+                fake.requests.append(self.path)
+                if fake.fail:
+                    return self._send(500, {"error": "broken on purpose"})
+                if parts.path == "/api/v1/window":
+                    time.sleep(fake.delay)
+                    try:
+                        seconds = float(parse_qs(parts.query)["seconds"][0])
+                    except (KeyError, ValueError):
+                        return self._send(400, {"error": "seconds"})
+                    seconds = min(seconds, fake.max_window_seconds)
+                    now = time.time()
+                    window = fake.engine.window(now - seconds, now)
+                    payload = window.to_json()
+                    for item in payload["series"]:
+                        if item["name"] == S.SOURCE_UP and item["labels"].get("source") in fake.sources_down:
+                            item["values"] = [0.0 for _ in item["values"]]
+                    if fake.embed_status:  # the real exporter adds its sources' status to the window
+                        payload["seconds"] = seconds
+                        payload["sources"] = fake.status()["sources"]
+                    return self._send(200, payload)
+                if parts.path == "/api/v1/diagnosis":
+                    return self._send(200, fake.diagnosis)
+                if parts.path == "/api/v1/status":
+                    return self._send(200, fake.status())
+                return self._send(404, {"error": "not found"})
+
+            def _send(self, status, payload):
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def status(self) -> dict:
+        return {"sources": {name: {"up": name not in self.sources_down, "last_error": self.sources_down.get(name, "")}
+                            for name in ("engine", "nvml")}}
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._server.shutdown()
+        self._server.server_close()
+
+
+# ------------------------------------------------------------------------------ fake Prometheus
+
+
+def _prom_duration(expr: str) -> float | None:
+    import re
+
+    m = re.search(r"\[(\d+)s\]", expr)
+    return float(m.group(1)) if m else None
+
+
+@dataclass
+class FakePrometheus:
+    """The Prometheus HTTP API over loopback for the dashboard's own queries, answered from
+    SyntheticEngines (``targets``: instance -> engine). It knows the dashboard's queries by
+    regenerating them with kvdoctor.dashboard.promql; any other query is answered with an error
+    and recorded in ``unknown``. The PromQL itself is checked against a real Prometheus in
+    test_prometheus_real.py; this fake only carries the data."""
+
+    targets: dict
+    pods: dict = field(default_factory=dict)  # instance -> pod label
+    queries: list = field(default_factory=list)
+    unknown: list = field(default_factory=list)
+
+    def __post_init__(self):
+        fake = self
+        self._cache: dict = {}
+        self._answers: dict = {}
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                parts = urlsplit(self.path)
+                params = {k: v[0] for k, v in parse_qs(parts.query).items()}
+                fake.queries.append((parts.path, params))
+                cached = fake._answers.get(self.path)
+                if cached is not None:  # the same range query again (the benchmark): answer as fast as we can
+                    return self._send_bytes(cached)
+                try:
+                    if parts.path == "/api/v1/query":
+                        data = fake._instant(params["query"], float(params.get("time", time.time())))
+                    elif parts.path == "/api/v1/query_range":
+                        data = fake._range(params["query"], float(params["start"]), float(params["end"]),
+                                           float(params["step"]))
+                    else:
+                        return self._send(404, {"status": "error", "error": "not found"})
+                except KeyError as exc:
+                    fake.unknown.append(params.get("query"))
+                    return self._send(400, {"status": "error", "errorType": "bad_data", "error": str(exc)})
+                body = json.dumps({"status": "success", "data": data}).encode()
+                if parts.path == "/api/v1/query_range":
+                    fake._answers[self.path] = body
+                return self._send_bytes(body)
+
+            def _send_bytes(self, body, status=200):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _send(self, status, payload):
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- data
+    def _frame(self, instance: str, target: dict, start: float, end: float, rate_window: float):
+        from kvdoctor.dashboard import derive
+
+        key = (instance, tuple(sorted(target.items())), start, end, rate_window)
+        if key not in self._cache:
+            window = self.targets[instance].window(start - max(rate_window, 60.0), end)
+            self._cache[key] = (window, derive.live_frame(window, target, rate_window))
+        return self._cache[key]
+
+    def _latest_window(self, instance: str, end: float):
+        key = ("latest", instance, end)
+        if key not in self._cache:
+            self._cache[key] = self.targets[instance].window(end - 1, end)
+        return self._cache[key]
+
+    @staticmethod
+    def _at(ts: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(ts, grid + 1e-9, side="right") - 1
+        out = np.where(idx >= 0, values[np.clip(idx, 0, None)], np.nan)
+        return out
+
+    def _base_labels(self, instance: str) -> dict:
+        labels = {"instance": instance, "job": "kvdoctor"}
+        if self.pods.get(instance):
+            labels["pod"] = self.pods[instance]
+        return labels
+
+    def _instant(self, expr: str, at: float) -> dict:
+        from kvdoctor.dashboard import promql
+
+        vector: list = []
+        known = False
+
+        def add(metric: dict, value: float):
+            if math.isfinite(value):
+                vector.append({"metric": metric, "value": [at, repr(float(value))]})
+
+        if expr == promql.instances_query():
+            for inst in self.targets:
+                add({k: v for k, v in self._base_labels(inst).items() if k != "job"}, 1.0)
+            return {"resultType": "vector", "result": vector}
+        window_s = _prom_duration(expr)
+        fleet = promql.fleet_queries(f"{int(window_s)}s") if window_s else promql.fleet_queries("60s")
+        for inst, engine in self.targets.items():
+            m = promql.matchers({promql.TARGET_LABEL: inst})
+            base = self._base_labels(inst)
+            window, frame = self._frame(inst, {}, at - 120.0, at, 60.0)
+            verdict = engine.scenario.verdict
+            short = {"instance": inst}
+            answers = {
+                promql.target_listing_query(inst): lambda: [
+                    add(dict(labels, __name__=name, **({"pod": base["pod"]} if "pod" in base else {})), 1.0)
+                    for name, labels in window.series
+                    if name in (S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION)],
+                S.SOURCE_UP + m: lambda: [add(dict(labels, **base, __name__=S.SOURCE_UP), float(values[-1]))
+                                          for labels, values in window.select(S.SOURCE_UP).items()],
+                "up" + m: lambda: add(dict(base, __name__="up"), 1.0),
+                f"{S.DIAGNOSIS_VERDICT}{m} == 1": lambda: add(dict(base, verdict=verdict), 1.0),
+            }
+            fleet_answers = {
+                fleet["verdict"]: lambda: add(dict(base, verdict=verdict), 1.0),
+                fleet["worst"]: lambda: add(dict(base, verdict=verdict), 1.0),
+                fleet["kv_usage"]: lambda: add(short, float(frame.kv_usage[-1])),
+                fleet["itl_p95"]: lambda: add(short, float(frame.itl_p95[-1])),
+                fleet["preemption_rate"]: lambda: add(short, float(frame.preemption_rate[-1])),
+                fleet["info"]: lambda: add(dict({k: v for k, v in base.items() if k != "job"}, **ENGINE), 1.0),
+            }
+            for table in (answers, fleet_answers):
+                if expr in table:
+                    known = True
+                    table[expr]()
+        if not known:
+            raise KeyError(f"the fake does not know {expr!r}")
+        return {"resultType": "vector", "result": vector}
+
+    def _range(self, expr: str, start: float, end: float, step: float) -> dict:
+        from kvdoctor.dashboard import derive, promql
+
+        grid = start + step * np.arange(int(math.floor((end - start) / step + 1e-9)) + 1)
+        rate_window = _prom_duration(expr) or 10.0
+        matrix = []
+
+        def add(metric: dict, ts: np.ndarray, values: np.ndarray):
+            vals = [[float(t), repr(float(v))] for t, v in zip(grid, self._at(ts, values, grid)) if math.isfinite(v)]
+            if vals:
+                matrix.append({"metric": metric, "values": vals})
+
+        for inst in self.targets:
+            if expr == promql.recent_window_selector(inst):
+                window = self.targets[inst].window(start - 1, end)
+                for (name, labels), values in window.series.items():
+                    add(dict(labels, __name__=name, **self._base_labels(inst)), window.timestamps, values)
+                return {"resultType": "matrix", "result": matrix}
+            history = promql.fleet_history_queries(step, 10.0)
+            if expr in history.values():
+                for i2 in self.targets:
+                    _, frame = self._frame(i2, {}, start, end, rate_window)
+                    values = frame.itl_p95 if expr == history["itl_p95"] else frame.kv_usage
+                    add({"instance": i2}, frame.ts, values)
+                return {"resultType": "matrix", "result": matrix}
+            window = self._latest_window(inst, end)
+            candidates = [{}] + [{"gpu": dict(l)["gpu"]} for n, l in window.series if n == S.GPU_SM_ACTIVE] + \
+                [dict((k, v) for k, v in l if k in derive.ENGINE_TARGET_LABELS)
+                 for n, l in window.series if n == S.KV_CACHE_USAGE]
+            for target in candidates:
+                labels = dict(target, **{promql.TARGET_LABEL: inst})
+                for key, q in promql.live_queries(labels, step, 10.0).items():
+                    if q != expr:
+                        continue
+                    _, frame = self._frame(inst, target, start, end, rate_window)
+                    if key in ("gpu_dram", "gpu_sm"):
+                        for g in frame.gpus:
+                            add({"gpu": g.gpu, "model": g.model, "method": g.dram_method},
+                                frame.ts, g.dram if key == "gpu_dram" else g.sm)
+                    elif key == "kv_capacity_tokens":
+                        add({}, frame.ts, np.full(len(frame.ts), frame.kv_capacity_tokens))
+                    else:
+                        add({}, frame.ts, getattr(frame, key))
+                    return {"resultType": "matrix", "result": matrix}
+        raise KeyError(f"the fake does not know {expr!r}")
+
+
+def main(argv=None) -> int:
+    """Serve a fake exporter or Prometheus in its own process (the benchmark keeps it off its GIL).
+
+        python -m tests.dashboard.synthetic exporter --minutes 15 --gpus 8
+        python -m tests.dashboard.synthetic prometheus --hours 24 --gpus 8 --instance 10.0.0.1:9745 --end T
+
+    Prints the URL on the first line, then serves until killed.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=("exporter", "prometheus"))
+    parser.add_argument("--scenario", default="thrashing", choices=sorted(SCENARIOS))
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=15)
+    parser.add_argument("--hours", type=float, default=24)
+    parser.add_argument("--instance", default="10.0.0.1:9745")
+    parser.add_argument("--end", type=float, default=None)
+    args = parser.parse_args(argv)
+    if args.kind == "exporter":
+        seconds = int(args.minutes * 60)
+        engine = SyntheticEngine(SCENARIOS[args.scenario], t0=time.time() - seconds, gpus=args.gpus)
+        engine.window(0, time.time() + 3600)  # compute an hour ahead once
+        server = FakeExporter(engine, max_window_seconds=seconds)
+    else:
+        end = args.end or time.time()
+        engine = SyntheticEngine(SCENARIOS[args.scenario], t0=end - args.hours * 3600 - 600, gpus=args.gpus)
+        server = FakePrometheus({args.instance: engine})
+    print(server.url, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

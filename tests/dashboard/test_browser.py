@@ -1,0 +1,213 @@
+"""The dashboard in real headless Chromium: verdicts, charts, the stale badge, the ledger, the fleet.
+
+These run against the fake exporter / fake Prometheus of synthetic.py (real HTTP, synthetic
+data); tests/dashboard/test_demo_browser.py runs the same checks against the real `kvdoctor demo`.
+Screenshots: set KVDOCTOR_SCREENSHOT_DIR=docs/img to refresh the README's images.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from kvdoctor.dashboard.app import create_app, serve_in_thread
+from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
+from tests import tools
+from tests.dashboard.browser import Page, chromium_browser
+from tests.dashboard.synthetic import SCENARIOS, FakeExporter, FakePrometheus, SyntheticEngine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# Room for a busy machine (Chromium rendering shares the CPUs with everything else); the
+# acceptance bar, a verdict within 10 s, is checked against the real demo (test_demo_browser.py).
+SLOW_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium_browser(tools.require("chromium")) as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser):
+    opened = []
+
+    def open_page(base_url: str) -> Page:
+        p = Page(browser, base_url)
+        opened.append(p)
+        return p
+
+    yield open_page
+    for p in opened:
+        p.close()
+
+
+@pytest.fixture
+def served():
+    """Factory: serve a dashboard for the given sources; stops everything afterwards."""
+    stops = []
+
+    def serve(**sources):
+        app = create_app(environ={}, **sources)
+        handle = serve_in_thread(app, "127.0.0.1", 0)
+        stops.append(handle.stop)
+        return handle
+
+    yield serve
+    for stop in stops:
+        stop()
+
+
+@pytest.fixture
+def fake_exporter():
+    made = []
+
+    def make(scenario: str, gpus: int = 8, age: float = 300.0) -> FakeExporter:
+        fake = FakeExporter(SyntheticEngine(SCENARIOS[scenario], t0=time.time() - age, gpus=gpus))
+        made.append(fake)
+        return fake
+
+    yield make
+    for fake in made:
+        try:
+            fake.stop()
+        except OSError:
+            pass
+
+
+def _wait_for_verdict(p: Page, verdict: str, timeout_ms: int = SLOW_MS):
+    p.page.wait_for_selector(f".banner[data-verdict='{verdict}']", timeout=timeout_ms)
+
+
+def _wait_for_charts(p: Page, timeout_s: float = SLOW_MS / 1000) -> list[list[int]]:
+    return tools.wait_until(lambda: (pts := p.chart_points()) and len(pts) == 4 and all(pts) and
+                            all(n > 0 for chart in pts for n in chart[:1]) and pts,
+                            timeout=timeout_s, what="four charts with data")
+
+
+@pytest.mark.parametrize("scenario", ["thrashing", "bandwidth", "healthy"])
+def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_exporter, page):
+    exporter = fake_exporter(scenario)
+    handle = served(exporter_url=exporter.url)
+    p = page(handle.url)
+    p.goto("/")
+    _wait_for_verdict(p, SCENARIOS[scenario].verdict)  # the 10 s bar is checked on the real demo
+
+    banner = p.page.locator(".banner")
+    assert SCENARIOS[scenario].headline in banner.inner_text()
+    assert banner.locator("table.evidence tbody tr").count() == 3
+    assert "--kv-cache-dtype fp8" in banner.locator("ol.actions").inner_text()
+
+    points = _wait_for_charts(p)
+    assert len(points[1]) == 16  # DRAM and SM for 8 GPUs
+    assert min(points[0]) >= 295  # 5 minutes of 1 Hz data on the KV/latency chart
+    grown = tools.wait_until(lambda: (now := p.chart_points()) and now[0][0] > points[0][0] and now,
+                             timeout=SLOW_MS / 1000, what="live points appended")
+    assert len(grown[1]) == 16  # appended, not rebuilt into something else
+    assert p.page.locator("#live-badge .badge").get_attribute("data-state") == "live"
+    assert p.errors == []
+
+
+def test_stale_badge_when_the_exporter_goes_away(served, fake_exporter, page):
+    exporter = fake_exporter("thrashing", gpus=2)
+    handle = served(exporter_url=exporter.url)
+    p = page(handle.url)
+    p.goto("/")
+    _wait_for_verdict(p, "kv_thrashing")
+    before = _wait_for_charts(p)
+    exporter.stop()
+    badge = p.page.locator("#live-badge .badge[data-state='stale']")
+    badge.wait_for(timeout=SLOW_MS)
+    # The kept-alive connection is hung up first, then the port refuses.
+    tools.wait_until(lambda: "connection refused" in badge.inner_text(), timeout=SLOW_MS / 1000,
+                     what="the badge naming the refused connection")
+    after = p.chart_points()
+    assert after[0][0] >= before[0][0]  # the charts keep what they had
+    assert p.page.locator(".banner").get_attribute("data-verdict") == "kv_thrashing"
+    assert p.errors == []
+
+
+def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter, page):
+    """Each window request takes 1.5 s against a 1 s refresh: the browser must wait for each answer
+    instead of firing a new request every second (Dash would drop every answer but the last)."""
+    exporter = fake_exporter("healthy", gpus=1)
+    exporter.delay = 1.5
+    p = page(served(exporter_url=exporter.url).url)
+    p.goto("/")
+    first = _wait_for_charts(p)
+    tools.wait_until(lambda: (now := p.chart_points()) and now[0][0] >= first[0][0] + 2, timeout=SLOW_MS / 1000,
+                     what="points appended despite the slow exporter")
+    windows = [r for r in exporter.requests if r.startswith("/api/v1/window")]
+    assert len(windows) <= 2 + (time.monotonic() - p.opened) / 1.5  # never more than one in flight
+    assert p.errors == []
+
+
+def test_source_down_badge(served, fake_exporter, page):
+    exporter = fake_exporter("healthy", gpus=1)
+    exporter.sources_down = {"nvml": "NVML library not found"}
+    p = page(served(exporter_url=exporter.url).url)
+    p.goto("/")
+    badge = p.page.locator("#live-badge .badge[data-state='source-down']")
+    badge.wait_for(timeout=SLOW_MS)
+    assert "source nvml down: NVML library not found" in badge.inner_text()
+
+
+def _set_number(p: Page, element_id: str, value) -> None:
+    box = p.page.locator(f"#{element_id}")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _ledger_value(p: Page, row: str) -> str:
+    return p.page.locator(f"table.ledger-table tr:has(th:text-is('{row}')) td").inner_text()
+
+
+def test_ledger_computes_the_known_model(served, page, tmp_path):
+    p = page(served(exporter_url="http://127.0.0.1:9").url)
+    p.goto("/ledger")
+    p.page.wait_for_selector("table.ledger-table")
+    _set_number(p, "ledger-context", 8192)
+    _set_number(p, "ledger-batch", 16)
+    # Llama-3.1-8B (the default pick) on an H100 (the default GPU), bf16 KV:
+    per_token = 2 * 32 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bytes
+    total = per_token * 8192 * 16
+    floor = (COMMON_MODELS["Llama-3.1-8B"].weight_bytes + total) / GPU_CATALOGUE["H100"].peak_bandwidth
+    tools.wait_until(lambda: f"{total / 1e9:,.2f} GB" in _ledger_value(p, "total KV (context x batch)"),
+                     timeout=SLOW_MS / 1000, what="the ledger for batch 16")
+    assert _ledger_value(p, "KV bytes per token").startswith(f"{per_token:,} B")
+    assert _ledger_value(p, "decode step floor") == f"{floor * 1000:,.2f} ms"
+    assert _ledger_value(p, "tokens/s ceiling per sequence") == f"{1 / floor:,.1f} tokens/s"
+    what_if = p.page.locator("table.what-if").inner_text()
+    assert "FP8 KV cache" in what_if and f"{per_token // 2:,} B" in what_if
+    p.screenshot("ledger", tmp_path)
+    assert p.errors == []
+
+
+def test_fleet_ranks_targets_and_a_click_opens_live(served, page):
+    now = time.time()
+    prometheus = FakePrometheus({
+        "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 3700, gpus=2),
+        "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 3700, gpus=2),
+        "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 3700, gpus=2),
+    }, pods={"10.0.0.1:9745": "chat-0", "10.0.0.2:9745": "chat-1", "10.0.0.3:9745": "summarise-0"})
+    try:
+        p = page(served(prometheus_url=prometheus.url).url)
+        p.goto("/fleet")
+        p.page.wait_for_selector("table.fleet tbody tr", timeout=SLOW_MS)
+        rows = p.page.locator("table.fleet tbody tr")
+        assert rows.count() == 3
+        assert [rows.nth(i).locator("td").nth(3).get_attribute("data-verdict") for i in range(3)] == \
+            ["kv_thrashing", "memory_bandwidth_bound", "healthy"]
+        tools.wait_until(lambda: (pts := p.chart_points()) and all(len(c) == 3 for c in pts), timeout=SLOW_MS / 1000,
+                         what="fleet charts")
+        rows.nth(0).locator("a.target-link").click()
+        p.page.wait_for_url(re.compile(r".*/\?instance=10\.0\.0\.2%3A9745"), timeout=SLOW_MS)
+        _wait_for_verdict(p, "kv_thrashing")
+        _wait_for_charts(p)
+        assert not prometheus.unknown
+        assert p.errors == []
+    finally:
+        prometheus.stop()

@@ -1,0 +1,86 @@
+"""The verdict banner and the freshness badge, from data (no browser)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from kvdoctor.dashboard import components, derive
+from kvdoctor.dashboard.pages import live
+from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, diagnosis_for
+
+
+def _text(component) -> str:
+    """All the text a component tree shows."""
+    if component is None:
+        return ""
+    if isinstance(component, (str, int, float)):
+        return str(component)
+    children = getattr(component, "children", None)
+    if isinstance(children, list):
+        return " ".join(_text(c) for c in children)
+    return _text(children)
+
+
+def test_banner_shows_headline_evidence_and_ordered_actions():
+    diagnosis = diagnosis_for(SCENARIOS["thrashing"])
+    diagnosis["evidence"][0].update(unit="ratio", feature="kv_usage_max", holds=True)
+    banner = components.banner(diagnosis, ["a note"])
+    text = _text(banner)
+    assert banner.className == "banner verdict-bad" and getattr(banner, "data-verdict") == "kv_thrashing"
+    assert "KV thrashing" in text and "confidence 85%" in text and SCENARIOS["thrashing"].headline in text
+    assert "kv_usage_max" in text and "95%" in text and "≥ 90%" in text  # ratio shown as percent
+    assert "not measured" in text and "Not measured here: kvdoctor_prefix_cache_hits_total." in text
+    assert text.index("Quantise the KV cache") < text.index("Cap concurrent sequences")
+    assert "--kv-cache-dtype fp8" in text and "--max-running-requests 64" in text
+    assert "a note" in text
+
+
+def test_banner_without_a_diagnosis_waits():
+    banner = components.banner(None)
+    assert "Waiting for the first diagnosis" in _text(banner) and getattr(banner, "data-verdict") == ""
+
+
+@pytest.mark.parametrize("value, unit, text", [
+    (0.873, "ratio", "87.3%"),
+    (0.0123, "seconds", "12.3 ms"),
+    (12.5, "seconds", "12.5 s"),
+    (2.1e10, "bytes/s", "21 GB/s"),
+    (157.4, "per minute", "157 per minute"),
+    (None, "ratio", "–"),
+])
+def test_evidence_values_in_their_units(value, unit, text):
+    assert components.format_with_unit(value, unit) == text
+
+
+@pytest.mark.parametrize("health, state, words", [
+    (None, "connecting", "connecting"),
+    ({"ok": True, "newest": 0.0, "sources_down": []}, "live", "live · data at 00:00:00 UTC"),
+    ({"ok": False, "error": "http://x/api/v1/window: timed out", "newest": 60.0}, "stale",
+     "stale: showing data up to 00:01:00 UTC; http://x/api/v1/window: timed out"),
+    ({"ok": True, "newest": 0.0, "sources_down": [{"name": "nvml", "error": "no driver"}]}, "source-down",
+     "source nvml down: no driver"),
+    ({"ok": True, "history": True}, "history", "history (not live)"),
+])
+def test_badge_states(health, state, words):
+    badge = components.badge(health)
+    assert getattr(badge, "data-state") == state and words in _text(badge)
+
+
+def test_a_history_range_gets_its_own_knee():
+    engine = SyntheticEngine(SCENARIOS["bandwidth"], t0=0.0, gpus=1)
+    frame = derive.live_frame(engine.window(0.0, 300.0))
+    knee = live.history_knee(frame)
+    assert knee["kind"] == "rises_with_kv" and 0.2 <= knee["kv_level"] <= 0.9
+    flat = derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], t0=0.0, gpus=1).window(0.0, 30.0))
+    flat.itl_mean = np.full(len(flat), 0.01)
+    assert live.history_knee(flat)["kind"] is None
+
+
+def test_parse_history_accepts_only_a_sane_range():
+    now = time.time()
+    assert live.parse_history({"from": str(now - 60), "to": str(now)}) == {"from": pytest.approx(now - 60), "to": pytest.approx(now)}
+    for bad in ({"from": "x", "to": "1"}, {"from": "10", "to": "5"}, {"from": "0", "to": str(40 * 86400)}, {}):
+        assert live.parse_history(bad) is None

@@ -1,0 +1,152 @@
+"""Figure builders: data in, valid Plotly figures and extendData payloads out (no browser)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from kvdoctor.dashboard import derive, figures
+from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, diagnosis_for
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return derive.live_frame(SyntheticEngine(SCENARIOS["thrashing"], t0=1000.0, gpus=8).window(1000.0, 1600.0))
+
+
+@pytest.fixture(scope="module")
+def charts(frame):
+    return figures.live_charts(frame, diagnosis_for(SCENARIOS["thrashing"]))
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([0.123456, 1234567.0, -0.00098766, 0.0], [0.1235, 1235000.0, -0.0009877, 0.0]),
+        ([math.nan, math.inf, 1.0], [None, None, 1.0]),
+    ],
+)
+def test_compact_rounds_to_significant_digits_and_nulls_gaps(values, expected):
+    assert figures.compact(values) == expected
+
+
+def test_compact_prints_short():
+    assert json.dumps(figures.compact([0.1 + 0.2, 1e-7 * 3, 123456789.0])) == "[0.3, 3e-07, 123500000.0]"
+
+
+def test_live_charts_have_the_guides_traces(charts):
+    names = {c: [t["name"] for t in d["traces"]] for c, d in charts.items()}
+    assert names[figures.KV_LATENCY] == ["KV cache usage (%)", "ITL p50 (ms)", "ITL p95 (ms)"]
+    assert len(names[figures.BANDWIDTH]) == 16  # DRAM and SM for each of 8 GPUs
+    assert names[figures.TRANSFERS][0] == "preemptions/s"
+    assert charts[figures.ITL_KV]["extras"]["x_unit"] == "tokens"
+    kv = charts[figures.KV_LATENCY]["traces"][0]["y"]
+    assert 90 <= max(kv) <= 100  # a percentage, not a ratio
+
+
+@pytest.mark.parametrize("chart", figures.LIVE_CHARTS)
+def test_every_figure_is_valid_plotly(charts, chart):
+    fig = figures.build(chart, charts[chart])
+    go.Figure(fig)  # raises on any property Plotly does not know
+    assert len(fig["data"]) >= len(charts[chart]["traces"])
+    json.dumps(fig)  # what Dash sends must be plain JSON
+
+
+def test_other_figures_are_valid_plotly():
+    go.Figure(figures.placeholder_figure("no data"))
+    go.Figure(figures.fleet_history_figure("ITL p95", "ms", [{"name": "a", "x": [0, 1000], "y": [1.0, 2.0]}]))
+    go.Figure(figures.fleet_history_figure("ITL p95", "ms", []))
+
+
+def test_knee_is_drawn_on_both_latency_charts(charts):
+    kv_fig = figures.build(figures.KV_LATENCY, charts[figures.KV_LATENCY])
+    assert kv_fig["layout"]["shapes"][0]["y0"] == pytest.approx(90.0)  # knee at KV 0.9
+    assert "jumps" in kv_fig["layout"]["annotations"][0]["text"]
+    scatter = figures.build(figures.ITL_KV, charts[figures.ITL_KV])
+    assert scatter["layout"]["shapes"][0]["x0"] == pytest.approx(90_000)  # 0.9 x 100k tokens
+    no_knee = figures.live_charts(derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], 0.0).window(0, 60)),
+                                  diagnosis_for(SCENARIOS["healthy"]))
+    assert figures.build(figures.KV_LATENCY, no_knee[figures.KV_LATENCY])["layout"]["shapes"] == []
+
+
+def test_decode_floor_line_is_fitted_over_the_kv_range(frame, charts):
+    floor = charts[figures.ITL_KV]["extras"]["floor"]
+    assert floor["fit"] and floor["x"] == [0.0, 100_000.0]
+    # The synthetic floor is (16 GB + tokens x 128 KiB) / 3.35 TB/s.
+    assert floor["y"][0] == pytest.approx(16e9 / 3.35e12 * 1000, rel=1e-2)
+    assert floor["y"][1] == pytest.approx((16e9 + 1e5 * 131072) / 3.35e12 * 1000, rel=1e-2)
+
+
+def test_no_floor_without_the_model_shape():
+    engine = SyntheticEngine(SCENARIOS["healthy"], t0=0.0, with_floor=False)
+    charts = figures.live_charts(derive.live_frame(engine.window(0, 60)))
+    assert charts[figures.ITL_KV]["extras"]["floor"] is None
+    assert len(figures.build(figures.ITL_KV, charts[figures.ITL_KV])["data"]) == 1
+
+
+def test_extension_appends_the_same_traces_with_a_cap(frame, charts):
+    part = figures.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-3]))
+    payload, indices, cap = figures.extension(part[figures.BANDWIDTH], 900)
+    assert indices == list(range(16)) and cap == 900
+    assert len(payload["x"]) == 16 and all(len(x) == 2 for x in payload["x"])
+    assert payload["x"][0] == charts[figures.BANDWIDTH]["traces"][0]["x"][-2:]
+    assert figures.extension({"traces": [], "extras": {}}, 10) is None
+
+
+def test_signature_changes_with_what_is_drawn_not_with_new_points(frame):
+    diagnosis = diagnosis_for(SCENARIOS["thrashing"])
+    whole = figures.live_charts(frame, diagnosis)
+    tail = figures.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-5]), diagnosis)
+    for chart in figures.LIVE_CHARTS:
+        assert figures.signature(whole[chart]) == figures.signature(tail[chart])
+    moved = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.7})
+    assert figures.signature(figures.live_charts(frame, moved)[figures.KV_LATENCY]) != \
+        figures.signature(whole[figures.KV_LATENCY])
+    wobble = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.9049})
+    assert figures.signature(figures.live_charts(frame, wobble)[figures.KV_LATENCY]) == \
+        figures.signature(whole[figures.KV_LATENCY])
+
+
+def test_downsample_caps_points_and_keeps_the_extremes():
+    n = 86_400
+    x = list(range(0, n * 1000, 1000))
+    y = np.sin(np.arange(n) / 500.0)
+    y[40_000] = 25.0  # one spike
+    y[50_000:50_100] = np.nan  # one gap
+    data = {"traces": [{"name": "a", "kind": "p95", "group": "", "x": x, "y": figures.compact(y)}], "extras": {}}
+    out = figures.downsample(data, 2000)["traces"][0]
+    assert len(out["x"]) <= 2000
+    assert 25.0 in out["y"] and None in out["y"]
+    assert out["x"] == sorted(out["x"])
+
+
+def test_traces_share_a_chart_budget():
+    x = list(range(0, 10_000_000, 1000))
+    traces = [{"name": str(i), "kind": "dram", "group": str(i), "x": x, "y": figures.compact(np.sin(np.arange(len(x)) / 50 + i))}
+              for i in range(16)]
+    out = figures.downsample({"traces": traces, "extras": {}}, 2000, chart_budget=8000)["traces"]
+    assert all(len(t["x"]) <= 500 for t in out)  # 8,000 / 16
+    few = figures.downsample({"traces": traces[:2], "extras": {}}, 2000, chart_budget=8000)["traces"]
+    assert all(len(t["x"]) <= 2000 and len(t["x"]) > 1500 for t in few)
+    many = figures.downsample({"traces": traces * 4, "extras": {}}, 2000, chart_budget=8000)["traces"]
+    assert all(len(t["x"]) <= figures.MIN_POINTS_PER_TRACE for t in many)  # never below the floor
+
+
+def test_scatters_keep_fewer_points(charts):
+    long = derive.live_frame(SyntheticEngine(SCENARIOS["thrashing"], t0=0.0, gpus=1).window(0.0, 1500.0))
+    scatter = figures.live_charts(long)[figures.ITL_KV]
+    assert len(scatter["traces"][0]["x"]) > 1400
+    cut = figures.downsample(scatter, 2000)["traces"][0]
+    assert len(cut["x"]) == figures.MAX_SCATTER_POINTS
+    assert figures.extension(scatter, 900)[2] == figures.MAX_SCATTER_POINTS
+    assert figures.extension(charts[figures.KV_LATENCY], 900)[2] == 900
+
+
+def test_knee_extras_ignores_an_empty_knee():
+    assert figures.knee_extras({"knee": {"kind": None, "kv_level": None}}) is None
+    assert figures.knee_extras({"knee": None}) is None
+    assert figures.knee_extras({"knee": {"kind": "jump", "kv_level": 0.873}}) == {"kind": "jump", "kv_level": 0.88}

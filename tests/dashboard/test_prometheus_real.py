@@ -1,0 +1,103 @@
+"""The Prometheus-backed views against a real Prometheus scraping two real `kvdoctor demo` exporters:
+the dashboard's PromQL is accepted and gives the exporters' own numbers; the Fleet page ranks the
+targets and opens Live for one (in Chromium, when it is installed)."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from kvdoctor.dashboard.app import create_app, serve_in_thread
+from kvdoctor.dashboard.sources import PrometheusClient, fetch_fleet, fetch_live_from_prometheus
+from kvdoctor.rules import signals as S
+from tests import tools
+from tests.dashboard.browser import Page, chromium_browser
+from tests.dashboard.demo_process import Demo
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture
+def demos():
+    started = [Demo("kv_thrashing", dashboard=False).start(), Demo("healthy", dashboard=False).start()]
+    yield started
+    for d in started:
+        d.stop()
+
+
+def _instance(demo: Demo) -> str:
+    return demo.exporter_url.removeprefix("http://").rstrip("/")
+
+
+def _exporter_verdict(demo: Demo) -> str | None:
+    r = httpx.get(demo.exporter_url + "/api/v1/diagnosis", timeout=5)
+    return r.json().get("verdict") if r.status_code == 200 else None
+
+
+def test_dashboard_queries_on_a_real_prometheus(demos, prometheus_server, tmp_path):
+    thrashing, healthy = demos
+    tools.wait_until(lambda: _exporter_verdict(thrashing) == "kv_thrashing" and _exporter_verdict(healthy) == "healthy",
+                     timeout=90, what="the demos' own verdicts")
+    prom = prometheus_server(targets=[_instance(thrashing), _instance(healthy)], scrape_interval="1s")
+    prom.wait_for_targets_up()
+    prom.wait_for(f"{S.DIAGNOSIS_VERDICT} == 1", lambda r: len(r) == 2, timeout=30)
+    time.sleep(5)  # a few more scrapes, for the rates
+    client = PrometheusClient(prom.url, timeout=10)
+
+    fleet = fetch_fleet(client, time.time(), 300, 2000, 10.0)
+    assert [r.instance for r in fleet.rows] == [_instance(thrashing), _instance(healthy)]
+    assert [r.verdict for r in fleet.rows] == ["kv_thrashing", "healthy"]
+    worst = fleet.rows[0]
+    assert worst.engine == "vllm" and worst.model_name
+    assert 0.8 <= worst.kv_usage <= 1.0 and worst.preemption_rate > 0 and math.isfinite(worst.itl_p95)
+    assert {t["name"] for t in fleet.history["kv_usage"]} == {_instance(thrashing), _instance(healthy)}
+
+    now = time.time()
+    got = fetch_live_from_prometheus(client, _instance(thrashing), {}, math.floor(now - 60), now, 1.0, 10.0)
+    frame = got.frame
+    tail = slice(-5, None)
+    for name in ("kv_usage", "itl_p50", "itl_p95", "itl_mean", "resident_tokens", "preemption_rate", "decode_floor"):
+        assert np.isfinite(getattr(frame, name)[tail]).any(), f"{name} has no value from Prometheus"
+    assert frame.kv_capacity_tokens > 0  # the capacity joined to the usage without model_name
+    np.testing.assert_allclose(np.nanmax(frame.resident_tokens[tail]),
+                               np.nanmax(frame.kv_usage[tail]) * frame.kv_capacity_tokens, rtol=0.05)
+    assert [g.gpu for g in frame.gpus] == ["0"] and np.isfinite(frame.gpus[0].dram[tail]).any()
+    # The dashboard diagnoses the last minute from Prometheus with the same rules as the exporter.
+    assert got.diagnosis["verdict"] == "kv_thrashing"
+    assert {o.value for o in got.targets} >= {"", "gpu=0"}
+    # The same numbers the exporter serves: KV usage now, within a scrape of each other.
+    window = httpx.get(thrashing.exporter_url + "/api/v1/window", params={"seconds": 5}, timeout=5).json()
+    usage = next(s for s in window["series"] if s["name"] == S.KV_CACHE_USAGE)["values"]
+    assert np.nanmax(frame.kv_usage[tail]) == pytest.approx(max(v for v in usage if v is not None), abs=0.1)
+
+    chromium = tools.find("chromium")
+    if chromium is None:
+        return  # the rest needs a browser; the queries above are the point of this test
+    handle = serve_in_thread(create_app(prometheus_url=prom.url, environ={}), "127.0.0.1", 0)
+    try:
+        with chromium_browser(chromium) as browser:
+            p = Page(browser, handle.url)
+            p.goto("/fleet")
+            p.page.wait_for_selector("table.fleet tbody tr >> nth=1", timeout=30_000)
+            tools.wait_until(lambda: (pts := p.chart_points()) and all(len(c) == 2 for c in pts), timeout=30,
+                             what="fleet charts")
+            if p.keeping_screenshots():  # for the README's picture: some history, then a fresh table
+                p.page.wait_for_timeout(120_000)
+                p.goto("/fleet?range=900")
+                p.page.wait_for_selector("table.fleet tbody tr >> nth=1", timeout=30_000)
+                p.page.wait_for_timeout(3_000)
+            p.screenshot("fleet", tmp_path)
+            p.page.locator("table.fleet tbody tr").nth(0).locator("a.target-link").click()
+            p.page.wait_for_url(re.compile(r".*/\?instance="), timeout=30_000)
+            p.page.wait_for_selector(".banner[data-verdict='kv_thrashing']", timeout=30_000)
+            tools.wait_until(lambda: (pts := p.chart_points()) and len(pts) == 4 and all(c and c[0] for c in pts),
+                             timeout=30, what="live charts from Prometheus")
+            assert p.errors == []
+            p.close()
+    finally:
+        handle.stop()

@@ -1,0 +1,94 @@
+"""Settings from arguments and the environment; basic auth on every route."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from kvdoctor.dashboard import auth
+from kvdoctor.dashboard.app import create_app
+from kvdoctor.dashboard.settings import DashboardSettings, normalise_base_url
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("127.0.0.1:9745", "http://127.0.0.1:9745"),
+        ("http://exporter:9745/", "http://exporter:9745"),
+        ("https://prom.example/prometheus/", "https://prom.example/prometheus"),
+        ("http://[::1]:9090", "http://[::1]:9090"),
+    ],
+)
+def test_base_urls_are_normalised(given, expected):
+    assert normalise_base_url(given, "exporter") == expected
+
+
+@pytest.mark.parametrize("bad", ["ftp://x", "http://", "http://h:99999", "http://h/?next=http://evil", "file:///etc/passwd"])
+def test_bad_base_urls_are_refused_with_one_line(bad):
+    with pytest.raises(ValueError) as err:
+        normalise_base_url(bad, "exporter")
+    assert "\n" not in str(err.value) and "exporter" in str(err.value)
+
+
+def test_environment_fills_what_arguments_leave_out():
+    env = {"KVDOCTOR_DASHBOARD_EXPORTER_URL": "e:1", "KVDOCTOR_DASHBOARD_REFRESH": "2.5",
+           "KVDOCTOR_DASHBOARD_LIVE_SECONDS": "300", "KVDOCTOR_DASHBOARD_USERS": "ann:pw1"}
+    s = DashboardSettings.from_env(env, prometheus_url="p:9090")
+    assert (s.exporter_url, s.prometheus_url, s.refresh_seconds, s.live_seconds) == ("http://e:1", "http://p:9090", 2.5, 300)
+    assert dict(s.users) == {"ann": "pw1"}
+    assert s.live_points_cap == 121
+    assert DashboardSettings.from_env(env, exporter_url="x:2").exporter_url == "http://x:2"
+    with pytest.raises(ValueError, match="KVDOCTOR_DASHBOARD_REFRESH"):
+        DashboardSettings.from_env({"KVDOCTOR_DASHBOARD_REFRESH": "soon"})
+    assert "pw1" not in repr(s)
+
+
+def test_users_from_env_and_file(tmp_path):
+    secret = tmp_path / "users"
+    secret.write_text("# mounted secret\nbob:s3cret:with:colons\n\ncarl:pw\n")
+    users = auth.users_from_env({auth.USERS_ENV: "ann:pw1, carl:old", auth.AUTH_FILE_ENV: str(secret)})
+    assert users == {"ann": "pw1", "bob": "s3cret:with:colons", "carl": "pw"}
+    with pytest.raises(ValueError, match="line 2 is not user:password") as err:
+        auth.parse_users("ok:1\nnopassword\n", separator="\n", origin="f")
+    assert "nopassword" not in str(err.value)  # never echo what may be a password
+    with pytest.raises(ValueError, match="cannot read"):
+        auth.users_from_env({auth.AUTH_FILE_ENV: str(tmp_path / "missing")})
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.mark.parametrize(
+    "header, ok",
+    [
+        (None, False),
+        (_basic("ann", "pw1"), True),
+        (_basic("ann", "wrong"), False),
+        (_basic("nobody", "pw1"), False),
+        ("Basic !!!notbase64", False),
+        ("Bearer abc", False),
+    ],
+)
+def test_check_authorization(header, ok):
+    assert auth.check_authorization(header, {"ann": "pw1"}) is ok
+
+
+@pytest.mark.parametrize("path", ["/", "/ledger", "/_dash-layout", "/_dash-dependencies", "/assets/kvdoctor.css"])
+def test_every_route_needs_the_password_when_users_are_set(path):
+    app = create_app(exporter_url="http://127.0.0.1:9", users={"ann": "pw1"}, environ={})
+    client = app.server.test_client()
+    denied = client.get(path)
+    assert denied.status_code == 401 and "Basic" in denied.headers["WWW-Authenticate"]
+    assert client.get(path, headers={"Authorization": _basic("ann", "pw1")}).status_code == 200
+
+
+def test_no_users_no_auth():
+    app = create_app(exporter_url="http://127.0.0.1:9", environ={})
+    assert app.server.test_client().get("/").status_code == 200
+
+
+def test_create_app_needs_a_source():
+    with pytest.raises(ValueError, match="exporter URL or a Prometheus URL"):
+        create_app(environ={})
