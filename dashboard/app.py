@@ -59,6 +59,9 @@ def create_app(
     server = Flask("kvdoctor.dashboard")
     server.extensions[EXTENSION_KEY] = Backend.from_settings(settings)
     auth.install(server, settings.users)
+    # Liveness and readiness for the chart's probes: the process serves, the pages are registered.
+    server.add_url_rule("/healthz", "healthz", lambda: {"status": "ok"})
+    server.add_url_rule("/readyz", "readyz", lambda: {"status": "ready"})
     app = dash.Dash(
         "kvdoctor.dashboard",
         server=server,

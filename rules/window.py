@@ -144,7 +144,7 @@ class Window:
             ts = np.asarray(payload["timestamps"], dtype=float)
             series = {}
             for item in payload["series"]:
-                values = np.asarray([math.nan if v is None else v for v in item["values"]], dtype=float)
+                values = np.asarray(item["values"], dtype=float)  # None -> NaN
                 series[series_key(item["name"], dict(item.get("labels") or {}))] = values
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a kvdoctor window payload: {exc}") from None

@@ -87,7 +87,6 @@ def test_port_in_use_is_one_line_and_exit_2(capsys):
 
 
 def test_dashboard_port_in_use_is_one_line_and_exit_2(capsys):
-    pytest.importorskip("kvdoctor.dashboard.app", reason="needs the dashboard (kvdoctor.dashboard.app)")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -96,6 +95,14 @@ def test_dashboard_port_in_use_is_one_line_and_exit_2(capsys):
     assert rc == 2 and out == ""
     (line,) = err.strip().splitlines()
     assert str(port) in line and "--dashboard-port" in line
+
+
+def test_bad_dashboard_users_are_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("KVDOCTOR_DASHBOARD_USERS", "no-colon-here")
+    rc, out, err = run_demo(capsys, "--port", 0, "--dashboard-port", 0, "--status-every", "0")
+    assert rc == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("kvdoctor demo: error: dashboard:") and "KVDOCTOR_DASHBOARD_USERS" in line
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread for signals")

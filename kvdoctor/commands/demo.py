@@ -154,15 +154,6 @@ def status_line(window, diagnosis: dict | None, now: float | None = None) -> str
 
 # ------------------------------------------------------------------------------------ wiring
 
-def _dashboard_factory():
-    """(create_app, serve_in_thread) of the dashboard, or None when it is not there."""
-    try:
-        from kvdoctor.dashboard.app import create_app, serve_in_thread
-    except ImportError:
-        return None
-    return create_app, serve_in_thread
-
-
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -217,12 +208,16 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(exporter_http.stop)
 
         dashboard_url = None
-        factory = None if args.no_dashboard else _dashboard_factory()
-        if factory is not None:
-            create_dashboard, serve_dashboard = factory
+        if not args.no_dashboard:
+            from kvdoctor.dashboard.app import create_app as create_dashboard
+            from kvdoctor.dashboard.app import serve_in_thread as serve_dashboard
+
             try:
-                dashboard_http = serve_dashboard(create_dashboard(exporter_url=exporter_http.url),
-                                                 "127.0.0.1", args.dashboard_port)
+                dashboard = create_dashboard(exporter_url=exporter_http.url)
+            except ValueError as exc:  # e.g. a malformed KVDOCTOR_DASHBOARD_USERS
+                raise UsageError(f"dashboard: {exc}") from None
+            try:
+                dashboard_http = serve_dashboard(dashboard, "127.0.0.1", args.dashboard_port)
             except OSError as exc:
                 raise UsageError(f"{exc.strerror or exc} (choose another with --dashboard-port, or --no-dashboard)") from None
             stack.callback(dashboard_http.stop)

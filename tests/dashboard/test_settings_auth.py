@@ -84,6 +84,13 @@ def test_every_route_needs_the_password_when_users_are_set(path):
     assert client.get(path, headers={"Authorization": _basic("ann", "pw1")}).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_probes_answer_without_credentials_and_reveal_nothing(path):
+    app = create_app(exporter_url="http://127.0.0.1:9", users={"ann": "pw1"}, environ={})
+    resp = app.server.test_client().get(path)
+    assert resp.status_code == 200 and set(resp.get_json()) == {"status"}
+
+
 def test_no_users_no_auth():
     app = create_app(exporter_url="http://127.0.0.1:9", environ={})
     assert app.server.test_client().get("/").status_code == 200
