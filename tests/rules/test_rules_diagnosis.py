@@ -143,8 +143,8 @@ def test_each_slow_verdict_has_actions(verdict_scenario, first_action):
 def test_a_window_from_a_real_vllm_filling_its_kv_cache():
     """16 real scrapes of vLLM 0.32 (CPU) while 16 requests fill an 8 MiB KV cache: usage reaches
     97%, 13 requests wait, no preemption yet."""
-    textparse = pytest.importorskip("kvdoctor.exporter.textparse")
-    adapters = pytest.importorskip("kvdoctor.exporter.adapters")
+    from kvdoctor.exporter import adapters, textparse
+
     adapter = adapters.ADAPTERS["vllm"]
     snapshots = []
     for i, path in enumerate(sorted((FIXTURES / "fill-sequence").glob("*.txt"))):
