@@ -134,10 +134,8 @@ class ExporterSettings(BaseSettings):
     @field_validator("gpu_filter")
     @classmethod
     def _gpu_filter(cls, value: str) -> str:
-        try:
-            from kvdoctor.exporter.gpu_filter import parse_gpu_filter
-        except ImportError:  # the policy module is optional for the settings themselves
-            return value
+        from kvdoctor.exporter.gpu_filter import parse_gpu_filter
+
         return str(parse_gpu_filter(value))
 
     @field_validator("model_config_path")

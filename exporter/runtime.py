@@ -36,6 +36,7 @@ from kvdoctor.exporter.collectors.base import Collected, Collector, NotApplicabl
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
 from kvdoctor.rules.window import Labels, SeriesKey, Snapshot, Window
 
 log = logging.getLogger("kvdoctor.exporter")
@@ -191,7 +192,7 @@ class Exporter:
         if self.model_shape is None and getattr(settings, "model_config_path", None):
             try:
                 self.model_shape = load_model_shape(settings.model_config_path)
-            except (ValueError, ImportError) as exc:
+            except ValueError as exc:
                 log.warning("decode-step floor disabled: %s", exc)
 
         self.cycles = 0
@@ -468,12 +469,10 @@ class Exporter:
         if not per_gpu:
             return None
         try:
-            from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
-
             per_token = kv_bytes_per_token(shape)
             live = max((u * capacity[lb] * per_token for lb, u in usage.items() if lb in capacity), default=0.0)
             return decode_step_floor(shape.weight_bytes, live, per_gpu * gpus)
-        except (ImportError, ValueError) as exc:
+        except ValueError as exc:
             log.debug("no decode-step floor: %s", exc)
             return None
 

@@ -7,23 +7,9 @@ of ``kvdoctor demo`` (exporter/simulator/gpu.py, registered as ``simulated_gpu``
 
 from __future__ import annotations
 
-import importlib
-
+from . import dcgm, engine, nvml  # noqa: F401  (each registers itself)
 from .base import REGISTRY, Collected, Collector, CollectorSpec, NotApplicable, SourceError, register
 
-_MODULES = (
-    f"{__name__}.engine",
-    f"{__name__}.nvml",
-    f"{__name__}.dcgm",
-    "kvdoctor.exporter.simulator.gpu",  # simulated_gpu, written separately; absent until it exists
-)
-
-for _module in _MODULES:
-    try:
-        importlib.import_module(_module)
-    except ModuleNotFoundError as _exc:
-        if _exc.name != _module:
-            raise
-        continue
+from kvdoctor.exporter.simulator import gpu as _simulated_gpu  # noqa: F401,E402  (registers simulated_gpu)
 
 __all__ = ["REGISTRY", "Collected", "Collector", "CollectorSpec", "NotApplicable", "SourceError", "register"]

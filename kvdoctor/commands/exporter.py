@@ -56,11 +56,9 @@ def _adapter_gaps() -> str:
 
 
 def _gpu_filter_help() -> str:
-    try:
-        from kvdoctor.exporter.gpu_filter import HELP as text
-    except ImportError:
-        text = "which GPUs the nvml collector reports (default: auto)"
-    return text.replace("%", "%%")
+    from kvdoctor.exporter.gpu_filter import HELP
+
+    return HELP.replace("%", "%%")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
