@@ -1,0 +1,95 @@
+"""Rows of benchmark figures, one table format for every benchmark and for ``python -m bench``.
+
+A benchmark builds ``Row``s (a figure, the floor it is compared with, the ratio, the target and
+whether it is met), prints them with ``print_table`` and, given ``--json-out PATH``, writes them
+with ``write_json`` so ``python -m bench`` can gather every benchmark's rows into one table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable, TextIO
+
+
+@dataclass
+class Row:
+    """One measured figure. ``ok`` is None when the row has no target (context, a part of a whole)."""
+
+    bench: str
+    measure: str
+    ours: str
+    floor: str = ""
+    ratio: str = ""
+    target: str = ""
+    ok: bool | None = None
+    note: str = ""
+
+    @property
+    def status(self) -> str:
+        return "" if self.ok is None else ("OK" if self.ok else "MISSED")
+
+
+COLUMNS = (("bench", "bench"), ("measure", "measure"), ("ours", "ours"), ("floor", "floor"),
+           ("ratio", "ratio"), ("target", "target"), ("status", ""))
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+def mb(n_bytes: float) -> str:
+    return f"{n_bytes / 2**20:,.1f} MiB"
+
+
+def print_table(rows: Iterable[Row], out: TextIO | None = None, notes: bool = True) -> None:
+    """Aligned columns; the notes (why a figure is what it is) as numbered lines below."""
+    out = out or sys.stdout
+    rows = list(rows)
+    cells = [[getattr(r, attr) for attr, _ in COLUMNS] for r in rows]
+    header = [title for _, title in COLUMNS]
+    widths = [max([len(header[i])] + [len(c[i]) for c in cells]) for i in range(len(header))]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row, c in zip(rows, cells):
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip(), file=out)
+    if notes:
+        numbered = [(r.bench, r.measure, r.note) for r in rows if r.note]
+        for i, (bench, measure, note) in enumerate(numbered, 1):
+            print(f"  [{i}] {bench} / {measure}: {note}", file=out)
+
+
+def write_json(rows: Iterable[Row], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+
+
+def read_json(path: str | Path) -> list[Row]:
+    names = {f.name for f in fields(Row)}
+    return [Row(**{k: v for k, v in item.items() if k in names}) for item in json.loads(Path(path).read_text())]
+
+
+def missed(rows: Iterable[Row]) -> list[Row]:
+    return [r for r in rows if r.ok is False]
+
+
+def markdown(rows: Iterable[Row]) -> str:
+    """The rows as a Markdown table (for the README), notes as a numbered list below it."""
+    rows = list(rows)
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").strip()
+
+    lines = ["| bench | measure | ours | floor | ratio | target | |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in rows:
+        measure = cell(r.measure)
+        if r.note:
+            notes.append(r.note)
+            measure += f" [{len(notes)}]"
+        lines.append(f"| {cell(r.bench)} | {measure} | {cell(r.ours)} | {cell(r.floor)} | {cell(r.ratio)} | "
+                     f"{cell(r.target)} | {r.status} |")
+    lines.append("")
+    lines += [f"{i}. {note}" for i, note in enumerate(notes, 1)]
+    return "\n".join(lines) + "\n"
