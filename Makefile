@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Extra arguments for the demo, e.g. make demo ARGS="--scenario kv_thrashing"
 ARGS ?=
 
-.PHONY: help setup dev test-deps demo test test-fast bench
+.PHONY: help setup dev test-deps demo test test-fast bench bench-quick
 
 help:
 	@echo "make setup      create .venv with kvdoctor (editable)"
@@ -18,7 +18,8 @@ help:
 	@echo "make test-deps  install promtool/prometheus, helm, chromium, vLLM CPU + tiny model (scripts/install-test-deps.sh)"
 	@echo "make test       test-deps, then the whole test suite (what CI runs)"
 	@echo "make test-fast  the fast tests only (-m 'not slow'); needs no test-deps"
-	@echo "make bench      run the benchmarks (bench/bench_*.py)"
+	@echo "make bench      run every benchmark (bench/run; the soak takes 30 minutes)"
+	@echo "make bench-quick  the same at CI sizes (a few minutes)"
 
 # Stamps: re-run setup only when pyproject.toml changed since the last one.
 $(VENV)/.kvdoctor-setup: pyproject.toml scripts/setup.sh
@@ -51,9 +52,11 @@ test: test-deps
 test-fast: $(VENV)/.kvdoctor-dev
 	$(call run_pytest,-m "not slow" -q -rs)
 
-# Each benchmark is a module bench/bench_*.py run as `python -m bench.bench_NAME` (helpers such as
-# bench/loadgen.py are not benchmarks). Benchmarks print ratios against a floor measured in the same run.
+# bench/run runs every benchmark in its own process and prints one table of figures and ratios
+# against floors measured in the same run (BENCH_ARGS, e.g. "--only parse,diagnose").
+BENCH_ARGS ?=
 bench: $(VENV)/.kvdoctor-dev
-	@set -e; mods=$$(cd bench 2>/dev/null && ls bench_*.py 2>/dev/null | sed 's/\.py$$//'); \
-	if [ -z "$$mods" ]; then echo "make bench: no bench/bench_*.py yet" >&2; exit 1; fi; \
-	for m in $$mods; do echo "== bench.$$m"; $(PY) -m bench.$$m; done
+	$(PY) -m bench $(BENCH_ARGS)
+
+bench-quick: $(VENV)/.kvdoctor-dev
+	$(PY) -m bench --quick $(BENCH_ARGS)
