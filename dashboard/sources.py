@@ -34,6 +34,7 @@ PROM_QUERY_PATH = "/api/v1/query"
 PROM_QUERY_RANGE_PATH = "/api/v1/query_range"
 DIAGNOSIS_WINDOW_SECONDS = 60
 PROMETHEUS_TIMEOUT_SECONDS = 15.0
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a bigger answer is not one the dashboard can draw
 PARALLEL_QUERIES = 4  # range queries in flight at once against Prometheus  # what the rules diagnose when the dashboard has to do it itself
 
 
@@ -56,18 +57,32 @@ def _describe(exc: Exception, url: str) -> str:
 class _JsonClient:
     def __init__(self, base_url: str, timeout: float, transport: httpx.BaseTransport | None = None):
         self.base_url = base_url
+        self.timeout = float(timeout)
         self._client = httpx.Client(base_url=base_url, timeout=timeout, follow_redirects=False,
                                     transport=transport, headers={"Accept": "application/json"})
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None, allow_missing: bool = False):
+        # httpx's timeout bounds each read, not the answer: a server trickling bytes would hold the
+        # request open for ever. Read the body in chunks against one overall deadline instead.
+        url = self.base_url + path
+        deadline = time.monotonic() + self.timeout
         try:
-            response = self._client.get(path, params=params)
-            if allow_missing and response.status_code in (204, 404, 503):
-                return None
-            response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            raise SourceError(_describe(exc, self.base_url + path)) from None
+            with self._client.stream("GET", path, params=params) as response:
+                if allow_missing and response.status_code in (204, 404, 503):
+                    return None
+                response.raise_for_status()
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise SourceError(f"{url}: answer over {MAX_BODY_BYTES // (1024 * 1024)} MiB")
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise SourceError(f"{url}: timed out (no complete answer within {self.timeout:g} s)")
+            return json.loads(b"".join(chunks))
+        except (httpx.HTTPError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise SourceError(_describe(exc, url)) from None
 
     def close(self) -> None:
         self._client.close()
@@ -110,7 +125,11 @@ class PrometheusClient(_JsonClient):
         if not isinstance(payload, dict) or payload.get("status") != "success":
             error = payload.get("error", "no status") if isinstance(payload, dict) else "not JSON"
             raise SourceError(f"{self.base_url}{path}: {error}")
-        return payload.get("data") or {}
+        data = payload.get("data") or {}
+        if not isinstance(data, dict):
+            raise SourceError(f"{self.base_url}{path}: unexpected answer: data is a {type(data).__name__}, "
+                              "not an object")
+        return data
 
     def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         params = {"query": expr}
@@ -121,7 +140,7 @@ class PrometheusClient(_JsonClient):
         for item in data.get("result") or []:
             try:
                 out.append((dict(item.get("metric") or {}), float(item["value"][1])))
-            except (KeyError, IndexError, TypeError, ValueError):
+            except (AttributeError, KeyError, IndexError, TypeError, ValueError):
                 continue
         return out
 
@@ -130,10 +149,14 @@ class PrometheusClient(_JsonClient):
                           {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"})
         out = []
         for item in data.get("result") or []:
-            values = item.get("values") or []
-            ts = np.fromiter((float(v[0]) for v in values), dtype=float, count=len(values))
-            ys = np.fromiter((_prom_float(v[1]) for v in values), dtype=float, count=len(values))
-            out.append(RangeSeries(dict(item.get("metric") or {}), ts, ys))
+            try:
+                values = item.get("values") or []
+                ts = np.fromiter((float(v[0]) for v in values), dtype=float, count=len(values))
+                ys = np.fromiter((_prom_float(v[1]) for v in values), dtype=float, count=len(values))
+                out.append(RangeSeries(dict(item.get("metric") or {}), ts, ys))
+            except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+                raise SourceError(f"{self.base_url}{PROM_QUERY_RANGE_PATH}: malformed series in the answer: "
+                                  f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
         return out
 
 

@@ -21,6 +21,7 @@ selector matching more than one pod (the decision tree judges one engine at a ti
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -37,6 +38,7 @@ __all__ = ["PrometheusSource", "PrometheusSourceError", "parse_selector", "defau
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_POINTS = 1000  # range queries: at most this many steps per series
 MAX_RAW_SECONDS = 3600  # longer windows are read with a range query instead of raw samples
+MAX_BODY_BYTES = 256 * 1024 * 1024  # a bigger answer is refused, not parsed
 LOOKBACK_SECONDS = 300  # Prometheus' default lookback delta: an instant query sees samples this old
 
 # Names whose newest sample tells where the data ends (histogram buckets add nothing to _count).
@@ -112,7 +114,11 @@ class PrometheusSource:
         back ``LOOKBACK_SECONDS`` as an instant query does."""
         at = time.time() if at is None else at
         result = self._get("query", {"query": self._newest_expression(), "time": _ts(at)})
-        values = [float(r["value"][1]) for r in _vector(result)]
+        try:
+            values = [float(r["value"][1]) for r in _vector(result)]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise PrometheusSourceError(f"unexpected Prometheus answer from {self.url} to the newest-sample query: "
+                                        f"{' '.join(str(result).split())[:80]}") from None
         if not values or math.isnan(values[0]):
             raise PrometheusSourceError(
                 f"no kvdoctor_* series match {self.selector} at {self.url} in the {LOOKBACK_SECONDS // 60} minutes "
@@ -166,7 +172,22 @@ class PrometheusSource:
         url = f"{self.url}/api/v1/{path}"
         try:
             # POST (form-encoded), which the query endpoints accept, keeps long expressions out of the URL
-            response = self._client.post(url, data=params, timeout=self.timeout)
+            # httpx's timeout bounds each read, not the answer: read the body against one deadline.
+            deadline = time.monotonic() + self.timeout
+            with self._client.stream("POST", url, data=params, timeout=self.timeout) as response:
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise PrometheusSourceError(f"Prometheus at {self.url} sent an answer over "
+                                                    f"{MAX_BODY_BYTES // (1024 * 1024)} MiB: narrow the selector "
+                                                    "or the window")
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise PrometheusSourceError(f"Prometheus at {self.url} did not finish answering within "
+                                                    f"{self.timeout:g} s")
+            raw = b"".join(chunks)
         except httpx.TimeoutException:
             raise PrometheusSourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s") from None
         except httpx.ConnectError as exc:
@@ -175,7 +196,7 @@ class PrometheusSource:
         except httpx.HTTPError as exc:
             raise PrometheusSourceError(f"Prometheus at {self.url}: {type(exc).__name__}: {exc}") from None
         try:
-            body = response.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict) or body.get("status") not in ("success", "error"):

@@ -1,7 +1,9 @@
 """The ``kvdoctor`` console script: a thin dispatcher over ``kvdoctor.commands.*``.
 
 Each command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
-Usage errors print one line and exit 2; a ``UsageError`` raised by ``run`` does the same.
+Usage errors print one line and exit 2; a ``UsageError`` raised by ``run`` does the same. Any
+other exception is a bug: one ``internal error`` line and exit 1 (the traceback too when the
+environment sets ``KVDOCTOR_DEBUG``).
 """
 
 from __future__ import annotations
@@ -68,3 +70,14 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:  # last resort: one line, never a traceback (unless asked for)
+        import os
+
+        if os.environ.get("KVDOCTOR_DEBUG"):
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+        message = " ".join(str(exc).split())
+        print(f"kvdoctor {args.command}: internal error: {type(exc).__name__}: {message}".rstrip(": ").rstrip(),
+              file=sys.stderr)
+        return 1
