@@ -28,7 +28,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
@@ -119,6 +118,33 @@ class SourceStatus:
             "last_error_at": self.last_error_at,
             "errors": dict(self.errors),
         }
+
+
+def _family_fair_keys(samples: dict[SeriesKey, float], share: int) -> list[SeriesKey]:
+    """At most ``share`` keys of ``samples``, shared fairly among signal families.
+
+    Water-filling over families (a histogram's ``_bucket``/``_sum``/``_count`` are one family):
+    the smallest families are kept whole first, each taking no more than an equal part of what
+    is left, so the largest (an exploding label) is the one cut and cannot push out the others.
+    """
+    families: dict[str, list[SeriesKey]] = {}
+    family_of: dict[str, str] = {}
+    for key in samples:
+        name = key[0]
+        family = family_of.get(name)
+        if family is None:
+            signal = S.signal_for_series(name)
+            family = family_of[name] = signal.name if signal is not None else name
+        families.setdefault(family, []).append(key)
+    groups = sorted(families.values(), key=len)
+    kept: list[SeriesKey] = []
+    budget = share
+    for position, group in enumerate(groups):
+        part = max(0, budget // (len(groups) - position))
+        taken = group[:part]
+        kept.extend(taken)
+        budget -= len(taken)
+    return kept
 
 
 @dataclass
@@ -351,7 +377,7 @@ class Exporter:
             share = max(0, budget // (len(collected) - position))
             items = source_samples.items()
             if len(source_samples) > share:
-                items = islice(items, share)
+                items = ((key, source_samples[key]) for key in _family_fair_keys(source_samples, share))
                 self._count_error(name, "series_cap")
                 if name not in self._warned_cap:
                     self._warned_cap.add(name)

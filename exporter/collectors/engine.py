@@ -19,6 +19,7 @@ import errno
 import functools
 import ssl
 import time
+import zlib
 from typing import Mapping
 
 import httpx
@@ -26,6 +27,7 @@ import httpx
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
 from kvdoctor.exporter.adapters.base import EngineAdapter
 from kvdoctor.exporter.textparse import ExpositionError, family_names, iter_samples
+from kvdoctor.rules.signals import Kind, signal_for_series
 from kvdoctor.rules.window import SeriesKey
 
 from .base import Collected, NotApplicable, SourceError, register
@@ -34,6 +36,11 @@ DEFAULT_TIMEOUT_SECONDS = 2.0
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # vLLM's page is ~50 KB; this only stops a runaway body
 # Prometheus' own preference: the classic text format first, OpenMetrics accepted.
 ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+# Only gzip is asked for: it is inflated here, in bounded steps, so the size cap holds on the
+# inflated size (httpx's own decoder inflates a whole read at once, ~1000:1 for a gzip bomb).
+REQUEST_HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "gzip"}
+GZIP_ENCODINGS = frozenset({"gzip", "x-gzip"})
+IDENTITY_ENCODINGS = frozenset({"", "identity"})
 
 
 class HttpExposition:
@@ -57,7 +64,7 @@ class HttpExposition:
         self._client = client or self._new_client()
 
     def _new_client(self) -> httpx.Client:
-        return httpx.Client(timeout=self.timeout, follow_redirects=True, headers={"Accept": ACCEPT},
+        return httpx.Client(timeout=self.timeout, follow_redirects=True, headers=REQUEST_HEADERS,
                             verify=_tls_context())
 
     def _http(self) -> httpx.Client:
@@ -68,26 +75,47 @@ class HttpExposition:
     def fetch(self) -> str:
         deadline = time.monotonic() + self.timeout
         try:
-            with self._http().stream("GET", self.url, timeout=self.timeout, headers={"Accept": ACCEPT}) as response:
+            with self._http().stream("GET", self.url, timeout=self.timeout, headers=REQUEST_HEADERS) as response:
                 if not 200 <= response.status_code < 300:
                     raise SourceError(f"http_{response.status_code}", f"GET {self.url}: HTTP {response.status_code}")
+                content_encoding = response.headers.get("content-encoding", "").strip().lower()
+                if content_encoding in GZIP_ENCODINGS:
+                    inflater = zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, 32 KiB window
+                elif content_encoding in IDENTITY_ENCODINGS:
+                    inflater = None
+                else:
+                    raise SourceError("unsupported_encoding", f"GET {self.url}: Content-Encoding {content_encoding!r}")
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self.max_body_bytes:
                     raise self._too_large(int(declared))
                 body = bytearray()
-                for chunk in response.iter_bytes():  # decoded (gzip...) bytes: the cap holds after inflation
-                    body += chunk
-                    if len(body) > self.max_body_bytes:
+                cap = self.max_body_bytes
+                for chunk in response.iter_raw():  # as sent: inflated below, never more than the cap + 1
+                    if inflater is None:
+                        body += chunk
+                    else:
+                        while chunk:
+                            body += inflater.decompress(chunk, cap + 1 - len(body))
+                            if len(body) > cap:
+                                raise self._too_large(len(body))
+                            chunk = inflater.unconsumed_tail
+                    if len(body) > cap:
                         raise self._too_large(len(body))
                     if time.monotonic() > deadline:
                         raise SourceError("timeout", f"GET {self.url}: body not complete after {self.timeout:g} s")
+                if inflater is not None:
+                    body += inflater.flush()
+                    if len(body) > cap:
+                        raise self._too_large(len(body))
                 encoding = response.charset_encoding or "utf-8"
         except httpx.TimeoutException:
             raise SourceError("timeout", f"GET {self.url}: no answer within {self.timeout:g} s") from None
         except httpx.ConnectError as exc:
             raise SourceError(_connect_reason(exc), f"GET {self.url}: {exc}") from None
-        except httpx.HTTPError as exc:  # protocol errors, a connection dropped mid-body, bad gzip
+        except httpx.HTTPError as exc:  # protocol errors, a connection dropped mid-body
             raise SourceError("transport_error", f"GET {self.url}: {type(exc).__name__}: {exc}") from None
+        except zlib.error as exc:  # a corrupt gzip body
+            raise SourceError("transport_error", f"GET {self.url}: bad gzip body: {exc}") from None
         try:
             return body.decode(encoding)
         except (UnicodeDecodeError, LookupError):
@@ -127,6 +155,31 @@ def parse_exposition(text: str, wanted: frozenset[str] | None = None) -> list[tu
         raise SourceError("parse_error", str(exc)) from None
 
 
+def _clean_raw(raw: list[tuple[str, dict, float]], errors: list[str]) -> list[tuple[str, dict, float]]:
+    """``raw`` without repeated series (the first kept) and non-finite samples; reasons to ``errors``."""
+    seen: set = set()
+    add = seen.add
+    out = []
+    append = out.append
+    duplicates = non_finite = False
+    for sample in raw:
+        name, labels, value = sample
+        key = (name, tuple(labels.items()))
+        if key in seen:
+            duplicates = True
+            continue
+        add(key)
+        if value - value != 0.0:  # NaN and +-Inf (inf - inf is NaN)
+            non_finite = True
+            continue
+        append(sample)
+    if duplicates:
+        errors.append("duplicate_series")
+    if non_finite:
+        errors.append("non_finite_value")
+    return out
+
+
 class EngineCollector:
     """One engine's /metrics, as canonical samples.
 
@@ -151,6 +204,8 @@ class EngineCollector:
         self._adapter: EngineAdapter | None = None if engine == "auto" else ADAPTERS[engine]
         self._wanted: frozenset[str] | None = None
         self._engine_names: frozenset[str] = frozenset()
+        self._monotonic: dict[str, bool] = {}  # canonical name -> counter or histogram series
+        self._previous: dict[SeriesKey, float] = {}  # last page's counter/histogram values
         self._use(self._adapter)
 
     @property
@@ -162,21 +217,55 @@ class EngineCollector:
         if self._http is None:
             raise NotApplicable("no engine URL configured")
         try:
-            return Collected(self.normalise(self._http.fetch()))
+            text = self._http.fetch()
+            partial_errors: list[str] = []
+            return Collected(self.normalise(text, partial_errors), partial_errors)
         except SourceError:
             if self.engine == "auto":
                 self._use(None)  # recognise the engine again on the next success
             raise
 
-    def normalise(self, text: str) -> dict[SeriesKey, float]:
-        """The canonical samples of one page (the pure half of ``collect``)."""
+    def normalise(self, text: str, partial_errors: list[str] | None = None) -> dict[SeriesKey, float]:
+        """The canonical samples of one page (the pure half of ``collect``).
+
+        Raw samples are cleaned first: a repeated series keeps its first sample (as Prometheus
+        does; ``duplicate_series``), NaN and +-Inf samples are dropped (``non_finite_value``).
+        A counter or histogram series lower than in the previous page is flagged
+        ``counter_reset`` but passes through (raw counters: ``rate()`` handles resets).
+        Each reason goes once per page into ``partial_errors`` when given.
+        """
         adapter = self._adapter or self._use(self._recognise(text))
         raw = parse_exposition(text, self._wanted)
         if self.engine == "auto" and not any(name in self._engine_names for name, _, _ in raw):
             # The page no longer shows the engine we knew: another engine may answer here now.
             adapter = self._use(self._recognise(text))
             raw = parse_exposition(text, self._wanted)
-        return normalise_page(adapter, raw, self.extra_labels)
+        errors = partial_errors if partial_errors is not None else []
+        raw = _clean_raw(raw, errors)
+        out = normalise_page(adapter, raw, self.extra_labels)
+        self._check_resets(out, errors)
+        return out
+
+    def _check_resets(self, samples: dict[SeriesKey, float], errors: list[str]) -> None:
+        monotonic = self._monotonic
+        previous = self._previous
+        current: dict[SeriesKey, float] = {}
+        reset = False
+        for key, value in samples.items():
+            name = key[0]
+            is_monotonic = monotonic.get(name)
+            if is_monotonic is None:
+                signal = signal_for_series(name)
+                is_monotonic = monotonic[name] = signal is not None and signal.kind is not Kind.GAUGE
+            if is_monotonic:
+                current[key] = value
+                if not reset:
+                    before = previous.get(key)
+                    if before is not None and value < before:
+                        reset = True
+        self._previous = current
+        if reset:
+            errors.append("counter_reset")
 
     def _recognise(self, text: str) -> EngineAdapter:
         try:

@@ -86,7 +86,8 @@ def test_one_connection_is_reused_and_gzip_is_inflated(server):
     (Page(b"# only a comment\nup 1\n"), "unknown_engine"),
     (Page(b'vllm:num_requests_running{engine="0"} 1\n' * 100, stream_bytes=4 * 1024 * 1024), "body_too_large"),
     (Page(b"x" * (512 * 1024)), "body_too_large"),  # declared Content-Length over the cap
-], ids=["500", "html", "binary", "unknown-engine", "huge-streamed", "huge-declared"])
+    (Page(b"\x1b\x00\x00", content_encoding="br"), "unsupported_encoding"),  # not asked for, cannot be capped
+], ids=["500", "html", "binary", "unknown-engine", "huge-streamed", "huge-declared", "brotli"])
 def test_failures_have_a_reason(server, page, reason):
     server.pages["/metrics"] = page
     collector = EngineCollector(server.url("/metrics"), max_body_bytes=256 * 1024)
