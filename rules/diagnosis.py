@@ -149,7 +149,7 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
     """The verdict for ``window`` with its evidence, actions, knee and what was missing."""
     ctx = context or Context()
     t = thresholds or DEFAULT_THRESHOLDS
-    view = WindowView(window)
+    view = WindowView(window, recent_seconds=t.state_window_seconds)
     values = tree.compute_features(view, t)
     params = tree.parameters(t, ctx.slo_seconds)
     branch = tree.choose_branch(values, params)

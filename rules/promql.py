@@ -135,7 +135,8 @@ def duration(seconds: float) -> str:
 
 def prom_context(thresholds: Thresholds) -> PromContext:
     w = thresholds.window_seconds
-    return PromContext(window=duration(w), third=duration(w / 3), two_thirds=duration(2 * w / 3))
+    return PromContext(window=duration(w), third=duration(w / 3), two_thirds=duration(2 * w / 3),
+                       recent=duration(min(thresholds.state_window_seconds, w)))
 
 
 def record_name(feature: str, thresholds: Thresholds) -> str:

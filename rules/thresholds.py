@@ -36,6 +36,12 @@ class Thresholds:
         60.0, "Length of the evaluation window in seconds: the alert rules' range selectors and the "
         "window the exporter diagnoses. Raise it (e.g. 120) when Prometheus scrapes less often than every 15 s.",
         lo=3.0, lo_open=False)
+    state_window_seconds: float = _knob(
+        20.0, "Length in seconds of the recent sub-window (the end of the window) over which the tree reads "
+        "state gauges: KV usage, requests running and waiting, DRAM bandwidth and SM activity. Shorter "
+        "than the window so a verdict follows a change of state within seconds; rates of counters, the "
+        "ITL trend and the knee keep the whole window. Capped at window_seconds; keep it at least twice "
+        "the scrape interval.", lo=1.0, lo_open=False)
 
     # --- step 1: is anything happening?
     idle_tokens_per_second: float = _knob(

@@ -94,8 +94,10 @@ class Selector:
 class WindowView:
     """A window prepared for feature evaluation: series grouped by name, the range and its thirds."""
 
-    def __init__(self, window: Window):
+    def __init__(self, window: Window, recent_seconds: float | None = None):
         self.window = window
+        # the sub-window (the last ``recent_seconds``) over which state features are read
+        self.recent_seconds = float(Thresholds().state_window_seconds if recent_seconds is None else recent_seconds)
         self.ts = window.timestamps
         self.start = window.start
         self.end = window.end
@@ -116,7 +118,8 @@ class WindowView:
 
     def rows(self, sel: Selector, part: str = "all") -> tuple[list[dict], np.ndarray, np.ndarray, float, float]:
         """(labels, values (rows, n), timestamps, range start, range end) for a selector; ``part``
-        is "all", or "early"/"late" for the first/last third of the window."""
+        is "all", "early"/"late" for the first/last third of the window, or "recent" for its last
+        ``recent_seconds`` (the whole window when that is longer)."""
         key = (sel, part)
         hit = self._cache.get(key)
         if hit is not None:
@@ -128,6 +131,8 @@ class WindowView:
             third = (end - start) / 3.0
             if part == "early":
                 end = start + third
+            elif part == "recent":
+                start = max(start, end - self.recent_seconds)
             else:
                 start = end - third
             mask = (ts >= start) & (ts <= end)
@@ -152,11 +157,11 @@ class WindowView:
         _, arr, ts, start, end = self.rows(sel, part)
         return _nansum(stats.increase(ts, arr, start, end))
 
-    def quantiles(self, sel: Selector, q: float) -> np.ndarray:
-        key = ("quantile", sel, q)
+    def quantiles(self, sel: Selector, q: float, part: str = "all") -> np.ndarray:
+        key = ("quantile", sel, q, part)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = stats.quantile_over_time(q, self.rows(sel)[1])
+            hit = self._cache[key] = stats.quantile_over_time(q, self.rows(sel, part)[1])
         return hit
 
     def histogram_quantile(self, name: str, q: float, part: str = "all") -> float:
@@ -206,6 +211,7 @@ class PromContext:
     window: str  # e.g. "60s"
     third: str  # window / 3
     two_thirds: str  # 2 x window / 3, the offset of the first third
+    recent: str = ""  # the state sub-window (Thresholds.state_window_seconds); "" means the window
     engine_keys: str = ", ".join(ENGINE_KEYS)
     gpu_keys: str = ", ".join(GPU_KEYS)
 
@@ -227,13 +233,18 @@ class Feature:
         return self.signals[0]
 
 
-def _gpu_median_max(sel: Selector) -> Callable[[WindowView, Thresholds], float]:
-    return lambda v, t: _nanmax(v.quantiles(sel, t.gpu_quantile))
+def _recent(c: PromContext) -> str:
+    return c.recent or c.window
 
 
-def _gpu_median_max_promql(sel: Selector) -> Callable[[PromContext, Thresholds], str]:
+def _gpu_median_max(sel: Selector, part: str = "all") -> Callable[[WindowView, Thresholds], float]:
+    return lambda v, t: _nanmax(v.quantiles(sel, t.gpu_quantile, part))
+
+
+def _gpu_median_max_promql(sel: Selector, part: str = "all") -> Callable[[PromContext, Thresholds], str]:
     return lambda c, t: (f"max by ({c.gpu_keys}) "
-                         f"(quantile_over_time({prom_number(t.gpu_quantile)}, {sel.promql()}[{c.window}]))")
+                         f"(quantile_over_time({prom_number(t.gpu_quantile)}, "
+                         f"{sel.promql()}[{_recent(c) if part == 'recent' else c.window}]))")
 
 
 _PRECISE = (("method", "!=", DUTY_CYCLE_METHOD),)
@@ -256,15 +267,15 @@ def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
 
 def _gpu_busy(v: WindowView, t: Thresholds) -> float:
     values = np.concatenate([
-        v.quantiles(Selector(GPU_DRAM_BANDWIDTH_UTILIZATION), t.gpu_quantile),
-        v.quantiles(Selector(GPU_SM_ACTIVE), t.gpu_quantile),
+        v.quantiles(Selector(GPU_DRAM_BANDWIDTH_UTILIZATION), t.gpu_quantile, "recent"),
+        v.quantiles(Selector(GPU_SM_ACTIVE), t.gpu_quantile, "recent"),
     ])
     return _nanmax(values)
 
 
 def _gpu_busy_promql(c: PromContext, t: Thresholds) -> str:
     parts = [
-        f'label_replace(quantile_over_time({prom_number(t.gpu_quantile)}, {name}[{c.window}]), "gpu_signal", "{tag}", "", "")'
+        f'label_replace(quantile_over_time({prom_number(t.gpu_quantile)}, {name}[{_recent(c)}]), "gpu_signal", "{tag}", "", "")'
         for name, tag in ((GPU_DRAM_BANDWIDTH_UTILIZATION, "dram"), (GPU_SM_ACTIVE, "sm"))
     ]
     return f"max by ({c.gpu_keys}) ({parts[0]} or {parts[1]})"
@@ -295,14 +306,14 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
         lambda c, t: f"sum by ({c.engine_keys}) (rate({PROMPT_TOKENS}[{c.window}]))"),
     Feature(
         "requests_running", ENGINE, "requests", (REQUESTS_RUNNING,),
-        "median requests running over the window",
-        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_RUNNING), 0.5)),
-        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_RUNNING}[{c.window}]))"),
+        "median requests running over the state sub-window (the window's last state_window_seconds)",
+        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_RUNNING), 0.5, "recent")),
+        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_RUNNING}[{_recent(c)}]))"),
     Feature(
         "requests_waiting", ENGINE, "requests", (REQUESTS_WAITING,),
-        "median requests waiting over the window",
-        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_WAITING), 0.5)),
-        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_WAITING}[{c.window}]))"),
+        "median requests waiting over the state sub-window (the window's last state_window_seconds)",
+        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_WAITING), 0.5, "recent")),
+        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_WAITING}[{_recent(c)}]))"),
     Feature(
         "preemptions_per_minute", ENGINE, "per minute", (PREEMPTIONS,),
         "preemptions per minute over the window (counter history and resets handled)",
@@ -310,10 +321,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
         lambda c, t: f"sum by ({c.engine_keys}) (rate({PREEMPTIONS}[{c.window}])) * 60"),
     Feature(
         "kv_usage", ENGINE, "ratio", (KV_CACHE_USAGE,),
-        "KV-cache usage, a high quantile over the window (robust to the oscillation under preemption)",
-        lambda v, t: _nanmax(v.quantiles(Selector(KV_CACHE_USAGE), t.kv_usage_quantile)),
+        "KV-cache usage, a high quantile over the state sub-window (robust to the oscillation under preemption)",
+        lambda v, t: _nanmax(v.quantiles(Selector(KV_CACHE_USAGE), t.kv_usage_quantile, "recent")),
         lambda c, t: (f"max by ({c.engine_keys}) "
-                      f"(quantile_over_time({prom_number(t.kv_usage_quantile)}, {KV_CACHE_USAGE}[{c.window}]))")),
+                      f"(quantile_over_time({prom_number(t.kv_usage_quantile)}, {KV_CACHE_USAGE}[{_recent(c)}]))")),
     Feature(
         "kv_to_gpu_bytes_per_second", ENGINE, "bytes/s", (KV_TRANSFER_BYTES,),
         "KV bytes per second moved into the GPU from another tier",
@@ -349,17 +360,17 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
         _gpu_median_max_promql(Selector(GPU_PCIE_RX))),
     Feature(
         "dram_bandwidth_ratio", GPU, "ratio", (GPU_DRAM_BANDWIDTH_UTILIZATION,),
-        "DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median, busiest GPU",
-        _gpu_median_max(_DRAM_PRECISE),
-        _gpu_median_max_promql(_DRAM_PRECISE)),
+        "DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
+        _gpu_median_max(_DRAM_PRECISE, "recent"),
+        _gpu_median_max_promql(_DRAM_PRECISE, "recent")),
     Feature(
         "sm_active_ratio", GPU, "ratio", (GPU_SM_ACTIVE,),
-        "SM activity (GPM or DCGM; not NVML's duty cycle), median, busiest GPU",
-        _gpu_median_max(_SM_PRECISE),
-        _gpu_median_max_promql(_SM_PRECISE)),
+        "SM activity (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
+        _gpu_median_max(_SM_PRECISE, "recent"),
+        _gpu_median_max_promql(_SM_PRECISE, "recent")),
     Feature(
         "gpu_busy_ratio", GPU, "ratio", (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE),
-        "the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median, busiest GPU",
+        "the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median over the state sub-window, busiest GPU",
         _gpu_busy,
         _gpu_busy_promql),
 )}

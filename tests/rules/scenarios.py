@@ -548,6 +548,14 @@ SCENARIOS: tuple[Scenario, ...] = (
              why="a 2 s latency spike (a prefill) is under 5% of tokens: p95 is robust to it",
              latency=Latency(over_time=SpikeAtEnd(1.0, 16.0, 30, 2)),
              gpus=(Gpu(sm=SpikeAtEnd(0.45, 0.98, 30, 2)),)),
+    BASE.but(name="capacity_pressure_recent_onset", expected="kv_capacity_pressure", settles=False,
+             why="the pool filled and a queue formed 12 s ago: state gauges are read over the recent "
+                 "sub-window, so the verdict follows within seconds instead of waiting for the whole window",
+             kv_usage=SpikeAtEnd(0.5, 0.95, 12, 13), waiting=SpikeAtEnd(0, 4, 12, 13)),
+    BASE.but(name="host_overhead_recent_onset", expected="host_overhead_bound", settles=False,
+             why="decode slow all window; the GPU went from bandwidth-bound to mostly idle 12 s ago: "
+                 "the recent sub-window's medians, not the whole window's, decide",
+             latency=_SLOW, gpus=(Gpu(dram=SpikeAtEnd(0.88, 0.3, 12, 13), sm=SpikeAtEnd(0.6, 0.4, 12, 13)),)),
     BASE.but(name="high_hit_ratio_bandwidth_bound", expected="memory_bandwidth_bound",
              why="cache hit but slow: 91% prefix hits, decode bound by HBM bandwidth", prefix_hit_ratio=0.91,
              latency=_SLOW, gpus=(Gpu(dram=0.88, sm=0.7),)),
