@@ -3,7 +3,7 @@
 No I/O and no Dash here. Counters are turned into per-point increases over a trailing window
 (``rate_window`` seconds, like PromQL's ``increase(x[10s])``) with counter resets handled, and the
 per-token latency quantiles come from the windowed increase of the ``_bucket`` series, with the
-same interpolation as PromQL's ``histogram_quantile``.
+same interpolation as PromQL's ``histogram_quantile`` (the rules' ``stats.histogram_quantile_rows``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, urlencode
 import numpy as np
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.stats import histogram_quantile_rows
 from kvdoctor.rules.window import Labels, Window
 
 # Label filters a target may carry; anything else in a target string is ignored.
@@ -205,33 +206,6 @@ def bucket_increases(window: Window, histogram: str, rate_window: float, **label
     return bounds, counts
 
 
-def histogram_quantile(q: float, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """PromQL ``histogram_quantile`` for every row of cumulative bucket ``counts`` (n, B)."""
-    n = counts.shape[0]
-    out = np.full(n, np.nan)
-    if counts.shape[1] < 2 or not np.isinf(bounds[-1]):
-        return out  # PromQL needs at least one finite bucket and the +Inf bucket
-    rows = ~np.any(np.isnan(counts), axis=1)
-    c = np.maximum.accumulate(np.where(np.isnan(counts), 0.0, counts), axis=1)  # enforce monotone
-    total = c[:, -1]
-    rows &= total > 0
-    if not np.any(rows):
-        return out
-    rank = q * total
-    idx = np.argmax(c >= rank[:, None], axis=1)
-    upper = bounds[idx]
-    finite_top = bounds[-2]
-    lower = np.where(idx > 0, bounds[np.maximum(idx - 1, 0)], 0.0)
-    below = np.where(idx > 0, c[np.arange(n), np.maximum(idx - 1, 0)], 0.0)
-    in_bucket = c[np.arange(n), idx] - below
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = lower + (upper - lower) * np.where(in_bucket > 0, (rank - below) / in_bucket, 1.0)
-    value = np.where(np.isinf(upper), finite_top, value)
-    value = np.where((idx == 0) & (bounds[0] <= 0), bounds[0], value)
-    out[rows] = value[rows]
-    return out
-
-
 def histogram_mean(window: Window, histogram: str, rate_window: float, **label_filter: str) -> np.ndarray:
     """Mean observation over the trailing window: increase(_sum) / increase(_count)."""
     n = len(window)
@@ -345,8 +319,8 @@ def live_frame(window: Window, target: Mapping[str, str] | None = None, rate_win
     return LiveFrame(
         ts=ts,
         kv_usage=nanmax_rows(list(usage.values()), n),
-        itl_p50=histogram_quantile(0.50, bounds, counts),
-        itl_p95=histogram_quantile(0.95, bounds, counts),
+        itl_p50=histogram_quantile_rows(0.50, bounds, counts),
+        itl_p95=histogram_quantile_rows(0.95, bounds, counts),
         itl_mean=histogram_mean(window, S.INTER_TOKEN_LATENCY, rate_window, **ef),
         resident_tokens=resident,
         kv_capacity_tokens=total_capacity if total_capacity > 0 else math.nan,

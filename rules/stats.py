@@ -155,6 +155,34 @@ def quantile_over_time(q: float, values: np.ndarray) -> np.ndarray:
     return out
 
 
+def histogram_quantile_rows(q: float, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """PromQL ``histogram_quantile`` for every row of cumulative bucket ``counts`` (n, B), ``bounds``
+    sorted and ending in +Inf: one call for a whole time series of histograms (the dashboard's)."""
+    n = counts.shape[0]
+    out = np.full(n, np.nan)
+    if counts.shape[1] < 2 or not np.isinf(bounds[-1]):
+        return out  # PromQL needs at least one finite bucket and the +Inf bucket
+    rows = ~np.any(np.isnan(counts), axis=1)
+    c = np.maximum.accumulate(np.where(np.isnan(counts), 0.0, counts), axis=1)  # enforce monotone
+    total = c[:, -1]
+    rows &= total > 0
+    if not np.any(rows):
+        return out
+    rank = q * total
+    idx = np.argmax(c >= rank[:, None], axis=1)
+    upper = bounds[idx]
+    finite_top = bounds[-2]
+    lower = np.where(idx > 0, bounds[np.maximum(idx - 1, 0)], 0.0)
+    below = np.where(idx > 0, c[np.arange(n), np.maximum(idx - 1, 0)], 0.0)
+    in_bucket = c[np.arange(n), idx] - below
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = lower + (upper - lower) * np.where(in_bucket > 0, (rank - below) / in_bucket, 1.0)
+    value = np.where(np.isinf(upper), finite_top, value)
+    value = np.where((idx == 0) & (bounds[0] <= 0), bounds[0], value)
+    out[rows] = value[rows]
+    return out
+
+
 def histogram_quantile(q: float, upper_bounds: np.ndarray, counts: np.ndarray) -> float:
     """Prometheus ``histogram_quantile`` on one histogram: cumulative ``counts`` per ``le`` bound
     (typically each bucket's increase over the window). NaN without a +Inf bucket or observations."""
@@ -183,20 +211,7 @@ def histogram_quantile(q: float, upper_bounds: np.ndarray, counts: np.ndarray) -
     observations = c[-1]
     if observations == 0:
         return math.nan
-    rank = q * observations
-    b = int(np.searchsorted(c[:-1], rank, side="left"))  # first bucket with count >= rank
-    if b == len(ub) - 1:
-        return float(ub[-2])
-    if b == 0 and ub[0] <= 0:
-        return float(ub[0])
-    start = 0.0
-    end = ub[b]
-    count = c[b]
-    if b > 0:
-        start = ub[b - 1]
-        count -= c[b - 1]
-        rank -= c[b - 1]
-    return float(start + (end - start) * (rank / count))
+    return float(histogram_quantile_rows(q, ub, c[np.newaxis, :])[0])
 
 
 def counter_deltas(values: np.ndarray) -> np.ndarray:

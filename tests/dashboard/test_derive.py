@@ -9,6 +9,7 @@ import pytest
 
 from kvdoctor.dashboard import derive
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.stats import histogram_quantile_rows
 from kvdoctor.rules.window import Window, labels_of
 from tests.dashboard.synthetic import ENGINE, SCENARIOS, SyntheticEngine
 
@@ -42,17 +43,17 @@ def test_histogram_quantile_interpolates_like_promql():
     # 10 in <=0.1, 30 in (0.1,0.2], 40 in (0.2,0.4], 20 above 0.4
     counts = np.array([[10, 40, 80, 100]], float)
     # p50: rank 50 falls in (0.2, 0.4]: 0.2 + 0.2 * (50-40)/40
-    assert derive.histogram_quantile(0.5, bounds, counts)[0] == pytest.approx(0.25)
+    assert histogram_quantile_rows(0.5, bounds, counts)[0] == pytest.approx(0.25)
     # p05: rank 5 in the first bucket: 0 + 0.1 * 5/10
-    assert derive.histogram_quantile(0.05, bounds, counts)[0] == pytest.approx(0.05)
+    assert histogram_quantile_rows(0.05, bounds, counts)[0] == pytest.approx(0.05)
     # p95: in the +Inf bucket -> the highest finite bound
-    assert derive.histogram_quantile(0.95, bounds, counts)[0] == pytest.approx(0.4)
+    assert histogram_quantile_rows(0.95, bounds, counts)[0] == pytest.approx(0.4)
 
 
 def test_histogram_quantile_is_nan_without_observations_or_without_inf_bucket():
     bounds = np.array([0.1, INF])
-    assert np.isnan(derive.histogram_quantile(0.5, bounds, np.array([[0.0, 0.0]]))[0])
-    assert np.isnan(derive.histogram_quantile(0.5, np.array([0.1, 0.2]), np.array([[1.0, 2.0]]))[0])
+    assert np.isnan(histogram_quantile_rows(0.5, bounds, np.array([[0.0, 0.0]]))[0])
+    assert np.isnan(histogram_quantile_rows(0.5, np.array([0.1, 0.2]), np.array([[1.0, 2.0]]))[0])
 
 
 def _histogram_window(bucket_counters: dict[str, list[float]], ts=None) -> Window:
@@ -72,7 +73,7 @@ def test_latency_quantile_from_bucket_increases_survives_a_counter_reset():
     window = _histogram_window({"0.05": le_005, "0.1": le_01, "+Inf": le_01})
     bounds, counts = derive.bucket_increases(window, S.INTER_TOKEN_LATENCY, rate_window=2.0)
     np.testing.assert_allclose(counts[2:], [[12, 20, 20]] * 4)
-    p50 = derive.histogram_quantile(0.5, bounds, counts)
+    p50 = histogram_quantile_rows(0.5, bounds, counts)
     # rank 10 of 20 in (0, 0.05] holding 12: 0.05 * 10/12
     np.testing.assert_allclose(p50[2:], 0.05 * 10 / 12)
 
