@@ -39,12 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvdoctor", description="Says why LLM decode is slow.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"kvdoctor.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"kvdoctor.commands.{name}":
-                continue  # not built yet
-            raise
+        module = importlib.import_module(f"kvdoctor.commands.{name}")
         p = sub.add_parser(module.NAME, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
