@@ -174,7 +174,7 @@ step_chromium() {
   command -v apt-get >/dev/null || { skip_step chromium "no apt-get here; install chromium and chromedriver yourself"; return 0; }
   can_root || { skip_step chromium "needs root (or passwordless sudo) for apt-get install chromium chromium-driver"; return 0; }
   local t0; t0=$(date +%s)
-  if logged chromium apt_update_once && logged chromium as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; then
+  if logged chromium apt_update_once && logged chromium as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; then
     say chromium "installed $(chromium --version 2>/dev/null | head -1) and chromedriver via apt ($(elapsed "$t0"))"
   else
     skip_step chromium "apt-get install chromium chromium-driver failed (see $LOGS/chromium.log)"
