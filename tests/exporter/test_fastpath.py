@@ -1,0 +1,181 @@
+"""GET /metrics answered at the connection (exporter/fastpath.py), on real sockets through uvicorn."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from kvdoctor.exporter.app import create_app
+from kvdoctor.exporter.exposition import CONTENT_TYPE
+from kvdoctor.exporter.server import serve_in_thread
+
+from tests.exporter.test_exporter_app import make_exporter
+
+
+@pytest.fixture
+def served():
+    exporter = make_exporter()
+    exporter.run_cycle()
+    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
+    yield exporter, handle
+    handle.stop()
+    exporter.stop()
+
+
+def _connect(handle) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _read_response(sock: socket.socket, buffer: bytearray, head_only: bool = False) -> tuple[bytes, dict, bytes]:
+    """(status line, headers, body) of one response; ``buffer`` keeps bytes of the next one."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a response head")
+        buffer += chunk
+    end = buffer.index(b"\r\n\r\n")
+    lines = bytes(buffer[:end]).split(b"\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    length = 0 if head_only else int(headers[b"content-length"])
+    while len(buffer) < end + 4 + length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the body ended")
+        buffer += chunk
+    body = bytes(buffer[end + 4:end + 4 + length])
+    del buffer[:end + 4 + length]
+    return lines[0], headers, body
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+GET_METRICS = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+
+
+def test_metrics_is_the_rendered_page_with_its_content_type(served):
+    exporter, handle = served
+    response = httpx.get(f"{handle.url}/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == CONTENT_TYPE
+    assert response.content == exporter.metrics_bytes()
+    assert "server" not in response.headers  # answered at the connection, not by uvicorn's protocol
+
+
+def test_keep_alive_connection_sees_each_new_page(served):
+    exporter, handle = served
+    buffer = bytearray()
+    with _connect(handle) as sock:
+        sock.sendall(GET_METRICS)
+        _, _, first = _read_response(sock, buffer)
+        exporter.run_cycle()
+        sock.sendall(GET_METRICS)
+        status, _, second = _read_response(sock, buffer)
+    assert status == b"HTTP/1.1 200 OK"
+    assert first != second and second == exporter.metrics_bytes()
+
+
+def test_pipelined_and_byte_by_byte_requests_are_answered_in_order(served):
+    exporter, handle = served
+    buffer = bytearray()
+    with _connect(handle) as sock:
+        sock.sendall(GET_METRICS * 3)
+        bodies = [_read_response(sock, buffer)[2] for _ in range(3)]
+        for byte in GET_METRICS.replace(b"/metrics", b"/metrics?x=1"):
+            sock.sendall(bytes([byte]))
+        bodies.append(_read_response(sock, buffer)[2])
+    assert bodies == [exporter.metrics_bytes()] * 4
+
+
+def test_head_has_the_length_and_no_body(served):
+    exporter, handle = served
+    buffer = bytearray()
+    with _connect(handle) as sock:
+        sock.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n" + GET_METRICS)
+        _, headers, body = _read_response(sock, buffer, head_only=True)
+        assert headers[b"content-length"] == str(len(exporter.metrics_bytes())).encode() and body == b""
+        assert _read_response(sock, buffer)[2] == exporter.metrics_bytes()  # the next answer is intact
+
+
+def test_http10_and_connection_close_end_the_connection(served):
+    _, handle = served
+    for request in (b"GET /metrics HTTP/1.0\r\n\r\n", b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"):
+        buffer = bytearray()
+        with _connect(handle) as sock:
+            sock.sendall(request)
+            status, headers, _ = _read_response(sock, buffer)
+            assert status.endswith(b"200 OK") and headers[b"connection"] == b"close"
+            assert _closed(sock)
+
+
+def test_other_requests_hand_the_connection_to_the_app(served):
+    exporter, handle = served
+    buffer = bytearray()
+    with _connect(handle) as sock:
+        # /metrics answered here, then /healthz in the same packet goes to FastAPI, and so does
+        # everything after it on this connection (including /metrics, through the route).
+        sock.sendall(GET_METRICS + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_response(sock, buffer)[2] == exporter.metrics_bytes()
+        status, headers, body = _read_response(sock, buffer)
+        assert status == b"HTTP/1.1 200 OK" and body == b'{"status":"ok"}'
+        sock.sendall(GET_METRICS)
+        status, headers, body = _read_response(sock, buffer)
+        assert body == exporter.metrics_bytes() and headers[b"server"] == b"uvicorn"
+        sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        assert _read_response(sock, buffer)[0] == b"HTTP/1.1 405 Method Not Allowed"
+
+
+def test_a_request_with_a_body_is_the_apps_to_answer(served):
+    _, handle = served
+    buffer = bytearray()
+    with _connect(handle) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        status, headers, _ = _read_response(sock, buffer)
+    assert status == b"HTTP/1.1 200 OK" and headers[b"server"] == b"uvicorn"
+
+
+def test_stop_closes_idle_scraper_connections_promptly(served):
+    exporter, handle = served
+    buffer = bytearray()
+    sock = _connect(handle)
+    sock.sendall(GET_METRICS)
+    _read_response(sock, buffer)
+    started = time.monotonic()
+    handle.stop()
+    assert time.monotonic() - started < 3.0
+    assert _closed(sock)
+    sock.close()
+
+
+def test_an_idle_server_wakes_once_a_second_and_stops_at_once(monkeypatch):
+    from kvdoctor.exporter import server as server_module
+
+    ticks = []
+    original = server_module._QuietServer.on_tick
+
+    async def counting(self, counter):
+        ticks.append(counter)
+        return await original(self, counter)
+
+    monkeypatch.setattr(server_module._QuietServer, "on_tick", counting)
+    exporter = make_exporter()
+    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
+    time.sleep(2.5)
+    idle_ticks = len(ticks)
+    monkeypatch.setattr(server_module._QuietServer, "tick_seconds", 60.0)  # the next wait is a long one
+    time.sleep(1.2)
+    started = time.monotonic()
+    handle.stop(timeout=30)
+    exporter.stop()
+    assert 2 <= idle_ticks <= 5  # uvicorn's own loop: 25
+    assert time.monotonic() - started < 10 and not handle.alive  # woken by stop, not by the 60 s tick
