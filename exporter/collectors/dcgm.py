@@ -29,7 +29,8 @@ from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import SeriesKey
 
 from .base import Collected, NotApplicable, SourceError, register
-from .engine import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition, labels_from_settings, parse_exposition
+from .engine import labels_from_settings, parse_exposition
+from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
 MIB = 1024 * 1024
 
@@ -70,16 +71,16 @@ class DcgmCollector:
 
     def __init__(self, url: str | None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, extra_labels: Mapping[str, str] | None = None,
-                 client=None, gpu_filter=None):
+                 gpu_filter=None):
         self.url = url or None
         self.extra_labels = dict(extra_labels or {})
         self._filter = gpu_filter  # same policy as NVML's: dcgm-exporter reports every GPU of the node
-        self._http = HttpExposition(url, timeout, max_body_bytes, client) if url else None
+        self._http = HttpExposition(url, timeout, max_body_bytes) if url else None
 
     def collect(self) -> Collected:
         if self._http is None:
             raise NotApplicable("no dcgm-exporter URL configured")
-        samples = normalise_dcgm(parse_exposition(self._http.fetch(), WANTED), self.extra_labels)
+        samples = normalise_dcgm(parse_exposition(self._http.iter_text(), WANTED), self.extra_labels)
         if not samples:
             raise SourceError("no_dcgm_fields", f"{self.url} has none of {', '.join(sorted(FIELDS))}")
         if self._filter is not None:

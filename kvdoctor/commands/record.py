@@ -363,7 +363,7 @@ def _record_engine(args, output: Path) -> int:
     from kvdoctor.cli import UsageError
     from kvdoctor.exporter.adapters import ADAPTERS, detect
     from kvdoctor.exporter.collectors.base import SourceError
-    from kvdoctor.exporter.collectors.engine import HttpExposition
+    from kvdoctor.exporter.collectors.http import HttpExposition
     from kvdoctor.exporter.textparse import ExpositionError, family_names
 
     parts = urlsplit(args.engine_url)
