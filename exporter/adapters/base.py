@@ -22,6 +22,7 @@ RawSample = tuple[str, Mapping[str, str], float]
 Source = tuple[str, Mapping[str, str]]
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+MAX_CACHED_KEYS = 1024  # canonical keys an adapter remembers (~1 KB each; a vLLM page needs ~60)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,17 @@ class EngineAdapter:
     engine_labels: Mapping[str, str] = field(default_factory=dict)
     cannot_provide: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        # Worked out once: each row's kind, suffixes and sources; and the canonical key of every
+        # (row, suffix, extra labels, engine labels) seen, so a scrape repeating the last one's
+        # series builds no label dicts and sorts nothing.
+        plan = []
+        for m in self.maps:
+            kind = SIGNALS[m.target].kind
+            plan.append((m, kind is Kind.GAUGE, HISTOGRAM_SUFFIXES if kind is Kind.HISTOGRAM else ("",), m.source_list()))
+        object.__setattr__(self, "_plan", tuple(plan))
+        object.__setattr__(self, "_keys", {})
+
     def wanted_names(self) -> frozenset[str]:
         """Every sample name the table can use (the parser skips all others cheaply)."""
         names: set[str] = set()
@@ -112,18 +124,19 @@ class EngineAdapter:
             by_name.setdefault(name, []).append((labels, value))
 
         out: dict[SeriesKey, float] = {}
-        base = {"engine": self.name, **(extra_labels or {})}
-        for m in self.maps:
+        extra = tuple((extra_labels or {}).items())
+        keys = self._keys
+        if len(keys) >= MAX_CACHED_KEYS:  # label churn (new models, an exploding label): start over
+            keys.clear()
+        for row, (m, is_gauge, suffixes, sources) in enumerate(self._plan):
             if m.requires and not any(r in by_name for r in m.requires):
                 continue
-            kind = SIGNALS[m.target].kind
-            suffixes = HISTOGRAM_SUFFIXES if kind is Kind.HISTOGRAM else ("",)
-            for src, match in m.source_list():
+            for src, match in sources:
                 if not any(src + s in by_name for s in suffixes):
                     continue
                 for suffix in suffixes:
                     for labels, value in by_name.get(src + suffix, ()):
-                        if any(labels.get(k) != v for k, v in match.items()):
+                        if match and any(labels.get(k) != v for k, v in match.items()):
                             continue
                         if m.value is not None:
                             v = m.value(labels, value)
@@ -136,22 +149,31 @@ class EngineAdapter:
                             if factor is None:
                                 continue
                             v *= factor
-                        out_labels = dict(base)
-                        for k in self.keep_labels:
-                            if k in labels:
-                                out_labels[k] = labels[k]
-                        for src_label, dst_label in {**self.engine_labels, **m.rename_labels}.items():
-                            if src_label in labels:
-                                out_labels[dst_label] = labels[src_label]
-                        if suffix == "_bucket" and "le" in labels:
-                            out_labels["le"] = labels["le"]
-                        out_labels.update(m.const_labels)
-                        key = (m.target + suffix, tuple(sorted(out_labels.items())))
+                        cache_key = (row, suffix, extra, tuple(labels.items()))
+                        key = keys.get(cache_key)
+                        if key is None:
+                            key = self._output_key(m, suffix, labels, extra_labels)
+                            if len(keys) < MAX_CACHED_KEYS:
+                                keys[cache_key] = key
                         # Several engine series folded onto one canonical series: counters and
                         # histograms add up, gauges keep the last one.
-                        out[key] = out.get(key, 0.0) + v if kind is not Kind.GAUGE else v
+                        out[key] = v if is_gauge else out.get(key, 0.0) + v
                 break  # newest present name wins
         return out
+
+    def _output_key(self, m: MetricMap, suffix: str, labels: Mapping[str, str],
+                    extra_labels: Mapping[str, str] | None) -> SeriesKey:
+        out_labels = {"engine": self.name, **(extra_labels or {})}
+        for k in self.keep_labels:
+            if k in labels:
+                out_labels[k] = labels[k]
+        for src_label, dst_label in {**self.engine_labels, **m.rename_labels}.items():
+            if src_label in labels:
+                out_labels[dst_label] = labels[src_label]
+        if suffix == "_bucket" and "le" in labels:
+            out_labels["le"] = labels["le"]
+        out_labels.update(m.const_labels)
+        return (m.target + suffix, tuple(sorted(out_labels.items())))
 
     def _partner(self, by_name, times: Source, labels: Mapping[str, str]) -> float | None:
         """The value of the ``times`` sample sharing the identifying labels of ``labels``."""

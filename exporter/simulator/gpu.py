@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 from kvdoctor.exporter.collectors.base import Collected, NotApplicable, SourceError, register
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import labels_of
@@ -86,6 +84,8 @@ class HttpSource:
     """Reads the simulated engine's ``GET /gpu``."""
 
     def __init__(self, url: str, timeout: float = 2.0):
+        import httpx  # here, not at the top: every exporter imports this module, few use it
+
         self.url = url
         self._client = httpx.Client(timeout=timeout)
 
@@ -96,6 +96,8 @@ class HttpSource:
         return cls(urlunsplit((parts.scheme, parts.netloc, "/gpu", "", "")), timeout)
 
     def read(self) -> GpuSample:
+        import httpx
+
         try:
             resp = self._client.get(self.url)
         except httpx.ConnectError as exc:

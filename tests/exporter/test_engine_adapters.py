@@ -366,3 +366,21 @@ def test_tgi_gives_queue_batch_and_per_request_latency_only():
     assert value(out, S.INTER_TOKEN_LATENCY + "_count") == 48.0
     buckets = [dict(lab)["le"] for (n, lab), _ in out.items() if n == S.INTER_TOKEN_LATENCY + "_bucket"]
     assert len(buckets) == 36  # TGI's 35 geometric buckets + +Inf, re-exposed as they are
+
+
+def test_cached_keys_follow_the_extra_labels_and_stay_bounded():
+    from kvdoctor.exporter.adapters.base import MAX_CACHED_KEYS
+
+    vllm = adapters.ADAPTERS["vllm"]
+    raw = [("vllm:num_requests_running", {"model_name": "m"}, 3.0)]
+    first = vllm.normalise(raw, {"pod": "a"})
+    second = vllm.normalise(raw, {"pod": "b"})
+    assert [dict(labels)["pod"] for _, labels in first] == ["a"]
+    assert [dict(labels)["pod"] for _, labels in second] == ["b"]
+    for i in range(MAX_CACHED_KEYS + 50):  # label churn: one new model name per scrape
+        churn = vllm.normalise([("vllm:num_requests_running", {"model_name": f"m{i}"}, 1.0)])
+        assert [dict(labels)["model_name"] for _, labels in churn] == [f"m{i}"]
+    assert len(vllm._keys) <= MAX_CACHED_KEYS
+    explosion = [("vllm:num_requests_running", {"model_name": f"x{i}"}, 1.0) for i in range(3 * MAX_CACHED_KEYS)]
+    assert len(vllm.normalise(explosion)) == len(explosion)  # nothing lost, however many
+    assert len(vllm._keys) <= MAX_CACHED_KEYS  # and the cache stays bounded within one page too
