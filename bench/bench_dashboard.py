@@ -3,9 +3,12 @@
     .venv/bin/python bench/bench_dashboard.py [--gpus 8] [--minutes 15] [--updates 20] [--history-hours 24]
 
 Set-up (not timed): a fake exporter (tests/dashboard/synthetic.py, its own process, real HTTP) holding
-``--minutes`` of 1 Hz samples for ``--gpus`` GPUs and one engine, a fake Prometheus holding
-``--history-hours`` of the same, and the dashboard served by ``serve_in_thread``. Everything is
-driven through the dashboard's own HTTP endpoints, exactly as the browser calls them.
+``--minutes`` of 1 Hz samples for ``--gpus`` GPUs and one engine; a real Prometheus holding
+``--history-hours`` of the same samples at 1 Hz, backfilled with ``promtool tsdb create-blocks-from
+openmetrics`` into 18 h blocks (what a Prometheus running a day compacts into; about a minute on two
+cores, printed), or the fake Prometheus of synthetic.py when prometheus/promtool are not installed
+(said in the output); and the dashboard served by ``serve_in_thread``. Everything is driven through
+the dashboard's own HTTP endpoints, exactly as the browser calls them.
 
 Figures, each with a floor measured in the same run (so the ratio is meaningful on any machine):
 
@@ -14,19 +17,21 @@ Figures, each with a floor measured in the same run (so the ratio is meaningful 
   update needs anyway. Targets: <= 50 KB and <= 50 ms per update.
 - initial page load: index, layout, dependencies, the page route (with the first verdict), the
   first (full) fetch and the banner/badge. Floor: fetching and parsing the raw window it shows.
-- history: a 24 h range from Prometheus, downsampled to <= 2,000 points per trace, and its render
-  in headless Chromium when there is one. Floor: the raw range queries alone. Target: <= 1 s.
+- history: a 24 h range from Prometheus, downsampled for the charts, and its render in headless
+  Chromium when there is one. Floors: the same raw range queries alone, on the same server, as many
+  at a time as the dashboard sends them; the same charts with one point per trace. Target: <= 1 s.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +41,12 @@ import httpx  # noqa: E402
 
 from kvdoctor.dashboard import promql  # noqa: E402
 from kvdoctor.dashboard.app import create_app, serve_in_thread  # noqa: E402
-from kvdoctor.dashboard.sources import ExporterClient, PrometheusClient  # noqa: E402
+from kvdoctor.dashboard.sources import PARALLEL_QUERIES, ExporterClient, PrometheusClient  # noqa: E402
 
 LIVE_TARGET_BYTES = 50_000
 LIVE_TARGET_SECONDS = 0.050
 HISTORY_TARGET_SECONDS = 1.0
+HISTORY_SCENARIO = "bandwidth"
 INSTANCE = "10.0.0.1:9745"
 
 
@@ -111,6 +117,92 @@ class FakeProcess:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+class RealPrometheus:
+    """A real prometheus (tests/tools.py finds it) on blocks backfilled from a SyntheticEngine."""
+
+    READY_TIMEOUT = 60.0
+
+    def __init__(self, prometheus: str, promtool: str, scenario: str, hours: float, gpus: int, end: float):
+        from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, backfill
+
+        self.workdir = Path(tempfile.mkdtemp(prefix="kvdoctor-bench-prometheus-"))
+        self.proc = None
+        try:
+            t = time.perf_counter()
+            # The same engine (and t0) as the fake Prometheus would serve.
+            engine = SyntheticEngine(SCENARIOS[scenario], t0=end - hours * 3600 - 600, gpus=gpus)
+            self.samples = backfill(engine, engine.t0, end, self.workdir / "data", promtool,
+                                    {"instance": INSTANCE, "job": "kvdoctor"}, workdir=self.workdir)
+            self.backfill_seconds = time.perf_counter() - t
+            t = time.perf_counter()
+            self._start(prometheus)
+            self.start_seconds = time.perf_counter() - t
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, binary: str) -> None:
+        from tests.tools import free_port
+
+        config = self.workdir / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 15s\n")  # nothing to scrape: the blocks are the data
+        for _ in range(3):
+            port = free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            log = open(self.workdir / "prometheus.log", "ab")
+            self.proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
+                                          f"--web.listen-address=127.0.0.1:{port}"],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            log.close()
+            deadline = time.monotonic() + self.READY_TIMEOUT
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+            tail = (self.workdir / "prometheus.log").read_text(errors="replace")[-2000:]
+            self._kill()
+            if "address already in use" not in tail:
+                raise RuntimeError(f"prometheus did not become ready:\n{tail}")
+        raise RuntimeError("prometheus could not bind a free port in 3 attempts")
+
+    def _kill(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def stop(self) -> None:
+        self._kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def history_prometheus(args, end: float):
+    """(server with .url and .stop(), what it is, in words): a real Prometheus when installed."""
+    from tests import tools
+
+    prometheus, promtool = tools.prometheus(), tools.promtool()
+    if prometheus and promtool and not args.fake_prometheus:
+        print(f"  set-up: backfilling {args.history_hours} h x 1 Hz into a real Prometheus "
+              f"(promtool tsdb create-blocks-from openmetrics)…", flush=True)
+        real = RealPrometheus(prometheus, promtool, HISTORY_SCENARIO, args.history_hours, args.gpus, end)
+        print(f"  set-up: {real.samples / 1e6:.1f} M samples backfilled in {real.backfill_seconds:.0f} s, "
+              f"prometheus ready in {real.start_seconds:.1f} s (not timed)")
+        return real, "a real Prometheus"
+    why = "--fake-prometheus" if args.fake_prometheus else \
+        f"no {' or '.join(n for n, p in (('prometheus', prometheus), ('promtool', promtool)) if not p)} installed"
+    print(f"  NOTE: the fake Prometheus of tests/dashboard/synthetic.py ({why}; install: {tools.TOOLS['prometheus'][2]}). "
+          "Its answers are cached and it does no PromQL: server time and floor are not a real Prometheus'.", flush=True)
+    return FakeProcess("prometheus", "--scenario", HISTORY_SCENARIO, "--hours", str(args.history_hours),
+                       "--gpus", str(args.gpus), "--instance", INSTANCE, "--end", str(end)), "the fake Prometheus"
 
 
 def bench_live(args) -> bool:
@@ -198,10 +290,8 @@ def _script_sources(html: str) -> list[str]:
 def bench_history(args) -> bool:
     end = float(int(time.time()))
     span = args.history_hours * 3600
-    print(f"\nhistory ({args.history_hours} h x 1 Hz from Prometheus, {args.gpus} GPUs): building the fake's data…",
-          flush=True)
-    prometheus = FakeProcess("prometheus", "--scenario", "bandwidth", "--hours", str(args.history_hours),
-                             "--gpus", str(args.gpus), "--instance", INSTANCE, "--end", str(end))
+    print(f"\nhistory ({args.history_hours} h x 1 Hz from Prometheus, {args.gpus} GPUs, 1 engine)", flush=True)
+    prometheus, which = history_prometheus(args, end)
     app = create_app(prometheus_url=prometheus.url, environ={})
     handle = serve_in_thread(app, "127.0.0.1", 0)
     try:
@@ -210,7 +300,7 @@ def bench_history(args) -> bool:
         history = {"from": end - span, "to": end}
         values = {"live-tick.data": 0, "live-target.value": "", "live-range.value": "fixed",
                   "live-instance.value": INSTANCE, "live-history.data": history, "live-cursor.data": None}
-        dash.callback("..live-data.data", values, ["live-tick.data"])  # warm the fake's cache
+        dash.callback("..live-data.data", values, ["live-tick.data"])  # warm-up (page cache, connections)
         runs = []
         for _ in range(3):
             response, t, b = dash.callback("..live-data.data", values, ["live-tick.data"])
@@ -219,21 +309,27 @@ def bench_history(args) -> bool:
         figures = response["live-data"]["data"]["figures"]
         longest = max(len(tr["x"]) for f in figures.values() for tr in f["data"])
         traces = sum(len(f["data"]) for f in figures.values())
+        points = sum(len(tr["x"]) for f in figures.values() for tr in f["data"])
+        markers = sum(len(tr["x"]) for f in figures.values() for tr in f["data"] if tr.get("mode") == "markers")
 
         client = PrometheusClient(prometheus.url, timeout=60)
         settings = app.server.extensions["kvdoctor_dashboard"].settings
         step = promql.range_step(span, settings.oversampling * settings.max_points)
-        queries = list(promql.live_queries({promql.TARGET_LABEL: INSTANCE}, step, 10.0).values())
+        queries = list(promql.live_queries({promql.TARGET_LABEL: INSTANCE}, step, settings.rate_window_seconds).values())
         start = (end - span) // step * step
-        floor = _timed(lambda: [client.query_range(q, start, end, step) for q in queries], repeat=3)
+        with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:  # as many at a time as the dashboard
+            floor = _timed(lambda: list(pool.map(lambda q: client.query_range(q, start, end, step), queries)), repeat=3)
+        serial = _timed(lambda: [client.query_range(q, start, end, step) for q in queries], repeat=3)
 
         rendered = _browser_render(handle.url, history) if not args.no_browser else None
         render, render_floor = rendered if rendered else (None, None)
         total = t_server + (render or 0.0)
         ok = total <= HISTORY_TARGET_SECONDS
-        print(f"  {traces} traces, at most {longest} points each (range-query step {step:g} s, then MinMaxLTTB)")
-        print(f"  server time {_ms(t_server)} (median of 3), payload {_kb(b_payload)}")
-        print(f"  floor: the {len(queries)} raw range queries alone {_ms(floor)} -> {t_server / floor:.1f}x")
+        print(f"  {traces} traces, {points:,} points ({markers} of them scatter markers), at most {longest} in one "
+              f"(range-query step {step:g} s, then MinMaxLTTB)")
+        print(f"  server time {_ms(t_server)} (median of 3), payload {_kb(b_payload)}; from {which}")
+        print(f"  floor: the {len(queries)} raw range queries alone {_ms(floor)} -> {t_server / floor:.1f}x "
+              f"({PARALLEL_QUERIES} at a time, as the dashboard sends them; one at a time {_ms(serial)})")
         if render is not None:
             print(f"  browser render of the four charts (headless Chromium, Plotly.newPlot): {_ms(render)}; "
                   f"floor: the same charts with one point per trace {_ms(render_floor)} -> {render / render_floor:.1f}x")
@@ -292,10 +388,14 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--history-hours", type=int, default=24)
     parser.add_argument("--no-browser", action="store_true", help="skip the Chromium render timing")
+    parser.add_argument("--fake-prometheus", action="store_true",
+                        help="history from the fake Prometheus even when a real one is installed")
+    parser.add_argument("--history-only", action="store_true", help="skip the live-update and page-load figures")
     args = parser.parse_args()
-    live_ok = bench_live(args)
+    live_ok = None if args.history_only else bench_live(args)
     history_ok = bench_history(args)
-    print(f"\nresult: live update {'OK' if live_ok else 'MISSED'}, history {'OK' if history_ok else 'MISSED'}")
+    live = "skipped" if live_ok is None else "OK" if live_ok else "MISSED"
+    print(f"\nresult: live update {live}, history {'OK' if history_ok else 'MISSED'}")
     return 0
 
 

@@ -46,8 +46,11 @@ def range_step(seconds: float, points: int, minimum: float = 1.0) -> float:
 
 
 def rate_window(step: float, base: float) -> str:
-    """A rate window at least ``base`` seconds and four steps wide, as a PromQL duration."""
-    return f"{int(math.ceil(max(base, 4 * step)))}s"
+    """A rate window for points ``step`` apart, as a PromQL duration: at least ``base`` seconds (four
+    scrape intervals, for two samples in a window), and one step plus a quarter of ``base`` (a
+    scrape interval) so each window shares a sample with the one before: every increase is counted
+    once, and a burst is spread over one step, not four (Grafana's ``$__rate_interval``)."""
+    return f"{int(math.ceil(max(base, step + base / 4)))}s"
 
 
 def live_queries(labels: Mapping[str, str], step: float, base_rate_window: float) -> dict[str, str]:

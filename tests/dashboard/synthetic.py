@@ -2,17 +2,22 @@
 
 The data is a pure function of time since ``t0`` so a fake exporter can answer
 ``/api/v1/window?seconds=N`` at any moment with a window that grows like a real one. Used by the
-dashboard tests (until, and besides, the real ``kvdoctor demo``) and by bench/bench_dashboard.py.
+dashboard tests (until, and besides, the real ``kvdoctor demo``) and by bench/bench_dashboard.py,
+which also backfills the same samples into a real Prometheus (``backfill``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Mapping
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -502,6 +507,85 @@ class FakePrometheus:
                         add({}, frame.ts, getattr(frame, key))
                     return {"resultType": "matrix", "result": matrix}
         raise KeyError(f"the fake does not know {expr!r}")
+
+
+# ------------------------------------------------------------------- a real Prometheus, backfilled
+
+# What a Prometheus that has run for a day has compacted its 2 h blocks into (2 h -> 6 h -> 18 h).
+BACKFILL_BLOCK_SECONDS = 18 * 3600
+
+
+def write_openmetrics(window: Window, path, labels: Mapping[str, str] | None = None) -> int:
+    """``window``'s samples as OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``,
+    each series with ``labels`` added (``instance``, ``job``: what a scrape adds); returns the count.
+
+    One series after the other, in name order so a family is never interleaved; no TYPE lines
+    (the TSDB keeps no metadata from a backfill). Timestamps in seconds, whole when they are."""
+    extra = dict(labels or {})
+    whole = bool(len(window)) and bool(np.all(window.timestamps == np.round(window.timestamps)))
+    stamps = [str(int(t)) if whole else f"{t:.3f}" for t in window.timestamps.tolist()]
+    count = 0
+    with open(path, "w") as out:
+        for name, series_labels in sorted(window.series):
+            merged = dict(series_labels, **extra)
+            text = name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items())) + "}"
+            values = window.series[(name, series_labels)]
+            keep = np.isfinite(values).tolist()
+            out.write("".join([f"{text} {v!r} {t}\n" for v, t, k in zip(values.tolist(), stamps, keep) if k]))
+            count += sum(keep)
+        out.write("# EOF\n")
+    return count
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def backfill(engine, start: float, end: float, blocks_dir, promtool: str,
+             labels: Mapping[str, str] | None = None, block_seconds: int = BACKFILL_BLOCK_SECONDS,
+             workdir=None) -> int:
+    """TSDB blocks in ``blocks_dir`` holding ``engine``'s samples in [start, end] (plus ``up`` = 1, as
+    a scrape adds it), made by ``promtool tsdb create-blocks-from openmetrics``; returns the samples.
+    ``engine``: a SyntheticEngine, or anything with its ``window(start, end) -> Window``.
+
+    promtool reads its whole input once per block it makes, so the samples go in one file per
+    block-aligned span, and the next file is written while promtool reads the last one."""
+    os.makedirs(blocks_dir, exist_ok=True)
+    total, running = 0, []
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="kvdoctor-backfill-") as tmp:
+        try:
+            edge = math.floor(start / block_seconds) * block_seconds
+            while edge <= end:
+                lo, hi = max(start, edge), min(end, edge + block_seconds - 1e-3)
+                edge += block_seconds
+                window = engine.window(lo, hi)
+                if not len(window):
+                    continue
+                series = dict(window.series)
+                series[("up", ())] = np.ones(len(window))
+                path = os.path.join(tmp, f"{int(lo)}.om")
+                total += write_openmetrics(Window(window.timestamps, series), path, labels)
+                while len(running) >= 2:  # at most two promtools reading at once
+                    _finish(running.pop(0))
+                running.append(subprocess.Popen(
+                    [promtool, "tsdb", "create-blocks-from", f"--max-block-duration={block_seconds}s", "--quiet",
+                     "openmetrics", path, str(blocks_dir)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            while running:
+                _finish(running.pop(0))
+        finally:
+            for proc in running:  # only after a failure
+                proc.kill()
+                proc.wait()
+    return total
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    _, err = proc.communicate(timeout=900)
+    os.unlink(proc.args[-2])  # the input file: a day of samples is about 1.6 GB of text
+    if proc.returncode != 0:
+        last = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        raise RuntimeError(f"promtool could not backfill {proc.args[-2]}: {last[0]}")
 
 
 def main(argv=None) -> int:

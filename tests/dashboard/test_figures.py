@@ -141,9 +141,41 @@ def test_scatters_keep_fewer_points(charts):
     scatter = figures.live_charts(long)[figures.ITL_KV]
     assert len(scatter["traces"][0]["x"]) > 1400
     cut = figures.downsample(scatter, 2000)["traces"][0]
-    assert len(cut["x"]) == figures.MAX_SCATTER_POINTS
+    assert 10 <= len(cut["x"]) <= figures.MAX_SCATTER_POINTS
+    assert max(cut["y"]) == max(scatter["traces"][0]["y"])  # the worst latency is still drawn
     assert figures.extension(scatter, 900)[2] == figures.MAX_SCATTER_POINTS
     assert figures.extension(charts[figures.KV_LATENCY], 900)[2] == 900
+
+
+def test_scatter_thinning_keeps_an_outlier_an_even_sample_drops():
+    rng = np.random.default_rng(7)
+    x = rng.normal(50_000, 3_000, 4_000)
+    y = 20 + 0.0002 * x + rng.normal(0, 1, 4_000)
+    y[1_234] = 200.0  # one slow token, once
+    x[2_345] = 90_000.0  # the fullest the cache got
+    even = np.linspace(0, len(x) - 1, figures.MAX_SCATTER_POINTS).round().astype(int)
+    assert 1_234 not in even and 2_345 not in even  # what the even sample used to lose
+    keep = figures.thin_scatter(x, y)
+    assert 1_234 in keep and 2_345 in keep
+    assert {int(np.argmin(x)), int(np.argmin(y))} <= set(keep.tolist())
+    assert len(keep) < 600 and list(keep) == sorted(keep)
+    # What a cell drops lies under a kept marker: every point is within a cell of one kept.
+    cell_x, cell_y = (x.max() - 0) / figures.SCATTER_GRID[0], (y.max() - 0) / figures.SCATTER_GRID[1]
+    near = (np.abs(x[:, None] - x[keep][None, :]) <= cell_x) & (np.abs(y[:, None] - y[keep][None, :]) <= cell_y)
+    assert near.any(axis=1).all()
+
+
+def test_scatter_thinning_is_bounded_and_skips_gaps():
+    rng = np.random.default_rng(3)
+    x, y = rng.uniform(0, 1, 50_000), rng.uniform(0, 1, 50_000)  # a cloud that fills the plot
+    keep = figures.thin_scatter(x, y, limit=400)
+    assert 100 <= len(keep) <= 400
+    x[:10] = np.nan
+    assert not set(figures.thin_scatter(x, y).tolist()) & set(range(10))
+    assert len(figures.thin_scatter(np.full(100, np.nan), np.ones(100))) == 0
+    data = {"traces": [{"name": "s", "kind": "itl_points", "group": "", "x": [1.0, None, 2.0], "y": [3.0, 4.0, None]}],
+            "extras": {}}
+    assert figures.downsample(data, 2000)["traces"][0]["x"] == [1.0]
 
 
 def test_knee_extras_ignores_an_empty_knee():

@@ -118,7 +118,8 @@ def test_range_step_is_sized_to_the_range():
     assert promql.range_step(900, 8000) == 1.0
     assert promql.range_step(86400, 8000) == 11.0
     assert promql.range_step(7 * 86400, 8000) == 76.0
-    assert promql.rate_window(11.0, 10.0) == "44s"
+    assert promql.rate_window(1.0, 10.0) == "10s"  # live: the trailing window the exporter's charts use
+    assert promql.rate_window(44.0, 10.0) == "47s"  # a day in 2,000 points: each window one step and a sample
 
 
 def test_live_queries_use_the_canonical_names():

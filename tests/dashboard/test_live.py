@@ -162,12 +162,15 @@ def test_history_from_prometheus_is_downsampled_and_fetched_once(prometheus):
     assert not prometheus.unknown
     assert out[DISABLED] is True and out[HEALTH]["history"]
     step = float(next(p["step"] for path, p in prometheus.queries if path == "/api/v1/query_range"))
-    assert step == 1.0  # 3600 s / (2 x 2000 points) rounds up to the 1 s floor
+    assert step == 2.0  # 3600 s / 2000 points, rounded up to whole seconds
     for fig in out[DATA]["figures"].values():
         assert all(len(t["x"]) <= 2000 for t in fig["data"])
-    # 4 traces (2 GPUs x DRAM, SM) share the chart's 8,000 points; single traces keep 2,000.
-    assert [len(t["x"]) for t in out[DATA]["figures"][figures.BANDWIDTH]["data"]] == [2000] * 4
-    assert len(out[DATA]["figures"][figures.KV_LATENCY]["data"][0]["x"]) == 2000
+    # Up to 2,000 points a trace, shared by a chart's traces: 4 (2 GPUs x DRAM, SM) share 8,000 and
+    # keep every point of the range; the 5 of the transfers chart are cut to 1,600 each.
+    kept = len(out[DATA]["figures"][figures.KV_LATENCY]["data"][0]["x"])
+    assert kept == 1801
+    assert [len(t["x"]) for t in out[DATA]["figures"][figures.BANDWIDTH]["data"]] == [kept] * 4
+    assert [len(t["x"]) for t in out[DATA]["figures"][figures.TRANSFERS]["data"]] == [1600] * 5
     again = _in_app(app, live.fetch, 1, "", "hist:3600", "10.0.0.2:9745", None, out[CURSOR])
     assert again[DATA] is no_update
 

@@ -1,23 +1,29 @@
 """The Prometheus-backed views against a real Prometheus scraping two real `kvdoctor demo` exporters:
 the dashboard's PromQL is accepted and gives the exporters' own numbers; the Fleet page ranks the
-targets and opens Live for one (in Chromium, when it is installed)."""
+targets and opens Live for one (in Chromium, when it is installed). And history from a real
+Prometheus backfilled with synthetic samples (what bench/bench_dashboard.py measures)."""
 
 from __future__ import annotations
 
 import math
 import re
 import time
+from dataclasses import dataclass
 
 import httpx
 import numpy as np
 import pytest
 
+from kvdoctor.dashboard import figures, promql
 from kvdoctor.dashboard.app import create_app, serve_in_thread
+from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.dashboard.sources import PrometheusClient, fetch_fleet, fetch_live_from_prometheus
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.window import Window
 from tests import tools
 from tests.dashboard.browser import Page, chromium_browser
 from tests.dashboard.demo_process import Demo
+from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, backfill
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -101,3 +107,55 @@ def test_dashboard_queries_on_a_real_prometheus(demos, prometheus_server, tmp_pa
             p.close()
     finally:
         handle.stop()
+
+
+@dataclass
+class PreemptionBurst:
+    """A SyntheticEngine that also preempts ``count`` requests in the ``seconds`` from ``at``."""
+
+    engine: SyntheticEngine
+    at: float
+    seconds: float
+    count: float
+
+    def window(self, start: float, end: float) -> Window:
+        window = self.engine.window(start, end)
+        series = dict(window.series)
+        for key in [k for k in series if k[0] == S.PREEMPTIONS]:
+            series[key] = series[key] + np.clip((window.timestamps - self.at) / self.seconds, 0.0, 1.0) * self.count
+        return Window(window.timestamps, series)
+
+
+@tools.requires_promtool
+def test_history_from_a_backfilled_prometheus_keeps_a_burst(prometheus_server, tmp_path):
+    """A day of history is fetched at the step a day gets (44 s): a 10 s burst of 60 preemptions must
+    show at its height over one step, not spread over four, and survive the downsampling; the gauges
+    are the samples backfilled (the benchmark's Prometheus holds what the fake would serve)."""
+    settings = DashboardSettings()
+    step = promql.range_step(86_400, settings.oversampling * settings.max_points)
+    assert step == 44.0
+    end = float(int(time.time()))
+    engine = SyntheticEngine(SCENARIOS["healthy"], t0=end - 3 * 3600, gpus=2)
+    start = math.ceil((engine.t0 + 600) / step) * step
+    burst = PreemptionBurst(engine, at=start + 60 * step + 15, seconds=10.0, count=60.0)  # inside one step
+    instance = "10.0.0.1:9745"
+    blocks = tmp_path / "blocks"
+    assert backfill(burst, engine.t0, end, blocks, tools.require("promtool"), {"instance": instance, "job": "kvdoctor"}) > 0
+    prom = prometheus_server(config={"global": {"scrape_interval": "15s"}}, tsdb_blocks=blocks)
+    client = PrometheusClient(prom.url, timeout=30)
+
+    frame = fetch_live_from_prometheus(client, instance, {}, start, end, step, settings.rate_window_seconds,
+                                       with_diagnosis=False).frame
+    peak = np.nanmax(frame.preemption_rate)
+    assert peak >= 0.8 * 60 / step  # a window of four steps would show a quarter of it
+    assert frame.ts[np.nanargmax(frame.preemption_rate)] == start + 61 * step
+    transfers = figures.downsample(figures.live_charts(frame)[figures.TRANSFERS], 100)
+    preemptions = next(t for t in transfers["traces"] if t["kind"] == "preemptions")
+    assert len(preemptions["x"]) <= 100 and max(v for v in preemptions["y"] if v is not None) == pytest.approx(peak, rel=1e-3)
+
+    raw = engine.window(start, end)
+    at = np.searchsorted(raw.timestamps, frame.ts)
+    np.testing.assert_allclose(frame.kv_usage, next(iter(raw.select(S.KV_CACHE_USAGE).values()))[at])
+    assert [g.gpu for g in frame.gpus] == ["0", "1"]
+    dram = raw.select(S.GPU_DRAM_BANDWIDTH_UTILIZATION, gpu="1")
+    np.testing.assert_allclose(frame.gpus[1].dram, next(iter(dram.values()))[at])
