@@ -10,11 +10,9 @@ import gzip
 import shutil
 import ssl
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -24,87 +22,26 @@ from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.collectors.http import HttpExposition
 from kvdoctor.exporter.textparse import ExpositionError, iter_samples, iter_samples_streamed
 
+from tests.reliability.servers import EXPOSITION, Behaviour, FaultServer, respond
+from tests.reliability.servers import routes as by_path
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_TEXT = (ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt").read_text()
 # The same page with multi-byte characters in a label every sample carries (2, 3 and 4 bytes).
 VLLM_UNICODE_TEXT = VLLM_TEXT.replace('model_name="tiny"', 'model_name="tíny-日本-😀"')
-EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
 
-Behaviour = Callable[[BaseHTTPRequestHandler], None]
-
-
-class Server:
-    """HTTP/1.1 on 127.0.0.1 (a free port); ``routes[path](handler)`` writes each answer.
-
-    Counts requests, connections opened and connections closed by the server."""
+class Server(FaultServer):
+    """A ``FaultServer`` answering ``routes[path](handler)`` (the dict may change); 404 elsewhere."""
 
     def __init__(self, routes: dict[str, Behaviour], tls: ssl.SSLContext | None = None):
         self.routes = routes
-        self.requests = 0
-        self.connections = 0
-        self.closed = threading.Semaphore(0)
-        outer = self
+        super().__init__(by_path(routes), tls=tls)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def setup(self):
-                super().setup()
-                outer.connections += 1
-
-            def do_GET(self):  # noqa: N802 (http.server's naming)
-                outer.requests += 1
-                behaviour = outer.routes.get(self.path)
-                if behaviour is None:
-                    behaviour = respond(b"not found\n", status=404)
-                try:
-                    behaviour(self)
-                except (BrokenPipeError, ConnectionResetError):
-                    self.close_connection = True
-
-            def log_message(self, *args) -> None:
-                pass
-
-        class HTTPServer(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address) -> None:
-                pass
-
-            def shutdown_request(self, request) -> None:
-                super().shutdown_request(request)
-                outer.closed.release()
-
-        self._server = HTTPServer(("127.0.0.1", 0), Handler)
-        if tls is not None:
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
-        self.port = self._server.server_address[1]
-        self.scheme = "https" if tls is not None else "http"
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"{self.scheme}://{host}:{self.port}{path}"
+    def url(self, path: str, host: str = "127.0.0.1") -> str:  # type: ignore[override]
+        return self.url_of(path, host)
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def respond(body: bytes, status: int = 200, content_type: str = EXPOSITION, headers: dict | None = None,
-            close_after: bool = False) -> Behaviour:
-    """One answer with a Content-Length; ``close_after``: then close the connection without saying
-    so (no ``Connection: close``), as a server does to a keep-alive connection idle too long."""
-    def behave(h: BaseHTTPRequestHandler) -> None:
-        h.send_response(status)
-        h.send_header("Content-Type", content_type)
-        h.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            h.send_header(name, value)
-        h.end_headers()
-        h.wfile.write(body)
-        if close_after:
-            h.close_connection = True
-    return behave
+        self.stop()
 
 
 def chunked(body: bytes, sizes: tuple[int, ...], content_type: str = EXPOSITION, headers: dict | None = None) -> Behaviour:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -22,16 +23,25 @@ EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class FaultServer:
-    """``behaviour(handler)`` answers every request; ``requests`` counts them."""
+    """``behaviour(handler)`` answers every request (``routes(...)`` for one per path).
 
-    def __init__(self, behaviour: Behaviour, port: int = 0):
+    Counts ``requests``, ``connections`` opened and connections the server closed (``closed``,
+    a semaphore released once per closed connection); ``tls``: serve https with that context."""
+
+    def __init__(self, behaviour: Behaviour, port: int = 0, tls: ssl.SSLContext | None = None):
         self.behaviour = behaviour
         self.requests = 0
+        self.connections = 0
+        self.closed = threading.Semaphore(0)
         self.bodies: list[bytes] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                outer.connections += 1
 
             def _answer(self) -> None:
                 outer.requests += 1
@@ -55,14 +65,24 @@ class FaultServer:
             def handle_error(self, request, client_address) -> None:
                 pass  # resets and abandoned answers are what these tests are made of
 
+            def shutdown_request(self, request) -> None:
+                super().shutdown_request(request)
+                outer.closed.release()
+
         self._server = Server(("127.0.0.1", port), Handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        self.scheme = "https" if tls is not None else "http"
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def url_of(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -73,7 +93,9 @@ class FaultServer:
 # ----------------------------------------------------------------------------------- behaviours
 
 def respond(body: bytes, status: int = 200, content_type: str = EXPOSITION, headers: dict | None = None,
-            delay: float = 0.0) -> Behaviour:
+            delay: float = 0.0, close_after: bool = False) -> Behaviour:
+    """One answer with a Content-Length; ``close_after``: then close the connection without saying
+    so (no ``Connection: close``), as a server does to a keep-alive connection idle too long."""
     def behave(h: BaseHTTPRequestHandler) -> None:
         if delay:
             time.sleep(delay)
@@ -84,6 +106,15 @@ def respond(body: bytes, status: int = 200, content_type: str = EXPOSITION, head
             h.send_header(k, v)
         h.end_headers()
         h.wfile.write(body)
+        if close_after:
+            h.close_connection = True
+    return behave
+
+
+def routes(by_path: dict[str, Behaviour]) -> Behaviour:
+    """Each path's own behaviour (looked up per request, so the dict may change); 404 elsewhere."""
+    def behave(h: BaseHTTPRequestHandler) -> None:
+        by_path.get(h.path, respond(b"not found\n", status=404))(h)
     return behave
 
 
