@@ -9,6 +9,7 @@ fool it. The same tree compiles to the alert rules (``rules/promql.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -60,6 +61,12 @@ _BASE_CONFIDENCE = {
     "prefill_heavy_no_gpu": 0.45,
     "decode_default": 0.55,
 }
+# The WindowView's batches: the tree's, plus the series read here beyond its features.
+_BATCHES = (
+    tree.COUNTER_SERIES + (PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES),
+    tree.GAUGE_SERIES + (GPU_DRAM_PEAK_BANDWIDTH, KV_CACHE_CAPACITY, PREFIX_CACHE_HIT_RATIO),
+    (INTER_TOKEN_LATENCY + "_sum", INTER_TOKEN_LATENCY + "_count"),  # the knee's
+)
 _NEAR_THRESHOLD = 0.05  # a deciding value within 5% of its threshold costs confidence
 _FEW_SAMPLES = 10
 
@@ -149,7 +156,7 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
     """The verdict for ``window`` with its evidence, actions, knee and what was missing."""
     ctx = context or Context()
     t = thresholds or DEFAULT_THRESHOLDS
-    view = WindowView(window, recent_seconds=t.state_window_seconds)
+    view = WindowView(window, recent_seconds=t.state_window_seconds, batches=_BATCHES)
     values = tree.compute_features(view, t)
     params = tree.parameters(t, ctx.slo_seconds)
     branch = tree.choose_branch(values, params)
@@ -182,13 +189,16 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
     )
 
 
+_TREE_SIGNAL_SERIES = tuple((name, SIGNALS[name].series_names)
+                            for name in tree.TREE_SIGNALS.engine + tree.TREE_SIGNALS.gpu)
+
+
 def _missing_signals(view: WindowView) -> list[str]:
     """Tree signals with no sample in the window."""
-    out = []
-    for name in tree.TREE_SIGNALS.engine + tree.TREE_SIGNALS.gpu:
-        if not any(view.has(series) for series in SIGNALS[name].series_names):
-            out.append(name)
-    return out
+    return [name for name, series in _TREE_SIGNAL_SERIES if not any(map(view.has, series))]
+
+
+_ATOMS = {branch.id: tuple(tree.atoms(branch.condition)) for branch in tree.BRANCHES}  # the tree is constant
 
 
 def _evidence(values: dict, params: dict, index: int) -> list[Evidence]:
@@ -197,7 +207,7 @@ def _evidence(values: dict, params: dict, index: int) -> list[Evidence]:
     listed: set[str] = set()
     out: list[Evidence] = []
     for branch in tree.BRANCHES[: index + 1]:
-        for atom in tree.atoms(branch.condition):
+        for atom in _ATOMS[branch.id]:
             # a presence check adds nothing once its feature's value is on the list
             if atom in seen or (isinstance(atom, Present) and atom.feature in listed):
                 continue
@@ -239,13 +249,12 @@ def _atom_evidence(atom, values: dict, params: dict) -> Evidence:
 
 def _knee(view: WindowView, t: Thresholds) -> Knee:
     """Knee detection on per-interval (KV usage, ITL) pairs; ITL per interval = delta sum / delta count."""
-    sums = view.rows(Selector(INTER_TOKEN_LATENCY + "_sum"))[1]
-    counts = view.rows(Selector(INTER_TOKEN_LATENCY + "_count"))[1]
+    sums, counts = Selector(INTER_TOKEN_LATENCY + "_sum"), Selector(INTER_TOKEN_LATENCY + "_count")
     kv = view.rows(Selector(KV_CACHE_USAGE))[1]
-    if not len(sums) or not len(counts) or not len(kv) or view.rows(Selector(KV_CACHE_USAGE))[1].shape[1] < 2:
+    if not len(view.labels(sums.name)) or not len(view.labels(counts.name)) or not len(kv) or kv.shape[1] < 2:
         return Knee(note="needs the ITL histogram and KV usage")
-    d_sum = stats.counter_deltas(sums).sum(axis=0)
-    d_count = stats.counter_deltas(counts).sum(axis=0)
+    d_sum = view.rowwise(stats.counter_deltas, sums).sum(axis=0)
+    d_count = view.rowwise(stats.counter_deltas, counts).sum(axis=0)
     kv_filled = stats.forward_fill(kv)
     with np.errstate(invalid="ignore", divide="ignore"):
         kv_level = np.nanmax(kv_filled, axis=0) if kv_filled.shape[0] > 1 else kv_filled[0]
@@ -264,10 +273,13 @@ def _prefix_hit_ratio(view: WindowView) -> float | None:
     return float(ratio.mean()) if len(ratio) else None
 
 
+_lookup_gpu = functools.lru_cache(maxsize=64)(lookup_gpu)  # the same few device names every cycle
+
+
 def _gpu_spec(view: WindowView) -> GpuSpec | None:
     for labels in view.labels(GPU_DRAM_BANDWIDTH_UTILIZATION) + view.labels(GPU_SM_ACTIVE):
         if labels.get("model"):
-            spec = lookup_gpu(labels["model"])
+            spec = _lookup_gpu(labels["model"])
             if spec:
                 return spec
     return None
@@ -283,17 +295,22 @@ def _ledger_facts(view: WindowView, ctx: Context) -> LedgerFacts:
     spec = _gpu_spec(view)
     peak = ctx.gpu_peak_bandwidth
     if not peak:
-        measured = view.quantiles(Selector(GPU_DRAM_PEAK_BANDWIDTH), 0.5)
-        measured = measured[~np.isnan(measured)]
+        measured = _present(view.quantiles(Selector(GPU_DRAM_PEAK_BANDWIDTH), 0.5))
         peak = float(measured.max()) if len(measured) else (spec.peak_bandwidth if spec else None)
-    capacity = view.quantiles(Selector(KV_CACHE_CAPACITY), 0.5)
-    capacity = capacity[~np.isnan(capacity)]
-    usage = view.quantiles(Selector(KV_CACHE_USAGE), 0.5)
-    usage = usage[~np.isnan(usage)]
+    capacity = _present(view.quantiles(Selector(KV_CACHE_CAPACITY), 0.5))
+    usage = _present(view.quantiles(Selector(KV_CACHE_USAGE), 0.5))
     cap = float(capacity.sum()) if len(capacity) else None
-    live = float(usage.mean()) * cap if cap is not None and len(usage) else None
+    live = float(usage.sum()) / len(usage) * cap if cap is not None and len(usage) else None  # usage.mean()
     return LedgerFacts(model=ctx.model, kv_dtype=ctx.kv_dtype, peak_bandwidth=peak, gpus=_gpu_count(view),
                        live_tokens=live, capacity_tokens=cap, pcie_bandwidth=spec.pcie_bandwidth if spec else None)
+
+
+def _present(values: np.ndarray) -> np.ndarray:
+    """The values that are not NaN, in order (``values`` itself when none is)."""
+    if len(values) == 1:
+        return values if values[0] == values[0] else values[:0]
+    missing = np.isnan(values)
+    return values[~missing] if missing.any() else values
 
 
 # ------------------------------------------------------------------------ confidence, words
@@ -315,7 +332,7 @@ def _confidence(branch: Branch, values: dict, params: dict, view: WindowView, kn
     if branch.id == "idle" and math.isnan(values.get("generation_tokens_per_second", math.nan)):
         c = 0.6  # judged without a token counter
     # a deciding comparison close to its threshold
-    for atom in tree.atoms(branch.condition):
+    for atom in _ATOMS[branch.id]:
         if isinstance(atom, Cmp):
             v = values.get(atom.feature, math.nan)
             thr = atom.threshold.value(params)

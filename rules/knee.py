@@ -61,8 +61,11 @@ def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarr
     y = np.asarray(itl_seconds, dtype=float)
     w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float)
     with np.errstate(invalid="ignore"):
-        keep = ~(np.isnan(x) | np.isnan(y) | np.isnan(w)) & (y > 0) & (w > 0)
-    x, y, w = x[keep], np.log(y[keep]), w[keep]
+        # a NaN compares false, so ``> 0`` also drops pairs with a NaN ITL or weight
+        keep = ~np.isnan(x) & (y > 0) & (w > 0)
+    if not keep.all():
+        x, y, w = x[keep], y[keep], w[keep]
+    y = np.log(y)
     n = len(x)
     if n < t.knee_min_points:
         return Knee(points=n, note=f"{n} intervals with tokens; need {int(t.knee_min_points)}")
@@ -73,21 +76,24 @@ def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarr
     order = np.argsort(x, kind="stable")
     x, y, w = x[order], y[order], w[order]
     wsum = w.sum()
-    mean_y = (w * y).sum() / wsum
-    sst = (w * (y - mean_y) ** 2).sum()
+    wy = w * y
+    mean_y = wy.sum() / wsum
+    dy = y - mean_y
+    sst = (w * dy ** 2).sum()
     if sst <= 1e-12:
         return Knee(points=n, note="latency does not vary with KV usage")
 
     # Straight line (weighted least squares).
     mean_x = (w * x).sum() / wsum
-    sxx = (w * (x - mean_x) ** 2).sum()
-    slope = (w * (x - mean_x) * (y - mean_y)).sum() / sxx
-    sse_line = (w * (y - mean_y - slope * (x - mean_x)) ** 2).sum()
+    dx = x - mean_x
+    sxx = (w * dx ** 2).sum()
+    slope = (w * dx * dy).sum() / sxx
+    sse_line = (w * (dy - slope * dx) ** 2).sum()
 
     # Best two-level step: cumulative sums give every split's error at once.
-    cw = np.cumsum(w)
-    cy = np.cumsum(w * y)
-    cyy = np.cumsum(w * y * y)
+    cw = w.cumsum()
+    cy = wy.cumsum()
+    cyy = (wy * y).cumsum()
     # a split after index i (left = 0..i); only between distinct KV values, enough weight each side
     distinct = x[1:] > x[:-1]
     share = cw[:-1] / wsum
@@ -98,7 +104,7 @@ def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarr
         rw, ry, ryy = wsum - lw, cy[-1] - ly, cyy[-1] - lyy
         sse = (lyy - ly ** 2 / lw) + (ryy - ry ** 2 / rw)
         sse = np.where(valid, sse, np.inf)
-        k = int(np.argmin(sse))
+        k = int(sse.argmin())
         left_mean, right_mean = ly[k] / lw[k], ry[k] / rw[k]
         best_step = (float(sse[k]), float((x[k] + x[k + 1]) / 2), math.exp(right_mean - left_mean))
 

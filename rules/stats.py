@@ -17,14 +17,21 @@ would return no sample.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import accumulate
 
 import numpy as np
 
 __all__ = [
     "increase",
+    "increase_complete",
     "rate",
     "quantile_over_time",
     "histogram_quantile",
+    "bucket_quantile",
+    "quantile_of_sorted",
+    "quantile_of_complete",
+    "sorted_bucket_quantile",
     "counter_deltas",
     "forward_fill",
     "theil_sen_slope",
@@ -42,6 +49,8 @@ def forward_fill(values: np.ndarray) -> np.ndarray:
     if v.size == 0:
         return v.copy()
     present = ~np.isnan(v)
+    if present.all():  # nothing to fill
+        return v.copy()
     idx = np.where(present, np.arange(v.shape[1])[np.newaxis, :], 0)
     np.maximum.accumulate(idx, axis=1, out=idx)
     out = np.take_along_axis(v, idx, axis=1)
@@ -57,42 +66,39 @@ def increase(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: 
 
     ``range_start``/``range_end`` are the selector's boundaries (for ``x[60s]`` at time t: t-60, t);
     the samples passed should be those inside it. Rows with fewer than two samples give NaN.
+
+    Without a gap anywhere, ``increase_complete`` computes it. Its counter-reset correction sums
+    the same terms one column shorter, which can move the last bit for a row with three or more
+    non-integral resets -- so a row's result depends on whether another row has a gap.
     """
     v = _rows(values)
     ts = np.asarray(ts, dtype=float)
     rows, n = v.shape
-    out = np.full(rows, np.nan)
     if n < 2 or rows == 0:
-        return out
+        return np.full(rows, np.nan)
     present = ~np.isnan(v)
     if present.all():  # the common case: every series sampled every cycle
-        count = np.full(rows, n)
-        ok = np.ones(rows, dtype=bool)
-        safe_first = np.zeros(rows, dtype=int)
-        safe_last = np.full(rows, n - 1)
-        first_v, last_v = v[:, 0], v[:, -1]
-        prev = v[:, :-1]
-        correction = np.where(v[:, 1:] < prev, prev, 0.0).sum(axis=1)
-    else:
-        count = present.sum(axis=1)
-        ok = count >= 2
-        if not ok.any():
-            return out
-        cols = np.arange(n)
-        first_i = np.where(present, cols, n).min(axis=1)
-        last_i = np.where(present, cols, -1).max(axis=1)
-        safe_first = np.minimum(first_i, n - 1)
-        safe_last = np.maximum(last_i, 0)
-        first_v = v[np.arange(rows), safe_first]
-        last_v = v[np.arange(rows), safe_last]
-        # Counter resets between consecutive *present* samples: a drop adds the value before it.
-        filled = forward_fill(v)
-        prev = np.empty_like(filled)
-        prev[:, 0] = np.nan
-        prev[:, 1:] = filled[:, :-1]
-        with np.errstate(invalid="ignore"):
-            drops = present & ~np.isnan(prev) & (v < prev)
-        correction = np.where(drops, prev, 0.0).sum(axis=1)
+        return increase_complete(ts, v, range_start, range_end, is_rate)
+    out = np.full(rows, np.nan)
+    count = present.sum(axis=1)
+    ok = count >= 2
+    if not ok.any():
+        return out
+    cols = np.arange(n)
+    first_i = np.where(present, cols, n).min(axis=1)
+    last_i = np.where(present, cols, -1).max(axis=1)
+    safe_first = np.minimum(first_i, n - 1)
+    safe_last = np.maximum(last_i, 0)
+    first_v = v[np.arange(rows), safe_first]
+    last_v = v[np.arange(rows), safe_last]
+    # Counter resets between consecutive *present* samples: a drop adds the value before it.
+    filled = forward_fill(v)
+    prev = np.empty_like(filled)
+    prev[:, 0] = np.nan
+    prev[:, 1:] = filled[:, :-1]
+    with np.errstate(invalid="ignore"):
+        drops = present & ~np.isnan(prev) & (v < prev)
+    correction = np.where(drops, prev, 0.0).sum(axis=1)
     result = last_v - first_v + correction
 
     first_t = ts[safe_first]
@@ -118,6 +124,48 @@ def increase(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: 
     return out
 
 
+def increase_complete(ts: np.ndarray, v: np.ndarray, range_start: float, range_end: float,
+                      is_rate: bool = False) -> np.ndarray:
+    """``increase`` for rows (rows, n >= 2) without gaps: every row shares its first and last
+    timestamps, so the extrapolation's durations are scalars. Row by row: a row's result depends
+    on that row alone (a row with gaps gets a meaningless value and leaves the others alone)."""
+    rows, n = v.shape
+    first_t, last_t = float(ts[0]), float(ts[-1])
+    sampled = last_t - first_t
+    if not sampled > 0:
+        return np.full(rows, np.nan)
+    first_v = v[:, 0]
+    prev = v[:, :-1]
+    correction = np.where(v[:, 1:] < prev, prev, 0.0).sum(axis=1)
+    result = v[:, -1] - first_v + correction
+    duration_to_start = first_t - range_start
+    duration_to_end = range_end - last_t
+    average = sampled / (n - 1)
+    threshold = average * 1.1
+    half = average / 2
+    end_part = duration_to_end if duration_to_end < threshold else half
+    # Counters cannot go below zero: do not extrapolate past the counter's zero point. (The zero
+    # point is never after the first sample, so only a range starting before it can clamp.)
+    clamp = None
+    if duration_to_start > 0:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            to_zero = sampled * (first_v / result)
+            clamp = (result > 0) & (first_v >= 0) & (to_zero < duration_to_start)
+    if clamp is not None and clamp.any():
+        start_part = np.where(clamp, to_zero, duration_to_start)
+        interval = sampled + np.where(start_part < threshold, start_part, half)
+        interval += end_part
+        result = result * (interval / sampled)
+    else:  # the same interval for every row
+        interval = sampled + (duration_to_start if duration_to_start < threshold else half)
+        interval += end_part
+        result = result * (interval / sampled)
+    if is_rate:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            result = result / (range_end - range_start)
+    return result
+
+
 def rate(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: float) -> np.ndarray:
     """Prometheus ``rate(x[range])`` per row: ``increase`` divided by the range in seconds."""
     return increase(ts, values, range_start, range_end, is_rate=True)
@@ -126,33 +174,62 @@ def rate(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: floa
 def quantile_over_time(q: float, values: np.ndarray) -> np.ndarray:
     """Prometheus ``quantile_over_time(q, x[range])`` per row (NaN for a row without samples)."""
     v = _rows(values)
-    rows, n = v.shape
+    rows = v.shape[0]
     if rows == 0:
         return np.empty(0)
     if q < 0:
         return np.full(rows, -math.inf)
     if q > 1:
         return np.full(rows, math.inf)
-    srt = np.sort(v, axis=1)  # NaN sorts last
+    return quantile_of_sorted(q, np.sort(v, axis=1))
+
+
+def quantile_of_sorted(q: float, srt: np.ndarray) -> np.ndarray:
+    """``quantile_over_time`` on rows already sorted (``np.sort(values, axis=1)``: NaN last), so
+    that several quantiles can share one sort."""
+    rows, n = srt.shape
+    if rows == 0:
+        return np.empty(0)
+    if q < 0:
+        return np.full(rows, -math.inf)
+    if q > 1:
+        return np.full(rows, math.inf)
     count = (~np.isnan(srt)).sum(axis=1)
     out = np.full(rows, np.nan)
     ok = count > 0
     if not ok.any() or n == 0:
         return out
+    if ok.all() and (count == n).all():
+        return quantile_of_complete(q, srt)
     rank = q * (count - 1.0)
     lower = np.maximum(0.0, np.floor(rank))
     upper = np.minimum(count - 1.0, lower + 1.0)
     weight = rank - np.floor(rank)
-    if ok.all() and (count == n).all():  # no gaps: the same positions in every row
-        lo_v, hi_v = srt[:, int(lower[0])], srt[:, int(upper[0])]
-    else:
-        lo_i = np.clip(lower, 0, n - 1).astype(int)[:, np.newaxis]
-        hi_i = np.clip(upper, 0, n - 1).astype(int)[:, np.newaxis]
-        lo_v = np.take_along_axis(srt, lo_i, axis=1)[:, 0]
-        hi_v = np.take_along_axis(srt, hi_i, axis=1)[:, 0]
+    lo_i = np.clip(lower, 0, n - 1).astype(int)[:, np.newaxis]
+    hi_i = np.clip(upper, 0, n - 1).astype(int)[:, np.newaxis]
+    lo_v = np.take_along_axis(srt, lo_i, axis=1)[:, 0]
+    hi_v = np.take_along_axis(srt, hi_i, axis=1)[:, 0]
     res = lo_v * (1 - weight) + hi_v * weight
     out[ok] = res[ok]
     return out
+
+
+def quantile_of_complete(q: float, srt: np.ndarray) -> np.ndarray:
+    """``quantile_of_sorted`` for sorted rows without gaps (at least one column): the same
+    positions and weight in every row, so the interpolation's scalars are computed once."""
+    rows, n = srt.shape
+    if rows == 0:
+        return np.empty(0)
+    if q < 0:
+        return np.full(rows, -math.inf)
+    if q > 1:
+        return np.full(rows, math.inf)
+    rank = q * (n - 1.0)
+    floor = math.floor(rank)
+    lower = max(0.0, floor)
+    upper = min(n - 1.0, lower + 1.0)
+    weight = rank - floor
+    return srt[:, int(lower)] * (1 - weight) + srt[:, int(upper)] * weight
 
 
 def histogram_quantile_rows(q: float, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -214,6 +291,64 @@ def histogram_quantile(q: float, upper_bounds: np.ndarray, counts: np.ndarray) -
     return float(histogram_quantile_rows(q, ub, c[np.newaxis, :])[0])
 
 
+def bucket_quantile(q: float, upper_bounds: list[float], counts: list[float]) -> float:
+    """``histogram_quantile`` in plain Python floats, for the few buckets of one histogram where
+    numpy's per-call overhead would dominate. Same arithmetic step by step, so the same result to
+    the bit (tests/rules/test_rules_fast_paths.py holds the two together)."""
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    pairs = [(b, c) for b, c in zip(upper_bounds, counts) if c == c]  # drop absent buckets
+    if not pairs:
+        return math.nan
+    if any(b != b for b, _ in pairs):
+        return math.nan  # numpy sorts a NaN bound last, where +Inf must be
+    pairs.sort(key=lambda p: p[0])  # stable, like argsort(kind="stable")
+    if not math.isinf(pairs[-1][0]) or pairs[-1][0] < 0:
+        return math.nan
+    bounds = [b for b, _ in pairs]
+    cum = [c for _, c in pairs]
+    if any(bounds[i] == bounds[i - 1] for i in range(1, len(bounds))):
+        # coalesce equal bounds (several series of one histogram), summing like np.bincount
+        bounds, cum = [], []
+        for b, c in pairs:
+            if bounds and bounds[-1] == b:
+                cum[-1] += c
+            else:
+                bounds.append(b)
+                cum.append(0.0 + c)
+    return sorted_bucket_quantile(q, bounds, cum)
+
+
+def sorted_bucket_quantile(q: float, bounds: list[float], counts: list[float]) -> float:
+    """``bucket_quantile`` once its buckets are prepared: ``bounds`` strictly increasing and ending
+    in +Inf, ``counts`` without NaN."""
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if len(bounds) < 2:
+        return math.nan
+    cum = list(accumulate(counts, max))  # ensureMonotonic (max keeps the running value on ties)
+    total = cum[-1]
+    if not total > 0:
+        return math.nan
+    rank = q * total
+    idx = bisect_left(cum, rank)  # the first bucket reaching the rank (argmax's 0 if none does)
+    if idx == len(cum):
+        idx = 0
+    upper = bounds[idx]
+    if idx == 0 and bounds[0] <= 0:
+        return float(bounds[0])
+    if math.isinf(upper):
+        return float(bounds[-2])
+    lower = bounds[idx - 1] if idx > 0 else 0.0
+    below = cum[idx - 1] if idx > 0 else 0.0
+    in_bucket = cum[idx] - below
+    return float(lower + (upper - lower) * ((rank - below) / in_bucket if in_bucket > 0 else 1.0))
+
+
 def counter_deltas(values: np.ndarray) -> np.ndarray:
     """Per-interval increments of counters (rows), counter resets handled: a drop counts the new
     value (the counter restarted from zero). Absent samples are bridged; shape (rows, n-1)."""
@@ -223,6 +358,8 @@ def counter_deltas(values: np.ndarray) -> np.ndarray:
     d = np.diff(v, axis=1)
     with np.errstate(invalid="ignore"):
         d = np.where(d < 0, v[:, 1:], d)
+    if np.isfinite(d).all():  # what nan_to_num would return, without its overhead
+        return d
     return np.nan_to_num(d, nan=0.0)
 
 
