@@ -296,6 +296,7 @@ def _ledger_facts(view: WindowView, ctx: Context) -> LedgerFacts:
     peak = ctx.gpu_peak_bandwidth
     if not peak:
         measured = _present(view.quantiles(Selector(GPU_DRAM_PEAK_BANDWIDTH), 0.5))
+        measured = measured[measured > 0]  # a zero or negative peak is a broken gauge, not a fact
         peak = float(measured.max()) if len(measured) else (spec.peak_bandwidth if spec else None)
     capacity = _present(view.quantiles(Selector(KV_CACHE_CAPACITY), 0.5))
     usage = _present(view.quantiles(Selector(KV_CACHE_USAGE), 0.5))

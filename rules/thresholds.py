@@ -37,11 +37,12 @@ class Thresholds:
         "window the exporter diagnoses. Raise it (e.g. 120) when Prometheus scrapes less often than every 15 s.",
         lo=3.0, lo_open=False)
     state_window_seconds: float = _knob(
-        20.0, "Length in seconds of the recent sub-window (the end of the window) over which the tree reads "
-        "state gauges: KV usage, requests running and waiting, DRAM bandwidth and SM activity. Shorter "
-        "than the window so a verdict follows a change of state within seconds; rates of counters, the "
-        "ITL trend and the knee keep the whole window. Capped at window_seconds; keep it at least twice "
-        "the scrape interval.", lo=1.0, lo_open=False)
+        15.0, "Length in seconds of the recent sub-window (the end of the window) over which the tree reads "
+        "the state of things now: KV usage, requests running and waiting, DRAM bandwidth, SM activity "
+        "and the ITL quantile compared with the SLO. Shorter than the window so a verdict follows a "
+        "change within seconds (a median flips once half the sub-window has changed); rates of "
+        "counters, the ITL trend and the knee keep the whole window. Capped at window_seconds; keep it "
+        "at least twice the scrape interval.", lo=1.0, lo_open=False)
 
     # --- step 1: is anything happening?
     idle_tokens_per_second: float = _knob(
@@ -75,7 +76,7 @@ class Thresholds:
     # --- step 3: is decode slow?
     itl_quantile: float = _knob(
         0.95, "Inter-token-latency quantile compared with the SLO (from the histogram's bucket increases "
-        "over the window).", hi=1.0, lo_open=True)
+        "over the state sub-window).", hi=1.0, lo_open=True)
     trend_ratio: float = _knob(
         1.5, "ITL rises when the median of the window's last third is at least this multiple of the "
         "median of its first third.", lo=1.0, lo_open=True)

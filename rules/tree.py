@@ -561,7 +561,8 @@ def _itl_quantile(q: Callable[[Thresholds], float], part: str):
 
 def _itl_quantile_promql(q: Callable[[Thresholds], float], part: str):
     def render(c: PromContext, t: Thresholds) -> str:
-        rng = {"all": f"[{c.window}]", "late": f"[{c.third}]", "early": f"[{c.third}] offset {c.two_thirds}"}[part]
+        rng = {"all": f"[{c.window}]", "recent": f"[{_recent(c)}]", "late": f"[{c.third}]",
+               "early": f"[{c.third}] offset {c.two_thirds}"}[part]
         return (f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) "
                 f"(increase({INTER_TOKEN_LATENCY}_bucket{rng})))")
     return render
@@ -614,9 +615,9 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}]))")),
     Feature(
         "itl_p95_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
-        "inter-token latency quantile from the histogram's bucket increases over the window",
-        _itl_quantile(lambda t: t.itl_quantile, "all"),
-        _itl_quantile_promql(lambda t: t.itl_quantile, "all")),
+        "inter-token latency quantile from the histogram's bucket increases over the state sub-window",
+        _itl_quantile(lambda t: t.itl_quantile, "recent"),
+        _itl_quantile_promql(lambda t: t.itl_quantile, "recent")),
     Feature(
         "itl_early_median_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
         "median inter-token latency in the window's first third",

@@ -189,3 +189,16 @@ def test_gappy_partial_windows_never_break_diagnose(seed):
     d = diagnose(Window(base.timestamps[-keep:], {k: v[-keep:] for k, v in series.items()}))
     assert d.verdict in VERDICTS
     json.dumps(d.to_json(), allow_nan=False)
+
+
+def test_a_negative_peak_bandwidth_gauge_is_ignored_not_fatal():
+    from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH
+
+    healthy = window("high_hit_ratio_bandwidth_bound")
+    broken = Window(healthy.timestamps, {key: (np.full_like(values, -1.0) if key[0] == GPU_DRAM_PEAK_BANDWIDTH else values)
+                                         for key, values in healthy.series.items()})
+    assert any(key[0] == GPU_DRAM_PEAK_BANDWIDTH for key in broken.series)
+    ctx = Context(model=COMMON_MODELS["Llama-3.1-8B"])
+    d = diagnose(broken, ctx)  # was: ValueError("peak bandwidth must be positive")
+    assert d.verdict == diagnose(healthy, ctx).verdict
+    assert d.to_json()["ledger"]["decode_step_floor_seconds"] is None or d.to_json()["ledger"]["decode_step_floor_seconds"] > 0
