@@ -174,15 +174,17 @@ def run(args) -> int:
     if args.interval is not None and not (args.interval > 0 and math.isfinite(args.interval)):
         raise UsageError(f"--interval must be a positive number, got {args.interval:g}")
     output = _check_output(args.output)
-    installed = _main_thread()  # signal handlers can only be set from the main thread
-    previous = signal.signal(signal.SIGTERM, _raise_stop) if installed else None
+    # Ctrl-C and SIGTERM stop the recording and keep what it has, like the servers' own handlers:
+    # set explicitly, as a job started in the background inherits SIGINT ignored.
+    stop_signals = (signal.SIGINT, signal.SIGTERM) if _main_thread() else ()  # main thread only
+    previous = {signum: signal.signal(signum, _raise_stop) for signum in stop_signals}
     try:
         if args.exporter:
             return _record_exporter(args, output)
         return _record_engine(args, output)
     finally:
-        if installed:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _main_thread() -> bool:
