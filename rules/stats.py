@@ -173,27 +173,27 @@ def rate(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: floa
 
 def quantile_over_time(q: float, values: np.ndarray) -> np.ndarray:
     """Prometheus ``quantile_over_time(q, x[range])`` per row (NaN for a row without samples)."""
-    v = _rows(values)
-    rows = v.shape[0]
+    return quantile_of_sorted(q, np.sort(_rows(values), axis=1))
+
+
+def _outside(q: float, rows: int) -> np.ndarray | None:
+    """The answer when it does not depend on the samples: no rows, or ``q`` outside [0, 1]."""
     if rows == 0:
         return np.empty(0)
     if q < 0:
         return np.full(rows, -math.inf)
     if q > 1:
         return np.full(rows, math.inf)
-    return quantile_of_sorted(q, np.sort(v, axis=1))
+    return None
 
 
 def quantile_of_sorted(q: float, srt: np.ndarray) -> np.ndarray:
     """``quantile_over_time`` on rows already sorted (``np.sort(values, axis=1)``: NaN last), so
     that several quantiles can share one sort."""
     rows, n = srt.shape
-    if rows == 0:
-        return np.empty(0)
-    if q < 0:
-        return np.full(rows, -math.inf)
-    if q > 1:
-        return np.full(rows, math.inf)
+    fixed = _outside(q, rows)
+    if fixed is not None:
+        return fixed
     count = (~np.isnan(srt)).sum(axis=1)
     out = np.full(rows, np.nan)
     ok = count > 0
@@ -218,12 +218,9 @@ def quantile_of_complete(q: float, srt: np.ndarray) -> np.ndarray:
     """``quantile_of_sorted`` for sorted rows without gaps (at least one column): the same
     positions and weight in every row, so the interpolation's scalars are computed once."""
     rows, n = srt.shape
-    if rows == 0:
-        return np.empty(0)
-    if q < 0:
-        return np.full(rows, -math.inf)
-    if q > 1:
-        return np.full(rows, math.inf)
+    fixed = _outside(q, rows)
+    if fixed is not None:
+        return fixed
     rank = q * (n - 1.0)
     floor = math.floor(rank)
     lower = max(0.0, floor)

@@ -22,7 +22,7 @@ from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.collectors.http import HttpExposition
 from kvdoctor.exporter.textparse import ExpositionError, iter_samples, iter_samples_streamed
 
-from tests.reliability.servers import EXPOSITION, Behaviour, FaultServer, respond
+from tests.reliability.servers import EXPOSITION, Behaviour, FaultServer, respond, trickle
 from tests.reliability.servers import routes as by_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,18 +245,8 @@ def test_a_body_up_to_the_end_of_the_connection_is_read_whole(serve):
 
 
 def test_a_trickling_body_is_abandoned_at_the_timeout(serve):
-    def trickle(h: BaseHTTPRequestHandler) -> None:
-        body = VLLM_TEXT.encode()
-        h.send_response(200)
-        h.send_header("Content-Type", EXPOSITION)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        for i in range(0, len(body), 512):  # every read is quick; the whole body takes ~5 s
-            h.wfile.write(body[i:i + 512])
-            h.wfile.flush()
-            time.sleep(0.05)
-
-    server = serve({"/metrics": trickle})
+    # every read is quick; the whole body takes ~5 s
+    server = serve({"/metrics": trickle(VLLM_TEXT.encode(), chunk=512, pause=0.05)})
     started = time.monotonic()
     assert reason_of(server.url("/metrics"), timeout=0.3) == "timeout"
     assert time.monotonic() - started < 1.0
