@@ -6,6 +6,7 @@
 | ``KVDOCTOR_DASHBOARD_PROMETHEUS_URL`` | - | a Prometheus that scrapes exporters (Fleet page, history) |
 | ``KVDOCTOR_DASHBOARD_REFRESH`` | ``1`` | seconds between live updates |
 | ``KVDOCTOR_DASHBOARD_LIVE_SECONDS`` | ``900`` | seconds of data the live charts keep |
+| ``KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT`` | ``2`` | seconds an exporter answer may take (Prometheus gets at least 15) |
 | ``KVDOCTOR_DASHBOARD_USERS`` | - | basic-auth users, ``user:password,user2:password2`` |
 | ``KVDOCTOR_DASHBOARD_AUTH_FILE`` | - | file of ``user:password`` lines (a mounted secret) |
 
@@ -74,6 +75,8 @@ class DashboardSettings:
             raise ValueError(f"refresh must be a positive number of seconds, got {self.refresh_seconds!r}")
         if not 10 <= self.live_seconds <= 24 * 3600:
             raise ValueError(f"live window must be between 10 s and 24 h, got {self.live_seconds!r}")
+        if not self.request_timeout_seconds > 0:
+            raise ValueError(f"request timeout must be a positive number of seconds, got {self.request_timeout_seconds!r}")
         if not self.max_points >= 100:
             raise ValueError(f"max points must be at least 100, got {self.max_points!r}")
 
@@ -92,6 +95,7 @@ class DashboardSettings:
             ("prometheus_url", "PROMETHEUS_URL", str),
             ("refresh_seconds", "REFRESH", float),
             ("live_seconds", "LIVE_SECONDS", int),
+            ("request_timeout_seconds", "REQUEST_TIMEOUT", float),
         ):
             raw = env.get(ENV_PREFIX + name)
             if raw:

@@ -14,7 +14,8 @@ At least one is needed. The dashboard only ever talks to these two URLs.
 Binds 127.0.0.1 unless --host says otherwise. Basic auth: set KVDOCTOR_DASHBOARD_USERS
 ("user:password,...") or KVDOCTOR_DASHBOARD_AUTH_FILE (a file of user:password lines).
 Other settings from the environment: KVDOCTOR_DASHBOARD_REFRESH (seconds between live updates),
-KVDOCTOR_DASHBOARD_LIVE_SECONDS (seconds the live charts keep)."""
+KVDOCTOR_DASHBOARD_LIVE_SECONDS (seconds the live charts keep), KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT
+(seconds an exporter answer may take)."""
 
 
 def add_arguments(parser) -> None:

@@ -50,8 +50,8 @@ def served():
     """Factory: serve a dashboard for the given sources; stops everything afterwards."""
     stops = []
 
-    def serve(**sources):
-        app = create_app(environ={}, **sources)
+    def serve(environ: dict | None = None, **sources):
+        app = create_app(environ=environ or {}, **sources)
         handle = serve_in_thread(app, "127.0.0.1", 0)
         stops.append(handle.stop)
         return handle
@@ -83,9 +83,13 @@ def _wait_for_verdict(p: Page, verdict: str, timeout_ms: int = SLOW_MS):
 
 
 def _wait_for_charts(p: Page, timeout_s: float = SLOW_MS / 1000) -> list[list[int]]:
-    return tools.wait_until(lambda: (pts := p.chart_points()) and len(pts) == 4 and all(pts) and
-                            all(n > 0 for chart in pts for n in chart[:1]) and pts,
-                            timeout=timeout_s, what="four charts with data")
+    try:
+        return tools.wait_until(lambda: (pts := p.chart_points()) and len(pts) == 4 and all(pts) and
+                                all(n > 0 for chart in pts for n in chart[:1]) and pts,
+                                timeout=timeout_s, what="four charts with data")
+    except TimeoutError as exc:  # say what the page said: the badge carries the fetch's error
+        badge = p.page.locator("#live-badge").inner_text(timeout=2000)
+        raise TimeoutError(f"{exc}; badge: {badge!r}; points: {p.chart_points()}") from None
 
 
 @pytest.mark.parametrize("scenario", ["thrashing", "bandwidth", "healthy"])
@@ -135,7 +139,9 @@ def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter
     instead of firing a new request every second (Dash would drop every answer but the last)."""
     exporter = fake_exporter("healthy", gpus=1)
     exporter.delay = 1.5
-    p = page(served(exporter_url=exporter.url).url)
+    # Slower than the refresh, not than the request timeout (2 s by default: a loaded machine can
+    # spend the 0.5 s left over building and sending the window, and then nothing ever arrives).
+    p = page(served(exporter_url=exporter.url, environ={"KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "10"}).url)
     p.goto("/")
     first = _wait_for_charts(p)
     tools.wait_until(lambda: (now := p.chart_points()) and now[0][0] >= first[0][0] + 2, timeout=SLOW_MS / 1000,

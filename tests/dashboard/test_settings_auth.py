@@ -33,14 +33,18 @@ def test_bad_base_urls_are_refused_with_one_line(bad):
 
 def test_environment_fills_what_arguments_leave_out():
     env = {"KVDOCTOR_DASHBOARD_EXPORTER_URL": "e:1", "KVDOCTOR_DASHBOARD_REFRESH": "2.5",
-           "KVDOCTOR_DASHBOARD_LIVE_SECONDS": "300", "KVDOCTOR_DASHBOARD_USERS": "ann:pw1"}
+           "KVDOCTOR_DASHBOARD_LIVE_SECONDS": "300", "KVDOCTOR_DASHBOARD_USERS": "ann:pw1",
+           "KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "7.5"}
     s = DashboardSettings.from_env(env, prometheus_url="p:9090")
     assert (s.exporter_url, s.prometheus_url, s.refresh_seconds, s.live_seconds) == ("http://e:1", "http://p:9090", 2.5, 300)
+    assert s.request_timeout_seconds == 7.5
     assert dict(s.users) == {"ann": "pw1"}
     assert s.live_points_cap == 121
     assert DashboardSettings.from_env(env, exporter_url="x:2").exporter_url == "http://x:2"
     with pytest.raises(ValueError, match="KVDOCTOR_DASHBOARD_REFRESH"):
         DashboardSettings.from_env({"KVDOCTOR_DASHBOARD_REFRESH": "soon"})
+    with pytest.raises(ValueError, match="request timeout"):
+        DashboardSettings.from_env({"KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "0"})
     assert "pw1" not in repr(s)
 
 
