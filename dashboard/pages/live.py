@@ -3,13 +3,15 @@
 Data flow (STYLE.md):
 
     dcc.Interval -> gateTick (browser) -> LIVE_TICK -> fetch (server, the only I/O) -> stores
-    LIVE_DATA -> routeCharts (browser): whole figures on a full frame, else extendData with a cap
+    LIVE_DATA -> routeCharts (browser): whole figures on a full frame, else extendData with a cap;
+                 then LIVE_ROUTED = the tick applied, which the gate waits for
     LIVE_DIAGNOSIS -> render_banner;  LIVE_HEALTH -> render_badge
 
 Figures and extendData payloads are made on the server by figures.py; the two browser functions
 (assets/kvdoctor.js) only gate and route. What the browser already holds (the last timestamp,
 what each figure is made of) lives in the LIVE_CURSOR store, so the server keeps no state. On a
-failed fetch only the health store changes: the charts keep their data and the badge turns stale.
+failed fetch the charts get no points (only the tick, for the gate) and keep what they have; the
+badge turns stale.
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ def layout(**params) -> html.Div:
             dcc.Store(id=ids.LIVE_TICK, data=0),
             dcc.Store(id=ids.LIVE_GATE, data={}),
             dcc.Store(id=ids.LIVE_DATA),
+            dcc.Store(id=ids.LIVE_ROUTED),
             dcc.Store(id=ids.LIVE_CURSOR),
             dcc.Store(id=ids.LIVE_DIAGNOSIS),
             dcc.Store(id=ids.LIVE_HEALTH),
@@ -255,17 +258,17 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
                 charts = figures.live_charts(got.frame, chart_diagnosis)
                 sigs = {c: figures.signature(d) for c, d in charts.items()}
     except SourceError as exc:
-        health = {"ok": False, "error": str(exc), "newest": previous_newest, "history": False, "tick": tick}
-        return no_update, no_update, no_update, health, no_update, no_update
+        health = {"ok": False, "error": str(exc), "newest": previous_newest, "history": False}
+        return _no_points(tick), no_update, no_update, health, no_update, no_update
 
     if full:
         # History shares a points budget per chart (drawing speed); live charts keep every point.
         budget = s.max_chart_points if is_history else None
-        data = chart_payload({c: figures.downsample(d, s.max_points, budget) for c, d in charts.items()}, True, 0)
+        data = chart_payload({c: figures.downsample(d, s.max_points, budget) for c, d in charts.items()}, True, 0, tick)
     elif charts:
-        data = chart_payload(charts, False, s.live_points_cap)
+        data = chart_payload(charts, False, s.live_points_cap, tick)
     else:
-        data = no_update
+        data = _no_points(tick)
     newest_ts = float(got.frame.ts[-1]) if len(got.frame) else last
     newest = got.newest if math.isfinite(got.newest) else previous_newest
     options = [{"label": o.label, "value": o.value} for o in got.targets]
@@ -284,7 +287,6 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
     stale = newest is None or not math.isfinite(newest) or (not is_history and clock - newest > _stale_after(s, from_prometheus))
     health = {
         "ok": True,
-        "tick": tick,  # the tick this answers: the browser's gate waits for it before the next
         "newest": newest,
         "history": is_history,
         "sources_down": [{"name": h.name, "error": h.error} for h in got.health if not h.up],
@@ -308,12 +310,20 @@ def history_knee(frame) -> dict | None:
     return detect_knee(frame.kv_usage, frame.itl_mean).to_json()
 
 
-def chart_payload(charts: dict, full: bool, cap: int) -> dict:
-    """What the chart router in the browser applies: whole figures, or ``extendData`` per graph."""
+def chart_payload(charts: dict, full: bool, cap: int, tick: int = 0) -> dict:
+    """What the chart router in the browser applies: whole figures, or ``extendData`` per graph.
+
+    ``tick`` goes back to the browser's gate once the charts have taken the points (LIVE_ROUTED).
+    """
     order = [chart for chart, _ in GRAPHS]  # the outputs' order
     if full:
-        return {"mode": "full", "order": order, "figures": {c: figures.build(c, charts[c]) for c in order}}
-    return {"mode": "extend", "order": order, "extend": {c: figures.extension(charts[c], cap) for c in order}}
+        return {"mode": "full", "order": order, "tick": tick, "figures": {c: figures.build(c, charts[c]) for c in order}}
+    return {"mode": "extend", "order": order, "tick": tick, "extend": {c: figures.extension(charts[c], cap) for c in order}}
+
+
+def _no_points(tick: int) -> dict:
+    """Nothing for the charts, but the tick must still reach the gate (see ``chart_payload``)."""
+    return {"mode": "none", "order": [chart for chart, _ in GRAPHS], "tick": tick}
 
 
 def render_banner(payload):
@@ -340,16 +350,16 @@ def _register_callbacks(app: dash.Dash) -> None:
         State(ids.LIVE_HISTORY, "data"),
         State(ids.LIVE_CURSOR, "data"),
     )(fetch)
-    # The interval goes through a gate in the browser: a tick while a fetch is still in flight is
-    # skipped. Without it a source slower than the refresh never shows anything: each tick sends a
-    # new request and Dash drops the answer of the one before.
+    # The interval goes through a gate in the browser: a tick before the charts have taken the last
+    # fetch's points is skipped. Without it a source slower than the refresh never shows anything:
+    # each tick sends a new request and Dash drops the answer of the one before.
     app.clientside_callback(
         ClientsideFunction(namespace="kvdoctor", function_name="gateTick"),
         Output(ids.LIVE_TICK, "data"),
         Output(ids.LIVE_GATE, "data"),
         Input(ids.LIVE_INTERVAL, "n_intervals"),
         State(ids.LIVE_TICK, "data"),
-        State(ids.LIVE_HEALTH, "data"),
+        State(ids.LIVE_ROUTED, "data"),
         State(ids.LIVE_GATE, "data"),
         prevent_initial_call=True,
     )
@@ -361,6 +371,7 @@ def _register_callbacks(app: dash.Dash) -> None:
     app.clientside_callback(
         ClientsideFunction(namespace="kvdoctor", function_name="routeCharts"),
         *outputs,
+        Output(ids.LIVE_ROUTED, "data"),
         Input(ids.LIVE_DATA, "data"),
     )
     app.callback(Output(ids.LIVE_BANNER, "children"), Input(ids.LIVE_DIAGNOSIS, "data"))(render_banner)

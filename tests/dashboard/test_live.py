@@ -82,13 +82,14 @@ def test_a_failed_fetch_keeps_the_charts_and_turns_the_badge_stale(exporter):
     first = _in_app(app, live.fetch, 0, "", "live:900", "", None, None)
     exporter.fail = True
     failed = _in_app(app, live.fetch, 1, "", "live:900", "", None, first[CURSOR])
-    assert failed[DATA] is no_update and failed[CURSOR] is no_update and failed[DIAGNOSIS] is no_update
+    assert failed[DATA] == {"mode": "none", "order": [c for c, _ in live.GRAPHS], "tick": 1}  # the gate's tick only
+    assert failed[CURSOR] is no_update and failed[DIAGNOSIS] is no_update
     assert failed[HEALTH]["ok"] is False and "HTTP 500" in failed[HEALTH]["error"]
     assert failed[HEALTH]["newest"] == first[CURSOR]["newest"]
     exporter.fail = False
     time.sleep(1.1)  # at least one new sample
     recovered = _in_app(app, live.fetch, 2, "", "live:900", "", None, first[CURSOR])
-    assert recovered[HEALTH]["ok"] and recovered[DATA]["mode"] == "extend"
+    assert recovered[HEALTH]["ok"] and recovered[DATA]["mode"] == "extend" and recovered[DATA]["tick"] == 2
 
 
 def test_a_source_down_shows_in_health(exporter):
