@@ -14,9 +14,11 @@ import signal
 import socket
 import threading
 import time
+from email.utils import formatdate
 from typing import Callable
 
 import uvicorn
+from uvicorn.server import ServerState
 
 from kvdoctor.exporter.fastpath import front_protocol
 
@@ -59,29 +61,58 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn's server, waking once a second instead of ten times, and at once when asked to stop.
+class _DateOnDemand(ServerState):
+    """uvicorn's server state with ``default_headers`` made when a response asks for them.
 
-    uvicorn polls ``should_exit`` every 0.1 s; on a small VM each wake-up of an idle event loop
-    costs ~0.25 ms, i.e. 0.25 % of a core -- half of the exporter's whole CPU budget at 1 Hz.
+    uvicorn refreshes the Date header from its main loop's tick, once a second; here the header is
+    made for the current second when a response reads it, so the loop needs no tick at all.
     """
 
-    tick_seconds = 1.0
+    def __init__(self, config: uvicorn.Config):
+        self._config = config
+        self._second = -1
+        self._headers: list[tuple[bytes, bytes]] = []
+        super().__init__()
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        second = int(time.time())
+        if second != self._second:
+            date = [(b"date", formatdate(second, usegmt=True).encode())] if self._config.date_header else []
+            self._headers, self._second = date + self._config.encoded_headers, second
+        return self._headers
+
+    @default_headers.setter
+    def default_headers(self, value) -> None:
+        pass  # uvicorn's own refresh (on_tick): ours is never older than the current second
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn's server, asleep until asked to stop instead of waking ten times a second.
+
+    uvicorn polls ``should_exit`` every 0.1 s and refreshes the Date header there; on a small VM
+    each wake-up of an idle event loop costs ~0.25 ms, i.e. 0.25 % of a core -- half of the
+    exporter's whole CPU budget at 1 Hz. Stop with ``request_exit()``; the Date header is made on
+    demand (``_DateOnDemand``).
+    """
+
     _wake: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.server_state = _DateOnDemand(config)
+
     async def main_loop(self) -> None:
+        # Set before the first look at should_exit: request_exit() sets that flag first and reads
+        # these second, so a stop asked for at any moment is either seen here or wakes the wait.
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
-        counter = 0
-        while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000  # on_tick refreshes the Date header when counter % 10 == 0
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.tick_seconds)
-            except asyncio.TimeoutError:
-                pass
+        while not await self.on_tick(0):
+            await self._wake.wait()
+            self._wake.clear()
 
     def request_exit(self) -> None:
-        """Stop serving (thread-safe): the same as ``should_exit = True``, without waiting for a tick."""
+        """Stop serving (thread-safe): ``should_exit = True``, and wake the main loop to see it."""
         self.should_exit = True
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
@@ -131,10 +162,11 @@ class ServerHandle:
 
 
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                    sock: socket.socket | None = None) -> ServerHandle:
+                    sock: socket.socket | None = None, on_exit: Callable[[], None] | None = None) -> ServerHandle:
     """Start ``app`` on ``host:port`` (or on ``sock``, from ``bind_socket``) in a thread; returns
     once it accepts connections. An app whose ``state.prerendered`` maps paths to ``(content type,
     get_bytes)`` has GETs of those paths answered before uvicorn (``exporter/fastpath.py``).
+    ``on_exit()`` is called from the server's thread when it stops, asked to or not.
 
     Raises ``PortInUseError`` if the port is taken, ``ServerError`` for other start failures.
     """
@@ -162,6 +194,9 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str 
             if handle_box:
                 handle_box[0].error = exc
             log.error("HTTP server stopped: %s", exc)
+        finally:
+            if on_exit is not None:
+                on_exit()
 
     thread = threading.Thread(target=run, name=f"kvdoctor-http-{sock.getsockname()[1]}", daemon=True)
     handle = ServerHandle(server, thread, sock)
@@ -186,7 +221,13 @@ def serve(app, host: str = "127.0.0.1", port: int = 0, on_started: Callable[[Ser
     the URL there). Returns 0 after a requested stop, 1 if the server died on its own.
     """
     stop = stop_event or threading.Event()
-    handle = serve_in_thread(app, host, port, sock=sock)
+    server_exited = threading.Event()
+
+    def exited() -> None:
+        server_exited.set()
+        stop.set()
+
+    handle = serve_in_thread(app, host, port, sock=sock, on_exit=exited)
     previous: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -194,10 +235,12 @@ def serve(app, host: str = "127.0.0.1", port: int = 0, on_started: Callable[[Ser
     try:
         if on_started is not None:
             on_started(handle)
-        while not stop.wait(0.5):
-            if not handle.alive:
-                log.error("the HTTP server stopped unexpectedly%s", f": {handle.error}" if handle.error else "")
-                return 1
+        # No timeout, no polling: a signal runs its handler during the wait (POSIX lock waits are
+        # interruptible), and the server's thread sets the event if it dies.
+        stop.wait()
+        if server_exited.is_set():
+            log.error("the HTTP server stopped unexpectedly%s", f": {handle.error}" if handle.error else "")
+            return 1
         return 0
     finally:
         handle.stop()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import email.utils
 import socket
+import threading
 import time
 
 import httpx
@@ -157,7 +159,7 @@ def test_stop_closes_idle_scraper_connections_promptly(served):
     sock.close()
 
 
-def test_an_idle_server_wakes_once_a_second_and_stops_at_once(monkeypatch):
+def test_an_idle_server_never_wakes_and_stops_at_once(monkeypatch):
     from kvdoctor.exporter import server as server_module
 
     ticks = []
@@ -172,10 +174,37 @@ def test_an_idle_server_wakes_once_a_second_and_stops_at_once(monkeypatch):
     handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
     time.sleep(2.5)
     idle_ticks = len(ticks)
-    monkeypatch.setattr(server_module._QuietServer, "tick_seconds", 60.0)  # the next wait is a long one
-    time.sleep(1.2)
     started = time.monotonic()
     handle.stop(timeout=30)
     exporter.stop()
-    assert 2 <= idle_ticks <= 5  # uvicorn's own loop: 25
-    assert time.monotonic() - started < 10 and not handle.alive  # woken by stop, not by the 60 s tick
+    assert idle_ticks == 1  # the first look at should_exit only (uvicorn's own loop: 25 in 2.5 s)
+    assert time.monotonic() - started < 3 and not handle.alive  # woken by stop()
+
+
+def test_the_date_header_is_current_without_a_tick():
+    """uvicorn refreshes Date from its tick; with no tick it is made when a response asks."""
+    exporter = make_exporter()
+    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
+    try:
+        for pause in (0.0, 2.2):  # the second answer comes seconds after the server went idle
+            time.sleep(pause)
+            before = int(time.time())
+            with httpx.Client() as client:
+                date = client.get(f"{handle.url}/healthz").headers["date"]
+            after = int(time.time())
+            assert before <= email.utils.parsedate_to_datetime(date).timestamp() <= after
+    finally:
+        handle.stop()
+        exporter.stop()
+
+
+def test_serve_returns_1_when_the_server_dies_and_0_when_asked_to_stop():
+    from kvdoctor.exporter.server import serve
+
+    exporter = make_exporter()
+    app = create_app(exporter)
+    killed = serve(app, "127.0.0.1", 0, on_started=lambda handle: handle.stop())  # not through serve()
+    stop = threading.Event()
+    asked = serve(app, "127.0.0.1", 0, on_started=lambda handle: stop.set(), stop_event=stop)
+    exporter.stop()
+    assert (killed, asked) == (1, 0)
