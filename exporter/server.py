@@ -218,7 +218,8 @@ def serve(app, host: str = "127.0.0.1", port: int = 0, on_started: Callable[[Ser
 
     ``sock`` is a socket from ``bind_socket`` (bind first to fail early on a port in use);
     ``on_started(handle)`` runs once the server accepts connections (start collection, print
-    the URL there). Returns 0 after a requested stop, 1 if the server died on its own.
+    the URL there). Returns 0 after a requested stop, 1 if the server died on its own (which
+    sets ``stop_event`` too).
     """
     stop = stop_event or threading.Event()
     server_exited = threading.Event()
