@@ -43,6 +43,7 @@ GRAPHS = (
     (figures.TRANSFERS, ids.LIVE_GRAPH_TRANSFERS),
     (figures.ITL_KV, ids.LIVE_GRAPH_ITL_KV),
 )
+CHART_ORDER = [chart for chart, _ in GRAPHS]  # the order of routeCharts' outputs
 HISTORY_RANGES = (("last 1 h", 3600), ("last 6 h", 6 * 3600), ("last 24 h", 24 * 3600))
 MAX_HISTORY_SECONDS = 31 * 24 * 3600
 EXPORTER_INSTANCE = ""  # the instance picker's value for "the configured exporter's own API"
@@ -310,20 +311,21 @@ def history_knee(frame) -> dict | None:
     return detect_knee(frame.kv_usage, frame.itl_mean).to_json()
 
 
-def chart_payload(charts: dict, full: bool, cap: int, tick: int = 0) -> dict:
+def chart_payload(charts: dict, full: bool, cap: int, tick: int) -> dict:
     """What the chart router in the browser applies: whole figures, or ``extendData`` per graph.
 
     ``tick`` goes back to the browser's gate once the charts have taken the points (LIVE_ROUTED).
     """
-    order = [chart for chart, _ in GRAPHS]  # the outputs' order
     if full:
-        return {"mode": "full", "order": order, "tick": tick, "figures": {c: figures.build(c, charts[c]) for c in order}}
-    return {"mode": "extend", "order": order, "tick": tick, "extend": {c: figures.extension(charts[c], cap) for c in order}}
+        return {"mode": "full", "order": CHART_ORDER, "tick": tick,
+                "figures": {c: figures.build(c, charts[c]) for c in CHART_ORDER}}
+    return {"mode": "extend", "order": CHART_ORDER, "tick": tick,
+            "extend": {c: figures.extension(charts[c], cap) for c in CHART_ORDER}}
 
 
 def _no_points(tick: int) -> dict:
     """Nothing for the charts, but the tick must still reach the gate (see ``chart_payload``)."""
-    return {"mode": "none", "order": [chart for chart, _ in GRAPHS], "tick": tick}
+    return {"mode": "none", "order": CHART_ORDER, "tick": tick}
 
 
 def render_banner(payload):
