@@ -19,6 +19,9 @@ COPY pyproject.toml README.md ./
 COPY kvdoctor/ kvdoctor/
 COPY exporter/ exporter/
 COPY rules/ rules/
+COPY sources/ sources/
+COPY simulator/ simulator/
+COPY stress/ stress/
 COPY dashboard/ dashboard/
 # A regular (not editable) install; pip, setuptools and wheel leave the environment afterwards.
 RUN python -m venv /opt/kvdoctor \

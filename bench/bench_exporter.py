@@ -83,7 +83,7 @@ class SimulatedGpus:
                                (S.GPU_PCIE_TX, base), (S.GPU_DRAM_PEAK_BANDWIDTH, base)))
 
     def collect(self):
-        from kvdoctor.exporter.collectors.base import Collected
+        from kvdoctor.rules.collection import Collected
 
         self.step += 1
         out = Collected()
@@ -202,7 +202,7 @@ def main() -> int:
 
     from kvdoctor.exporter.app import create_app
     from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.exporter.config import ExporterSettings
+    from kvdoctor.exporter.settings import ExporterSettings
     from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook
     from kvdoctor.exporter.server import serve_in_thread
 

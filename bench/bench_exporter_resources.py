@@ -39,7 +39,7 @@ FIXTURE = ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
 CPU_TARGET = 0.005  # of one core
 RSS_TARGET = 80e6
 BENCH = "exporter@1Hz"
-IMPORTS_ONLY = ("import kvdoctor.exporter.app, kvdoctor.exporter.runtime, kvdoctor.commands.exporter, "
+IMPORTS_ONLY = ("import kvdoctor.exporter.app, kvdoctor.exporter.runtime, kvdoctor.exporter.assembly, "
                 "kvdoctor.exporter.collectors, kvdoctor.rules.diagnosis, kvdoctor.exporter.server, "
                 "bench.bench_exporter, sys; print('PORT 0', flush=True); sys.stdin.read()")
 
@@ -51,9 +51,9 @@ def child_ours(engine_url: str, gpus: int) -> int:
     import logging
 
     from bench.bench_exporter import SimulatedGpus
-    from kvdoctor.commands.exporter import build_exporter
+    from kvdoctor.exporter.assembly import build_exporter
     from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.config import ExporterSettings
+    from kvdoctor.exporter.settings import ExporterSettings
     from kvdoctor.exporter.server import bind_socket, serve
 
     logging.basicConfig(level=logging.WARNING)

@@ -38,7 +38,7 @@ from bench.table import Row, print_table, write_json
 
 BENCH = "soak"
 RSS_FLAT_BYTES = 5e6
-DEFAULT_MAX_SNAPSHOTS = 3600  # the exporter's default (exporter/config.py)
+DEFAULT_MAX_SNAPSHOTS = 3600  # the exporter's default (exporter/settings.py)
 
 
 @dataclass

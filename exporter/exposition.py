@@ -18,44 +18,13 @@ from collections import OrderedDict
 from typing import Sequence
 
 from kvdoctor.rules.signals import Kind, signal_for_series
+from kvdoctor.rules.textformat import HISTOGRAM_PROMETHEUS_ORDER, escape_help, format_value, le_order, series_text
 from kvdoctor.rules.window import SeriesKey
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_HISTOGRAM_ORDER = {"_bucket": 0, "_sum": 1, "_count": 2}
-
-
-def escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """A sample value as Prometheus writes it (``+Inf``, ``-Inf``, ``NaN``, else ``repr``)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
-
-
-def _le_order(le: str) -> float:
-    try:
-        return float(le)
-    except ValueError:
-        return math.inf
-
-
-def _series_text(name: str, labels) -> str:
-    if not labels:
-        return name
-    inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
-    return f"{name}{{{inner}}}"
 
 
 class _Plan:
@@ -85,7 +54,7 @@ def compile_plan(keys: Sequence[SeriesKey]) -> _Plan:
             suffix = name[len(signal.name):]
             base = tuple(kv for kv in labels if kv[0] != "le")
             le = next((v for k, v in labels if k == "le"), "")
-            sort_key = (base, _HISTOGRAM_ORDER.get(suffix, 3), _le_order(le) if suffix == "_bucket" else 0.0)
+            sort_key = (base, HISTOGRAM_PROMETHEUS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)
         else:
             family, kind, help_text, sort_key = signal.name, signal.kind.value, signal.help, labels
         families.setdefault(family, []).append((sort_key, index, name, labels))
@@ -97,10 +66,10 @@ def compile_plan(keys: Sequence[SeriesKey]) -> _Plan:
     order: list[int] = []
     for family in sorted(families):
         if family in helps:
-            pieces.append(f"# HELP {family} {_escape_help(helps[family])}\n")
+            pieces.append(f"# HELP {family} {escape_help(helps[family])}\n")
         pieces.append(f"# TYPE {family} {kinds[family]}\n")
         for _, index, name, labels in sorted(families[family], key=lambda row: row[0]):
-            pieces.append(_series_text(name, labels).replace("%", "%%") + " %s\n")
+            pieces.append(series_text(name, labels).replace("%", "%%") + " %s\n")
             order.append(index)
     return _Plan("".join(pieces), order, skipped)
 
@@ -143,4 +112,4 @@ def render_samples(samples: dict[SeriesKey, float]) -> bytes:
     return ExpositionRenderer().render(tuple(samples), list(samples.values()))
 
 
-__all__ = ["CONTENT_TYPE", "ExpositionRenderer", "compile_plan", "format_value", "render_samples"]
+__all__ = ["CONTENT_TYPE", "ExpositionRenderer", "compile_plan", "render_samples"]

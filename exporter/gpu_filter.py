@@ -40,7 +40,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
-from kvdoctor.exporter.collectors.base import SourceError
+from kvdoctor.rules.collection import SourceError
 
 log = logging.getLogger(__name__)
 

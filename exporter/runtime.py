@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
-from kvdoctor.exporter.collectors.base import Collected, Collector, NotApplicable, SourceError
+from kvdoctor.rules.collection import Collected, Collector, NotApplicable, SourceError
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.rules import signals as S

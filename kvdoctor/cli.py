@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from kvdoctor.errors import UsageError
+
 # Command modules, in the order ``kvdoctor --help`` lists them.
 COMMANDS = (
     "demo",
@@ -24,10 +26,6 @@ COMMANDS = (
     "stress",
     "version",
 )
-
-
-class UsageError(Exception):
-    """Bad input or configuration: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):

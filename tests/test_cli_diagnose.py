@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.exporter.prometheus_source import MAX_POINTS, PrometheusSource, parse_selector
-from kvdoctor.exporter.trace import format_raw_captures, load_trace, write_window
+from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusSource, parse_selector
+from kvdoctor.rules.trace import format_raw_captures
+from kvdoctor.exporter.replay import AdapterNormaliser
+from kvdoctor.sources.traces import load_trace, write_window
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Window
 
@@ -468,11 +470,11 @@ def live_exporter():
     """A real exporter scraping the simulated vLLM engine over HTTP, serving its API on a free port."""
     from kvdoctor.exporter.app import create_app
     from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.exporter.config import ExporterSettings
+    from kvdoctor.exporter.settings import ExporterSettings
     from kvdoctor.exporter.runtime import Exporter
     from kvdoctor.exporter.server import serve_in_thread
-    from kvdoctor.exporter.simulator.engine_server import EngineServer
-    from kvdoctor.exporter.simulator.physics import Simulation
+    from kvdoctor.simulator.engine_server import EngineServer
+    from kvdoctor.simulator.physics import Simulation
 
     engine = EngineServer(Simulation("kv_thrashing", seed=1)).start()
     settings = ExporterSettings(interval=0.25, engine_url=engine.metrics_url)
@@ -513,7 +515,7 @@ def test_record_writes_a_trace_that_replays(run_cli, cli, live_exporter, tmp_pat
     result = run_cli("record", "--exporter", live_exporter.url, "--seconds", "2", "--interval", "0.5", "-o", out)
     assert result.rc == 0, result.stderr
     assert "wrote" in result.stderr
-    trace = load_trace(out)
+    trace = load_trace(out, AdapterNormaliser())
     assert trace.canonical_families and not trace.raw_families
     assert len(trace.window) >= 2 / 0.25 - 2  # every exporter cycle, not one per poll
     gaps = np.diff(trace.window.timestamps)
@@ -539,7 +541,7 @@ def test_stopping_record_early_keeps_what_was_collected(live_exporter, tmp_path,
     assert proc.wait(timeout=20) == 0, rest
     assert time.monotonic() - started < 10
     assert "stopped early; wrote" in rest
-    window = load_trace(out).window
+    window = load_trace(out, AdapterNormaliser()).window
     assert len(window) >= 4
     assert window.end - window.start >= 1.0
 
@@ -561,7 +563,7 @@ def test_record_falls_back_to_metrics_without_the_window_api(cli, fake_http, tmp
     result = cli("record", "--exporter", fake_http(route).url, "--seconds", "1.2", "--interval", "0.3", "-o", out)
     assert result.rc == 0, result.stderr
     assert "(/metrics)" in result.stderr
-    window = load_trace(out).window
+    window = load_trace(out, AdapterNormaliser()).window
     assert len(window) >= 3
     (gen,) = window.select(S.GENERATION_TOKENS).values()
     assert np.all(np.diff(gen) > 0)
@@ -582,7 +584,7 @@ def test_record_engine_url_writes_a_raw_trace_of_the_real_pages(cli, fake_http, 
     assert result.rc == 0, result.stderr
     assert "of vllm metrics" in result.stderr
     assert "# TYPE vllm:kv_cache_usage_perc gauge" in out.read_text()
-    trace = load_trace(out)
+    trace = load_trace(out, AdapterNormaliser())
     assert trace.engine == "vllm" and len(trace.window) >= 4
 
 

@@ -1,4 +1,4 @@
-"""The install layout: three folders as one ``kvdoctor`` package, every sub-package listed."""
+"""The install layout: the top-level folders as one ``kvdoctor`` package, every sub-package listed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"kvdoctor": "kvdoctor", "exporter": "kvdoctor.exporter", "rules": "kvdoctor.rules", "dashboard": "kvdoctor.dashboard"}
+PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+FOLDERS = {folder: package for package, folder in PACKAGE_DIRS.items()}
+
+
+def test_every_top_level_folder_with_code_is_mapped():
+    code_folders = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert code_folders == set(FOLDERS)
 
 
 def _declared_packages() -> set[str]:
@@ -28,7 +34,7 @@ def test_every_package_folder_is_declared():
     assert _packages_on_disk() == _declared_packages()
 
 
-@pytest.mark.parametrize("bare", ["rules", "exporter", "dashboard"])
+@pytest.mark.parametrize("bare", sorted(set(FOLDERS) - {"kvdoctor"}))
 def test_nothing_installed_under_a_bare_name(bare):
     declared = _declared_packages()
     assert not any(p == bare or p.startswith(bare + ".") for p in declared)

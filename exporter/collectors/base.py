@@ -8,47 +8,12 @@ reported with ``NotApplicable`` and is not an error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from kvdoctor.rules.window import Labels, SeriesKey
+from kvdoctor.rules.collection import Collector
 
-
-class NotApplicable(Exception):
-    """The source does not exist here (no driver, no GPU, no URL): not an error."""
-
-
-class SourceError(Exception):
-    """A collection failed for a known reason; ``reason`` is a short snake_case label value."""
-
-    def __init__(self, reason: str, message: str = ""):
-        super().__init__(message or reason)
-        self.reason = reason
-
-
-@dataclass
-class Collected:
-    """What one collection produced: canonical samples plus per-part failures it isolated.
-
-    ``partial_errors`` lists reasons for parts that failed while the rest succeeded (one GPU of
-    eight lost): they are counted in ``kvdoctor_source_errors_total`` but the source stays up.
-    """
-
-    samples: dict[SeriesKey, float] = field(default_factory=dict)
-    partial_errors: list[str] = field(default_factory=list)
-
-    def add(self, name: str, value: float, labels: Labels = ()) -> None:
-        self.samples[(name, labels)] = float(value)
-
-
-class Collector(Protocol):
-    """One source. ``collect`` returns samples or raises NotApplicable / SourceError / anything."""
-
-    name: str
-
-    def collect(self) -> Collected: ...
-
-    def close(self) -> None: ...
+__all__ = ["REGISTRY", "CollectorSpec", "markdown_table", "register"]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from typing import Iterable, Mapping
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import SeriesKey
 
-from .base import Collected, NotApplicable, SourceError, register
+from kvdoctor.exporter.collectors.base import register
+from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from .engine import labels_from_settings, parse_exposition
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 

@@ -24,11 +24,12 @@ from typing import Callable, Iterable, Mapping
 
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
 from kvdoctor.exporter.adapters.base import EngineAdapter
-from kvdoctor.exporter.textparse import ExpositionError, iter_samples_streamed
+from kvdoctor.rules.textparse import ExpositionError, iter_samples_streamed
 from kvdoctor.rules.signals import Kind, signal_for_series
 from kvdoctor.rules.window import SeriesKey
 
-from .base import Collected, NotApplicable, SourceError, register
+from kvdoctor.exporter.collectors.base import register
+from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
 def parse_exposition(page: str | Iterable[str], wanted: frozenset[str] | None = None,

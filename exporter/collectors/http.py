@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import urljoin, urlsplit
 
-from .base import SourceError
+from kvdoctor.rules.collection import SourceError
 
 
 DEFAULT_TIMEOUT_SECONDS = 2.0

@@ -40,7 +40,8 @@ from typing import Any, Callable, Mapping, Sequence
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import SeriesKey
 
-from .base import Collected, NotApplicable, SourceError, register
+from kvdoctor.exporter.collectors.base import register
+from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 
 GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
 GpuFilter = Callable[[Sequence[GpuIdentity]], Sequence[GpuIdentity]]

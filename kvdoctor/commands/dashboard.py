@@ -31,7 +31,7 @@ def run(args) -> int:
     import os
     import threading
 
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, create_app, serve_in_thread
 
     exporter = args.exporter or os.environ.get("KVDOCTOR_DASHBOARD_EXPORTER_URL")

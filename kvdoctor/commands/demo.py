@@ -63,7 +63,7 @@ def _port(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvdoctor.exporter.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
+    from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
 
     parser.add_argument("--scenario", default="healthy", choices=SCENARIO_CHOICES,
                         help="the simulated workload (default: healthy)")
@@ -157,13 +157,14 @@ def status_line(window, diagnosis: dict | None, now: float | None = None) -> str
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from kvdoctor.cli import UsageError
-    from kvdoctor.commands.exporter import ConfigError, build_exporter
+    from kvdoctor.errors import UsageError
+    from kvdoctor.exporter.assembly import ConfigError, build_exporter
     from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.config import error_line, load_settings
+    from kvdoctor.exporter.settings import error_line, load_settings
     from kvdoctor.exporter.server import ServerError, serve_in_thread
-    from kvdoctor.exporter.simulator.engine_server import EngineServer
-    from kvdoctor.exporter.simulator.physics import Simulation
+    from kvdoctor.simulator import gpu as simulated_gpu
+    from kvdoctor.simulator.engine_server import EngineServer
+    from kvdoctor.simulator.physics import Simulation
 
     stop = threading.Event()
     previous = {}
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             model_config.write_text(json.dumps(dict(sim.config.model_config)))
         try:
             settings = load_settings(
-                engine_url=engine.metrics_url, engine="vllm", nvml=False, collectors={"simulated_gpu": True},
+                engine_url=engine.metrics_url, engine="vllm", nvml=False,
                 interval=args.interval, host="127.0.0.1", port=args.port,
                 model_config_path=str(model_config) if model_config else None,
                 gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth, slo_ms=args.slo_ms,
@@ -196,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise UsageError(error_line(exc)) from None
         try:
-            exporter = build_exporter(settings)
+            exporter = build_exporter(settings, extra_collectors=[simulated_gpu.for_engine_url(
+                engine.metrics_url, settings.scrape_timeout or 2.0)])
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         stack.callback(exporter.stop)

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_time(text: str) -> float:
     """Unix seconds or an RFC 3339 timestamp (with a zone: ``Z`` or ``+02:00``) -> Unix seconds."""
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     value = text.strip()
     try:
@@ -91,7 +91,7 @@ def parse_time(text: str) -> float:
 
 
 def _context(args):
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.rules.diagnosis import Context
 
     slo_seconds = 0.1
@@ -117,7 +117,7 @@ def _context(args):
 
 
 def _thresholds(args):
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.rules.thresholds import Thresholds
 
     if not args.thresholds:
@@ -129,7 +129,7 @@ def _thresholds(args):
 
 
 def _validate(args) -> None:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     if args.selector is not None and not args.prometheus:
         raise UsageError("--selector goes with --prometheus")
@@ -148,13 +148,14 @@ def _validate(args) -> None:
 
 def load_window(args, seconds: float, at: float | None):
     """(the window to diagnose, a description of where it came from); UsageError on bad input."""
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     if args.replay:
-        from kvdoctor.exporter.trace import TraceError, load_trace
+        from kvdoctor.exporter.replay import AdapterNormaliser
+        from kvdoctor.sources.traces import TraceError, load_trace
 
         try:
-            trace = load_trace(args.replay, engine=args.engine)
+            trace = load_trace(args.replay, AdapterNormaliser(args.engine))
         except TraceError as exc:
             raise UsageError(str(exc)) from None
         full = trace.window
@@ -167,7 +168,7 @@ def load_window(args, seconds: float, at: float | None):
         return window, f"replay of {args.replay} ({how})"
 
     if args.prometheus:
-        from kvdoctor.exporter.prometheus_source import PrometheusSource, PrometheusSourceError
+        from kvdoctor.sources.prometheus import PrometheusSource, PrometheusSourceError
 
         try:
             with PrometheusSource(args.prometheus, args.selector, timeout=args.timeout) as source:

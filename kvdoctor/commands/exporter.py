@@ -6,8 +6,16 @@ import argparse
 import logging
 import sys
 import textwrap
-import time
-from typing import Callable, Iterable
+
+from pydantic import ValidationError
+
+from kvdoctor.errors import UsageError
+from kvdoctor.exporter.adapters import ADAPTERS
+from kvdoctor.exporter.app import create_app
+from kvdoctor.exporter.assembly import ConfigError, build_exporter
+from kvdoctor.exporter.gpu_filter import HELP as GPU_FILTER_HELP
+from kvdoctor.exporter.server import ServerError, bind_socket, serve
+from kvdoctor.exporter.settings import ExporterSettings, collector_registry, engine_choices, error_line, load_settings
 
 NAME = "exporter"
 HELP = "collect engine and GPU signals; serve canonical /metrics and the JSON API"
@@ -21,16 +29,7 @@ KVDOCTOR_ENGINE_URL, KVDOCTOR_INTERVAL); flags win.
 example: kvdoctor exporter --engine-url http://127.0.0.1:8000/metrics --pod "$POD_NAME"
 """
 
-DEFAULT_DIAGNOSIS = object()  # build_exporter: use rules.diagnosis when it exists
-
-
-class ConfigError(ValueError):
-    """A configuration that validates field by field but cannot be used (e.g. a bad model config)."""
-
-
 def _collector_table() -> str:
-    from kvdoctor.exporter.config import collector_registry
-
     registry = collector_registry()
     if not registry:
         return "collectors: none registered\n"
@@ -43,8 +42,6 @@ def _collector_table() -> str:
 
 
 def _adapter_gaps() -> str:
-    from kvdoctor.exporter.adapters import ADAPTERS
-
     if not ADAPTERS:
         return ""
     lines = ["engine adapters (--engine) and the canonical signals each cannot provide:"]
@@ -56,14 +53,10 @@ def _adapter_gaps() -> str:
 
 
 def _gpu_filter_help() -> str:
-    from kvdoctor.exporter.gpu_filter import HELP
-
-    return HELP.replace("%", "%%")
+    return GPU_FILTER_HELP.replace("%", "%%")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvdoctor.exporter.config import ExporterSettings, collector_registry, engine_choices
-
     defaults = {name: field.default for name, field in ExporterSettings.model_fields.items()}
     parser.epilog = _collector_table() + "\n" + _adapter_gaps()
 
@@ -118,11 +111,6 @@ SETTINGS_ARGS = ("engine_url", "engine", "dcgm_url", "nvml", "scrape_timeout", "
 
 def settings_from_args(args: argparse.Namespace):
     """ExporterSettings from the environment with the flags given on top; UsageError if invalid."""
-    from pydantic import ValidationError
-
-    from kvdoctor.cli import UsageError
-    from kvdoctor.exporter.config import error_line, load_settings
-
     overrides = {name: getattr(args, name, None) for name in SETTINGS_ARGS}
     switches = {key.removeprefix("collector__"): value for key, value in vars(args).items()
                 if key.startswith("collector__") and value is not None}
@@ -134,75 +122,7 @@ def settings_from_args(args: argparse.Namespace):
         raise UsageError(error_line(exc)) from None
 
 
-class _FailedCollector:
-    """Stands in for a collector whose construction failed: down every cycle, with the reason."""
-
-    def __init__(self, name: str, message: str):
-        self.name = name
-        self.message = message
-
-    def collect(self):
-        from kvdoctor.exporter.collectors.base import SourceError
-
-        raise SourceError("init_failed", self.message)
-
-    def close(self) -> None:
-        pass
-
-
-def build_collectors(settings) -> list:
-    """The enabled collectors of the registry, built from ``settings``.
-
-    A factory raising NotApplicable leaves that collector out (no source here); any other
-    failure becomes a collector that reports ``source_up 0`` with reason ``init_failed``, so a
-    broken source is visible without taking the exporter down.
-    """
-    from kvdoctor.exporter.collectors.base import NotApplicable
-    from kvdoctor.exporter.config import collector_registry
-
-    log = logging.getLogger("kvdoctor.exporter")
-    collectors = []
-    for name, spec in collector_registry().items():
-        if not settings.collector_enabled(name):
-            continue
-        try:
-            collectors.append(spec.factory(settings))
-        except NotApplicable as exc:
-            log.info("collector %s: not applicable here (%s)", name, exc)
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            log.warning("collector %s could not start: %s: %s", name, type(exc).__name__, exc)
-            collectors.append(_FailedCollector(name, f"{type(exc).__name__}: {exc}"))
-    return collectors
-
-
-def build_exporter(settings, extra_collectors: Iterable = (), diagnose_hook=DEFAULT_DIAGNOSIS,
-                   clock: Callable[[], float] = time.time, include_registry: bool = True):
-    """An Exporter (not started) for ``settings``: the registry's enabled collectors plus
-    ``extra_collectors`` (the demo's simulated GPU, ...), the model shape, and the diagnosis.
-
-    Raises ConfigError when the model config cannot be used.
-    """
-    from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook, load_model_shape
-
-    shape = None
-    if settings.model_config_path:
-        try:
-            shape = load_model_shape(settings.model_config_path)
-        except ValueError as exc:
-            raise ConfigError(f"--model-config (KVDOCTOR_MODEL_CONFIG): {exc}") from None
-    collectors = build_collectors(settings) if include_registry else []
-    extra = list(extra_collectors)
-    extra_names = {c.name for c in extra}
-    collectors = [c for c in collectors if c.name not in extra_names] + extra  # an explicit collector wins
-    hook = default_diagnose_hook(settings, shape) if diagnose_hook is DEFAULT_DIAGNOSIS else diagnose_hook
-    return Exporter(settings, collectors, diagnose_hook=hook, clock=clock, model_shape=shape)
-
-
 def run(args: argparse.Namespace) -> int:
-    from kvdoctor.cli import UsageError
-    from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.server import ServerError, bind_socket, serve
-
     settings = settings_from_args(args)
     try:  # bind first: a port in use is a one-line error before anything starts or logs
         sock = bind_socket(settings.host, settings.port)

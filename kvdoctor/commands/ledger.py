@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_model(spec: str):
     """A ModelShape from a config.json path or a common model name; UsageError otherwise."""
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.rules.ledger import COMMON_MODELS, ModelShape, dtype_bytes
 
     path = Path(spec).expanduser()
@@ -91,7 +91,7 @@ def load_model(spec: str):
 
 
 def load_gpu(spec: str):
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.rules.ledger import GPU_CATALOGUE, lookup_gpu
 
     gpu = lookup_gpu(spec)
@@ -220,7 +220,7 @@ def render(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     shape = load_model(args.model)
     gpu = load_gpu(args.gpu)

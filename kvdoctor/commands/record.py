@@ -94,7 +94,7 @@ class ExporterClient:
 
     def metrics_snapshot(self):
         """One Snapshot of the canonical ``kvdoctor_*`` samples on /metrics, stamped now."""
-        from kvdoctor.exporter.textparse import ExpositionError, iter_samples
+        from kvdoctor.rules.textparse import ExpositionError, iter_samples
         from kvdoctor.rules.window import Snapshot, series_key
 
         taken = time.time()
@@ -120,7 +120,7 @@ def exporter_base_url(url: str) -> str:
     """The exporter's base URL, whether given as the base, its /metrics or one of its API paths."""
     from urllib.parse import urlsplit
 
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     parts = urlsplit(url or "")
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -145,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_output(path: str) -> Path:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
@@ -167,7 +167,7 @@ def _raise_stop(signum, frame):  # noqa: ARG001
 
 
 def run(args) -> int:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
         raise UsageError(f"--seconds must be a positive number, got {args.seconds:g}")
@@ -230,7 +230,7 @@ class _Recording:
         return sorted(self.snapshots)
 
     def write(self) -> int:
-        from kvdoctor.exporter.trace import write_window
+        from kvdoctor.sources.traces import write_window
         from kvdoctor.rules.window import Window
 
         self.last_checkpoint = time.monotonic()
@@ -242,7 +242,7 @@ class _Recording:
 
 
 def _record_exporter(args, output: Path) -> int:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     client = ExporterClient(args.exporter)
     try:
@@ -319,7 +319,7 @@ def _loop(seconds: float, interval: float, recording: _Recording, poll) -> bool:
 
 
 def _finish(recording, stopped: bool, url: str) -> int:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
 
     times = recording.timestamps()
     if not times:
@@ -348,7 +348,7 @@ class _RawRecording:
         return [ts for ts, _ in self.captures]
 
     def write(self) -> int:
-        from kvdoctor.exporter.trace import write_raw_captures
+        from kvdoctor.sources.traces import write_raw_captures
 
         self.last_checkpoint = time.monotonic()
         write_raw_captures(self.captures, self.output)
@@ -362,11 +362,11 @@ class _RawRecording:
 def _record_engine(args, output: Path) -> int:
     from urllib.parse import urlsplit
 
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.exporter.adapters import ADAPTERS, detect
-    from kvdoctor.exporter.collectors.base import SourceError
+    from kvdoctor.rules.collection import SourceError
     from kvdoctor.exporter.collectors.http import HttpExposition
-    from kvdoctor.exporter.textparse import ExpositionError, family_names
+    from kvdoctor.rules.textparse import ExpositionError, family_names
 
     parts = urlsplit(args.engine_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:

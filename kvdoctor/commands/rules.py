@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from kvdoctor.cli import UsageError
+    from kvdoctor.errors import UsageError
     from kvdoctor.rules.promql import DEFAULT_SLO_SECONDS, render_rules_yaml
     from kvdoctor.rules.thresholds import Thresholds
 

@@ -130,7 +130,7 @@ class LiveState:
     def refresh(self, signals, run_start: float, step_start: float) -> None:
         import numpy as np
 
-        from kvdoctor.exporter.stress import kv_signals
+        from kvdoctor.stress.plan import kv_signals
 
         window = signals.window(since=run_start - 2)
         self.snapshots = len(window)
@@ -150,9 +150,9 @@ class LiveState:
 async def _run(args, settings, progress: Progress) -> "_Run":
     import httpx
 
-    from kvdoctor.cli import UsageError
-    from kvdoctor.exporter import stress as S
-    from kvdoctor.exporter.stress_load import EndpointError, ExporterSignals, LocalSignals, api_root, discover, server_root
+    from kvdoctor.errors import UsageError
+    from kvdoctor.stress import plan as S
+    from kvdoctor.stress.load import EndpointError, ExporterSignals, LocalSignals, api_root, discover, server_root
 
     try:
         base = api_root(settings.endpoint)
@@ -214,8 +214,8 @@ class _Run:
 
 
 async def _start_signals(signals) -> None:
-    from kvdoctor.cli import UsageError
-    from kvdoctor.exporter.stress_load import LocalSignals, SignalsError
+    from kvdoctor.errors import UsageError
+    from kvdoctor.stress.load import LocalSignals, SignalsError
 
     if isinstance(signals, LocalSignals):
         # its sources' ups and downs are in the report; log lines would tear the progress bar
@@ -229,7 +229,7 @@ async def _start_signals(signals) -> None:
 
 
 async def _steps(settings, schedule, endpoint, signals, client, progress: Progress) -> _Run:
-    from kvdoctor.exporter.stress_load import LoadRunner
+    from kvdoctor.stress.load import LoadRunner
 
     run = _Run(settings, schedule, endpoint, signals, LoadRunner(endpoint, settings.max_tokens, client))
     try:
@@ -259,7 +259,7 @@ async def _poll(run: _Run, progress: Progress, step_start: float | None = None) 
 
 
 async def _step_loop(run: _Run, progress: Progress) -> None:
-    from kvdoctor.exporter.stress import StepRecord
+    from kvdoctor.stress.plan import StepRecord
 
     settings, runner, live, schedule = run.settings, run.runner, run.live, run.schedule
     planned = len(schedule) * settings.step_seconds
@@ -307,9 +307,9 @@ def write_report(settings, result: dict, out_dir) -> dict:
     """Analyses a finished run and writes the report folder; returns the summary."""
     from pathlib import Path
 
-    from kvdoctor.exporter import stress as S
-    from kvdoctor.exporter.stress_report import render_figure, render_html, write_json
-    from kvdoctor.exporter.trace import write_window
+    from kvdoctor.stress import plan as S
+    from kvdoctor.stress.report import render_figure, render_html, write_json
+    from kvdoctor.sources.traces import write_window
     from kvdoctor.rules.diagnosis import diagnose
 
     out = Path(out_dir)
@@ -354,8 +354,8 @@ def write_report(settings, result: dict, out_dir) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvdoctor.cli import UsageError
-    from kvdoctor.exporter.stress import StressSettings
+    from kvdoctor.errors import UsageError
+    from kvdoctor.stress.plan import StressSettings
 
     settings = StressSettings(endpoint=args.endpoint, model=args.model, prompt_tokens=args.prompt_tokens,
                               max_tokens=args.max_tokens, start_concurrency=args.start_concurrency,

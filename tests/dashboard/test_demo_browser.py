@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvdoctor.dashboard.app import create_app, serve_in_thread
-from kvdoctor.exporter.simulator.scenarios import SCENARIOS
+from kvdoctor.simulator.scenarios import SCENARIOS
 from tests import tools
 from tests.dashboard.browser import Page, chromium_browser
 from tests.dashboard.demo_process import Demo

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from kvdoctor.exporter.collectors.base import Collected, NotApplicable, SourceError
+from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import labels_of
 

@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from kvdoctor.commands import exporter as command
-from kvdoctor.exporter.collectors.base import CollectorSpec, NotApplicable
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter import assembly as command
+from kvdoctor.rules.collection import NotApplicable
+from kvdoctor.exporter.collectors.base import CollectorSpec
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
@@ -36,7 +37,8 @@ def registry(monkeypatch):
         "broken": CollectorSpec("broken", "fails to start", True, broken),
         "optional": CollectorSpec("optional", "off by default", False, lambda s: StaticCollector("optional", gpu_samples)),
     }
-    monkeypatch.setattr("kvdoctor.exporter.config.collector_registry", lambda: fake)
+    monkeypatch.setattr("kvdoctor.exporter.settings.collector_registry", lambda: fake)
+    monkeypatch.setattr("kvdoctor.exporter.assembly.collector_registry", lambda: fake)
     return fake
 
 

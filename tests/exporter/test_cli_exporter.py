@@ -103,7 +103,7 @@ def test_a_port_in_use_exits_2_with_one_line():
 @pytest.mark.slow
 def test_help_lists_the_collectors_and_what_each_adapter_cannot_provide():
     from kvdoctor.exporter.adapters import ADAPTERS
-    from kvdoctor.exporter.config import collector_registry
+    from kvdoctor.exporter.settings import collector_registry
 
     rc, out, _ = run_exporter("--help")
     assert rc == 0

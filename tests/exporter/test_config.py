@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvdoctor.exporter.collectors.base import CollectorSpec
-from kvdoctor.exporter.config import ExporterSettings, error_line, load_settings, normalise_url
+from kvdoctor.exporter.settings import ExporterSettings, error_line, load_settings, normalise_url
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def registry(monkeypatch):
         "nvml": CollectorSpec("nvml", "NVML", True, lambda s: None),
         "dcgm": CollectorSpec("dcgm", "dcgm-exporter", False, lambda s: None),
     }
-    monkeypatch.setattr("kvdoctor.exporter.config.collector_registry", lambda: fake)
+    monkeypatch.setattr("kvdoctor.exporter.settings.collector_registry", lambda: fake)
     return fake
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.exporter.collectors.base import NotApplicable, SourceError
+from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.exporter.collectors.dcgm import DcgmCollector, dcgm_collector, normalise_dcgm
 from kvdoctor.exporter.collectors.engine import parse_exposition
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 
 from tests.exporter.http_pages import Page, PageServer

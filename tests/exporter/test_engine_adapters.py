@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvdoctor.exporter import adapters
 from kvdoctor.exporter.adapters import dynamo_kvbm, lmcache
 from kvdoctor.exporter.adapters.base import EngineAdapter
-from kvdoctor.exporter.textparse import family_names, iter_samples
+from kvdoctor.rules.textparse import family_names, iter_samples
 from kvdoctor.rules import signals as S
 
 ROOT = Path(__file__).resolve().parents[2]

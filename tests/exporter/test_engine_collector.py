@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS
-from kvdoctor.exporter.collectors.base import NotApplicable, SourceError
+from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.exporter.collectors.engine import EngineCollector, engine_collector
-from kvdoctor.exporter.config import ExporterSettings
-from kvdoctor.exporter.textparse import iter_samples
+from kvdoctor.exporter.settings import ExporterSettings
+from kvdoctor.rules.textparse import iter_samples
 from kvdoctor.rules import signals as S
 
 from tests.exporter.http_pages import Page, PageServer

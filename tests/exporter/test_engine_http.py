@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.exporter.collectors import http as http_module
-from kvdoctor.exporter.collectors.base import SourceError
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.collectors.http import HttpExposition
-from kvdoctor.exporter.textparse import ExpositionError, iter_samples, iter_samples_streamed
+from kvdoctor.rules.textparse import ExpositionError, iter_samples, iter_samples_streamed
 
 from tests.reliability.servers import EXPOSITION, Behaviour, FaultServer, respond, trickle
 from tests.reliability.servers import routes as by_path

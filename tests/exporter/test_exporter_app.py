@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import runtime as runtime_module
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import PortInUseError, serve_in_thread
@@ -105,7 +105,7 @@ def test_window_json_has_null_for_non_finite_values():
 
 
 def _odd_values():
-    from kvdoctor.exporter.collectors.base import Collected
+    from kvdoctor.rules.collection import Collected
 
     return Collected({(S.REQUESTS_WAITING, (("engine", "odd"),)): float("inf")})
 

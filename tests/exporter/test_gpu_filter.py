@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kvdoctor.exporter.collectors.base import SourceError
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.gpu_filter import (
     ALL,
     GpuFilterError,

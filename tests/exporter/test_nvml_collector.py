@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from kvdoctor.exporter.collectors.base import NotApplicable, SourceError
+from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.exporter.collectors.nvml import NvmlCollector, check, nvml_collector, peak_bandwidth
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.ledger import lookup_gpu
 

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import runtime as runtime_module
-from kvdoctor.exporter.collectors.base import Collected, SourceError
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.rules.collection import Collected, SourceError
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.rules import signals as S

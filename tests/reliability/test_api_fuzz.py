@@ -17,12 +17,13 @@ import schemathesis
 from schemathesis import checks
 from schemathesis.generation import GenerationMode
 
-from kvdoctor.commands.exporter import build_exporter
+from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.server import serve_in_thread
-from kvdoctor.exporter.simulator.engine_server import EngineServer
-from kvdoctor.exporter.simulator.physics import Simulation
+from kvdoctor.simulator.engine_server import EngineServer
+from kvdoctor.simulator import gpu as simulated_gpu
+from kvdoctor.simulator.physics import Simulation
 
 EXAMPLES = 25
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -32,8 +33,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 def live_exporter():
     engine = EngineServer(Simulation("kv_thrashing", seed=1)).start()
     settings = ExporterSettings(engine_url=engine.metrics_url, engine="vllm", nvml=False,
-                                collectors={"simulated_gpu": True}, interval=0.2, max_window_seconds=120)
-    exporter = build_exporter(settings)
+                                interval=0.2, max_window_seconds=120)
+    exporter = build_exporter(settings, extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url)])
     for _ in range(5):
         exporter.run_cycle()
     exporter.start()

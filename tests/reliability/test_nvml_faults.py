@@ -13,9 +13,9 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from kvdoctor.exporter.collectors.base import SourceError
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.collectors.nvml import BACKOFF_MAX, NvmlCollector
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.rules import signals as S

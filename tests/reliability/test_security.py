@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.config import ExporterSettings
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import serve_in_thread
 

@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.exporter.prometheus_source import PrometheusSource
-from kvdoctor.exporter.trace import format_raw_captures, format_window, load_trace, write_window
+from kvdoctor.sources.prometheus import PrometheusSource
+from kvdoctor.rules.trace import format_raw_captures, format_window
+from kvdoctor.exporter.replay import AdapterNormaliser
+from kvdoctor.sources.traces import load_trace, write_window
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.window import Snapshot, Window
@@ -131,7 +133,7 @@ def test_a_real_vllm_fill_sequence_replays_as_kv_capacity_pressure(tmp_path):
     assert "kvdoctor_gpu_dram_bandwidth_utilization_ratio" in payload["missing"]  # a CPU build
     # the replayed raw trace and the same samples written canonically agree exactly
     canonical = tmp_path / "fill-canonical.om"
-    write_window(load_trace(path).window, canonical)
+    write_window(load_trace(path, AdapterNormaliser()).window, canonical)
     assert replay_json("--replay", canonical)[1] == payload
 
 
@@ -143,7 +145,7 @@ def test_a_vllm_restart_inside_the_window_is_a_counter_reset_not_a_collapse(tmp_
     captures = fill_captures(T0) + fill_captures(T0 + 19, FILL[:4])
     path = tmp_path / "restart.om"
     path.write_text(format_raw_captures(captures))
-    window = load_trace(path).window.slice(T0 + 10, T0 + 22)
+    window = load_trace(path, AdapterNormaliser()).window.slice(T0 + 10, T0 + 22)
     (gen,) = window.select(S.GENERATION_TOKENS).values()
     assert gen[-1] < gen[0]  # the naive difference is negative
     increase = float(np.sum(np.where(np.diff(gen) >= 0, np.diff(gen), gen[1:])))  # a drop restarts from 0
@@ -159,7 +161,7 @@ def test_the_recorded_simulator_trace_replays(tmp_path):
     """A trace `kvdoctor record` wrote from an exporter scraping the simulated engine in its
     kv_thrashing scenario (tests/fixtures/traces/README.md)."""
     path = RECORDED / "simulator-kv-thrashing.om"
-    trace = load_trace(path)
+    trace = load_trace(path, AdapterNormaliser())
     assert trace.canonical_families and not trace.raw_families
     rc, payload = replay_json("--replay", path)
     assert (rc, payload["verdict"]) == (1, "kv_thrashing"), payload["headline"]
@@ -215,7 +217,7 @@ def test_prometheus_holding_the_same_samples_gives_the_same_diagnosis(tmp_path, 
         windows.append(window)
     raw = tmp_path / "fill-raw.om"
     raw.write_text(format_raw_captures(fill_captures(start + keep - len(FILL) + 1)))
-    fill = relabelled(load_trace(raw).window, pod="vllm-fill")
+    fill = relabelled(load_trace(raw, AdapterNormaliser()).window, pod="vllm-fill")
     write_window(fill, tmp_path / "fill.om")
     replays["vllm-fill"] = replay_json("--replay", tmp_path / "fill.om")[1]
     seconds["vllm-fill"] = 60.0

@@ -143,7 +143,8 @@ def test_each_slow_verdict_has_actions(verdict_scenario, first_action):
 def test_a_window_from_a_real_vllm_filling_its_kv_cache():
     """16 real scrapes of vLLM 0.32 (CPU) while 16 requests fill an 8 MiB KV cache: usage reaches
     97%, 13 requests wait, no preemption yet."""
-    from kvdoctor.exporter import adapters, textparse
+    from kvdoctor.exporter import adapters
+    from kvdoctor.rules import textparse
 
     adapter = adapters.ADAPTERS["vllm"]
     snapshots = []

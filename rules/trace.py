@@ -17,6 +17,10 @@ does not allow a family to be interleaved with another), each series' points in 
 histogram's buckets, ``_count`` and ``_sum`` together per timestamp; timestamps are written to the
 millisecond, which is what Prometheus stores.
 
+Pure text in, text out: reading and writing files is ``kvdoctor.sources.traces``, and the raw
+families are normalised by a ``RawNormaliser`` the caller passes (the exporter's engine adapters,
+``kvdoctor.exporter.replay``), so the format knows no engine.
+
 Anything that is not a usable trace raises ``TraceError`` with one line saying what is wrong:
 empty, not OpenMetrics, truncated (no final ``# EOF``), a sample without a timestamp, timestamps
 in milliseconds, timestamps going backwards within a series, nothing kvdoctor can read.
@@ -25,46 +29,64 @@ in milliseconds, timestamps going backwards within a series, nothing kvdoctor ca
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Protocol
 
 import numpy as np
 
-from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
-from kvdoctor.exporter.adapters.base import EngineAdapter
-from kvdoctor.exporter.collectors.dcgm import WANTED as DCGM_WANTED
-from kvdoctor.exporter.collectors.dcgm import normalise_dcgm
-from kvdoctor.exporter.exposition import escape_label_value, format_value
-from kvdoctor.exporter.textparse import ExpositionError, is_openmetrics, iter_samples
 from kvdoctor.rules.signals import Kind, signal_for_series
+from kvdoctor.rules.textformat import HISTOGRAM_OPENMETRICS_ORDER, escape_help, format_value, le_order, series_text
+from kvdoctor.rules.textparse import ExpositionError, is_openmetrics, iter_samples
 from kvdoctor.rules.window import SeriesKey, Window, format_series
 
 __all__ = [
     "CANONICAL_PREFIX",
+    "RawNormaliser",
+    "RawSample",
     "Trace",
     "TraceError",
     "format_raw_captures",
     "format_window",
-    "load_trace",
     "parse_trace",
-    "write_raw_captures",
-    "write_window",
 ]
 
 CANONICAL_PREFIX = "kvdoctor_"
 # Unix seconds beyond this (year 5138) are taken for milliseconds written by mistake.
 _MAX_SECONDS = 1e11
-_HISTOGRAM_ORDER = {"_bucket": 0, "_count": 1, "_sum": 2}
 _SAMPLE_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_info", "_gcount", "_gsum")
 _TYPE_RE = re.compile(r"# (TYPE|HELP) (\S+)(?: (.*))?\Z")
 
 
 class TraceError(ValueError):
     """The file is not a usable trace; the message is one line saying why."""
+
+
+RawSample = tuple[str, dict[str, str], float]  # (sample name, labels, value) of one raw scrape
+
+
+class RawNormaliser(Protocol):
+    """Turns raw engine / dcgm-exporter families into canonical samples, one scrape at a time."""
+
+    def select(self, names: set[str]) -> frozenset[str]:
+        """The raw family and sample names it reads from a trace that holds ``names`` (empty:
+        nothing it knows); it also settles which engine adapter the trace needs."""
+        ...
+
+    def normalise(self, raw: list[RawSample]) -> dict[SeriesKey, float]:
+        """One scrape's raw samples as canonical samples."""
+        ...
+
+    @property
+    def engine(self) -> str | None:
+        """The engine adapter ``select`` settled on (None: dcgm-exporter families only, or none)."""
+        ...
+
+    @property
+    def known(self) -> str:
+        """What it can read, for an error message (``vllm, sglang, ...``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -79,52 +101,27 @@ class Trace:
 
 # ------------------------------------------------------------------------------------- reading
 
-def load_trace(path: str | os.PathLike, engine: str | None = None) -> Trace:
-    """Read the trace in ``path`` (see ``parse_trace``); ``TraceError`` if it cannot be used."""
-    try:
-        data = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise TraceError(f"{path} is a directory, not a trace file") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if b"\x00" in data:
-        raise TraceError(f"{path} is a binary file, not an OpenMetrics trace")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TraceError(f"{path} is not UTF-8 text, not an OpenMetrics trace") from None
-    return parse_trace(text, engine=engine, source=str(path))
+def parse_trace(text: str, normaliser: RawNormaliser | None = None, source: str = "trace") -> Trace:
+    """The window a trace's text holds, its raw engine families normalised by ``normaliser``.
 
-
-def parse_trace(text: str, engine: str | None = None, source: str = "trace") -> Trace:
-    """The window a trace's text holds, its raw engine families normalised by the engine adapter.
-
-    ``engine``: an adapter name (``vllm``, ``sglang``, ...) forcing the adapter for raw engine
-    families; None recognises it from the family names, as the live engine collector does.
+    Without a normaliser only the canonical ``kvdoctor_*`` families are read.
     """
-    if engine is not None and engine not in ADAPTERS:
-        raise TraceError(f"unknown engine {engine!r} (choose from {', '.join(sorted(ADAPTERS))})")
     if not text.strip():
         raise TraceError(f"{source} is empty")
     _check_openmetrics(text, source)
     names = _names(text)
 
     canonical_names = {n for n in names if n.startswith(CANONICAL_PREFIX)}
-    adapter: EngineAdapter | None = ADAPTERS[engine] if engine else detect(names)
-    dcgm = DCGM_WANTED & names
-    wanted: set[str] = canonical_names | dcgm
-    if adapter is not None:
-        wanted |= adapter.wanted_names() | set(adapter.detect)
-        for tier in TIER_ADAPTERS.values():
-            wanted |= tier.wanted_names()
-    if not canonical_names and adapter is None and not dcgm:
+    raw_wanted = normaliser.select(names) if normaliser is not None else frozenset()
+    if not canonical_names and not raw_wanted:
         found = sorted(names)
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-        raise TraceError(f"{source} holds no kvdoctor_* family and no family of a known engine "
-                         f"({', '.join(ADAPTERS)}){': only ' + shown if shown else ''}")
+        known = f"no family of a known engine ({normaliser.known})" if normaliser is not None else "no raw family read here"
+        raise TraceError(f"{source} holds no kvdoctor_* family and {known}{': only ' + shown if shown else ''}")
+    wanted = canonical_names | raw_wanted
 
     canonical: dict[SeriesKey, tuple[list[float], list[float]]] = {}  # key -> (timestamps, values)
-    raw_by_ts: dict[float, list[tuple[str, dict, float]]] = {}
+    raw_by_ts: dict[float, list[RawSample]] = {}
     raw_times: dict[SeriesKey, list[float]] = {}
     try:
         for key, labels, value, ts in _trace_samples(text, frozenset(wanted)):
@@ -149,15 +146,8 @@ def parse_trace(text: str, engine: str | None = None, source: str = "trace") -> 
 
     # Raw families: one scrape per timestamp, normalised as the engine collector does live.
     columns: dict[SeriesKey, tuple[list[float], list[float]]] = {}
-    used_adapter = False
     for ts in sorted(raw_by_ts):
-        raw = raw_by_ts[ts]
-        samples: dict[SeriesKey, float] = {}
-        if adapter is not None:
-            samples.update(normalise_page(adapter, raw))
-            used_adapter = True
-        if dcgm:
-            samples.update(normalise_dcgm(raw))
+        samples = normaliser.normalise(raw_by_ts[ts]) if normaliser is not None else {}
         for key, value in samples.items():
             points = columns.get(key)
             if points is None:
@@ -172,7 +162,8 @@ def parse_trace(text: str, engine: str | None = None, source: str = "trace") -> 
         columns[key] = (times, values)
     if not columns:
         raise TraceError(f"{source} holds no sample of a signal kvdoctor uses")
-    return Trace(_window_of(columns), adapter.name if used_adapter else None, bool(raw_by_ts), bool(canonical))
+    engine = normaliser.engine if normaliser is not None and raw_by_ts else None
+    return Trace(_window_of(columns), engine, bool(raw_by_ts), bool(canonical))
 
 
 def _window_of(columns: Mapping[SeriesKey, tuple[list[float], list[float]]]) -> Window:
@@ -301,13 +292,13 @@ def format_window(window: Window) -> str:
     for family in sorted(families):
         kind, help_text, keys = families[family]
         if help_text:
-            out.append(f"# HELP {family} {_escape_help(help_text)}\n")
+            out.append(f"# HELP {family} {escape_help(help_text, openmetrics=True)}\n")
         out.append(f"# TYPE {family} {kind}\n")
         if kind == "histogram":
             _write_histogram(out, family, keys, window, timestamps)
         else:
             for key in sorted(keys):
-                text = _series_text(*key)
+                text = series_text(*key)
                 for value, ts in zip(window.series[key], timestamps):
                     if not math.isnan(value):
                         out.append(f"{text} {format_value(float(value))} {ts}\n")
@@ -323,11 +314,11 @@ def _write_histogram(out: list[str], family: str, keys: list[tuple[str, tuple]],
         suffix = name[len(family):]
         base = tuple(kv for kv in labels if kv[0] != "le")
         le = next((v for k, v in labels if k == "le"), "")
-        order = (_HISTOGRAM_ORDER.get(suffix, 3), _le_order(le) if suffix == "_bucket" else 0.0)
+        order = (HISTOGRAM_OPENMETRICS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)
         groups.setdefault(base, []).append((order, name, labels))
     for base in sorted(groups):
         members = sorted(groups[base])
-        texts = [_series_text(name, labels) for _, name, labels in members]
+        texts = [series_text(name, labels) for _, name, labels in members]
         columns = [window.series[(name, labels)] for _, name, labels in members]
         for i, ts in enumerate(timestamps):
             for text, column in zip(texts, columns):
@@ -388,20 +379,20 @@ def format_raw_captures(captures: Iterable[tuple[float, str]]) -> str:
             for name, labels in keys:
                 suffix = name[len(declared):]
                 le = next((v for k, v in labels if k == "le"), "")
-                order = (_HISTOGRAM_ORDER.get(suffix, 3), _le_order(le) if suffix == "_bucket" else 0.0)
+                order = (HISTOGRAM_OPENMETRICS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)
                 by_base.setdefault(tuple(kv for kv in labels if kv[0] != "le"), []).append((order, (name, labels)))
             for base in by_base:
                 members = [key for _, key in sorted(by_base[base])]
                 merged: dict[float, list[str]] = {}
                 for key in members:
-                    text = _series_text(*key)
+                    text = series_text(*key)
                     for ts, value in points[key]:
                         merged.setdefault(ts, []).append(f"{text} {format_value(value)} {_format_ts(ts)}\n")
                 for ts in sorted(merged):
                     out.extend(merged[ts])
         else:
             for key in keys:
-                text = _series_text(*key)
+                text = series_text(*key)
                 out.extend(f"{text} {format_value(value)} {_format_ts(ts)}\n" for ts, value in points[key])
     out.append("# EOF\n")
     return "".join(out)
@@ -420,63 +411,7 @@ def _read_metadata(text: str, meta: dict[str, dict[str, str]]) -> None:
         entry.setdefault(key, rest)
 
 
-def write_window(window: Window, path: str | os.PathLike) -> int:
-    """Write ``window`` as a trace to ``path`` (atomically); returns the number of snapshots."""
-    _write_atomically(path, format_window(window))
-    return len(window)
-
-
-def write_raw_captures(captures: Iterable[tuple[float, str]], path: str | os.PathLike) -> None:
-    """Write raw exposition pages with their timestamps as a trace to ``path`` (atomically)."""
-    _write_atomically(path, format_raw_captures(captures))
-
-
-def _write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Readers never see half a file: write a temporary file next to it, then rename."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, _file_mode(target))  # mkstemp makes 0600; a trace is an ordinary file
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 # ------------------------------------------------------------------------------------- helpers
-
-def _file_mode(target: Path) -> int:
-    """The replaced file's mode, or what ``open()`` would give a new file under the umask."""
-    try:
-        return target.stat().st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 def _format_ts(ts: float) -> str:
     return f"{float(ts):.3f}"
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _series_text(name: str, labels: tuple) -> str:
-    if not labels:
-        return name
-    inner = ",".join(f'{k}="{escape_label_value(str(v))}"' for k, v in labels)
-    return f"{name}{{{inner}}}"
-
-
-def _le_order(le: str) -> float:
-    try:
-        return float(le)
-    except ValueError:
-        return math.inf
-

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import adapters
-from kvdoctor.exporter.simulator.engine_server import EngineServer, render_metrics
-from kvdoctor.exporter.simulator.physics import Simulation
-from kvdoctor.exporter.simulator.scenarios import SCENARIO_CHOICES
-from kvdoctor.exporter.textparse import family_names, iter_samples
+from kvdoctor.simulator.engine_server import EngineServer, render_metrics
+from kvdoctor.simulator.physics import Simulation
+from kvdoctor.simulator.scenarios import SCENARIO_CHOICES
+from kvdoctor.rules.textparse import family_names, iter_samples
 from kvdoctor.rules import signals as S
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu" / "big-model-after-long-decode.txt"

@@ -10,17 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdoctor.exporter.collectors.base import SourceError
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.collectors.engine import EngineCollector
-from kvdoctor.exporter.trace import (
-    TraceError,
-    format_raw_captures,
-    format_window,
-    load_trace,
-    parse_trace,
-    write_raw_captures,
-    write_window,
-)
+from kvdoctor.exporter.replay import AdapterNormaliser
+from kvdoctor.rules.trace import TraceError, format_raw_captures, format_window
+from kvdoctor.rules.trace import parse_trace as parse_canonical
+from kvdoctor.sources.traces import load_trace as load_canonical
+from kvdoctor.sources.traces import write_raw_captures, write_window
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Snapshot, Window, labels_of
 
@@ -29,6 +25,15 @@ from tests import tools
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FILL = sorted((FIXTURES / "vllm-0.32-cpu" / "fill-sequence").glob("*.txt"))
 T0 = 1_700_000_000.0
+
+
+def parse_trace(text: str, engine: str | None = None, source: str = "trace"):
+    """A trace read as ``kvdoctor diagnose --replay`` reads it: raw families through the adapters."""
+    return parse_canonical(text, AdapterNormaliser(engine), source=source)
+
+
+def load_trace(path):
+    return load_canonical(path, AdapterNormaliser())
 
 
 def fill_captures(start: float = T0, step: float = 1.0) -> list[tuple[float, str]]:
@@ -162,8 +167,13 @@ def test_forcing_the_engine_uses_that_adapter():
     assert parse_trace(text, engine="vllm").window.series.keys() == parse_trace(text).window.series.keys()
     with pytest.raises(TraceError, match="no samples kvdoctor can use"):
         parse_trace(text, engine="sglang")
-    with pytest.raises(TraceError, match="unknown engine 'nope'"):
+    with pytest.raises(ValueError, match="unknown engine 'nope'"):
         parse_trace(text, engine="nope")
+
+
+def test_without_a_normaliser_only_canonical_families_are_read():
+    with pytest.raises(TraceError, match="holds no kvdoctor_\\* family and no raw family read here"):
+        parse_canonical(format_raw_captures(fill_captures()))
 
 
 def test_raw_and_canonical_families_in_one_trace_are_merged_per_timestamp():
@@ -262,7 +272,7 @@ def test_unreadable_files_raise_one_clear_line(tmp_path, content, message):
 def test_awkward_but_valid_lines_read_as_the_exposition_parser_reads_them():
     """Blanks inside label values, escaped quotes, exemplars, NaN and +Inf, a series first seen
     with an exemplar: the trace reader's per-series shortcut must agree with textparse."""
-    from kvdoctor.exporter.textparse import iter_samples
+    from kvdoctor.rules.textparse import iter_samples
 
     name = S.REQUESTS_RUNNING
     text = (f"# TYPE {name} gauge\n"

@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from kvdoctor.exporter.simulator import physics, scenarios
-from kvdoctor.exporter.simulator.physics import EngineConfig, Simulation
-from kvdoctor.exporter.simulator.scenarios import SCENARIOS, Scenario
+from kvdoctor.simulator import physics, scenarios
+from kvdoctor.simulator.physics import EngineConfig, Simulation
+from kvdoctor.simulator.scenarios import SCENARIOS, Scenario
 from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
 
 T0 = 1_800_000_000.0

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvdoctor.exporter.stress import RequestRecord
+from kvdoctor.stress.plan import RequestRecord
 from kvdoctor.rules.window import Snapshot, Window
 
 __all__ = ["EndpointError", "SignalsError", "Endpoint", "api_root", "discover", "make_prompt", "LoadRunner",
@@ -462,8 +462,8 @@ class LocalSignals:
         self.exporter = None
 
     def start(self) -> None:
-        from kvdoctor.commands.exporter import build_exporter
-        from kvdoctor.exporter.config import load_settings
+        from kvdoctor.exporter.assembly import build_exporter
+        from kvdoctor.exporter.settings import load_settings
 
         settings = load_settings(engine_url=self.metrics_url, interval=self.interval,
                                  retention_seconds=self.retention_seconds,

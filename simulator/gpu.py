@@ -6,9 +6,9 @@ into ``DRAM_BW_UTIL``, ``SM_UTIL`` and ``PCIE_RX/TX_PER_SEC``-style values, labe
 ``method="gpm"``. So, like GPM, the first collection has no ratios yet (it needs two samples).
 
 Sources: an in-process ``Simulation`` (tests, benchmarks), or the simulated engine's ``GET /gpu``
-over HTTP (what ``kvdoctor demo`` uses: the collector built from settings points at
-``settings.engine_url``'s host, the simulated engine). Registered as ``simulated_gpu``, off by
-default; ``kvdoctor demo`` turns it on instead of ``nvml``.
+over HTTP (what ``kvdoctor demo`` uses: ``for_engine_url`` points at the simulated engine the
+engine collector scrapes). The exporter does not know this collector: ``kvdoctor demo`` plugs it
+in instead of ``nvml`` (``build_exporter(extra_collectors=...)``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from kvdoctor.exporter.collectors.base import Collected, NotApplicable, SourceError, register
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.window import labels_of
 
 NAME = "simulated_gpu"
@@ -180,11 +180,7 @@ class SimulatedGpuCollector:
             self.source.close()
 
 
-@register(NAME, "Simulated GPU (kvdoctor demo): the nvml collector's signals, method=gpm, from the "
-                "built-in simulated engine at --engine-url", enabled_by_default=False)
-def from_settings(settings) -> SimulatedGpuCollector:
-    """The collector ``kvdoctor exporter --collector.simulated_gpu`` builds: it reads the
-    simulated engine the engine collector scrapes."""
-    url = getattr(settings, "engine_url", None)
-    timeout = float(getattr(settings, "scrape_timeout", None) or 2.0)
+def for_engine_url(url: str | None, timeout: float = 2.0) -> SimulatedGpuCollector:
+    """The collector the demo plugs into the exporter: it reads the simulated engine at ``url``
+    (the one the engine collector scrapes); without a URL it is not applicable."""
     return SimulatedGpuCollector(HttpSource.for_engine(url, timeout) if url else None)

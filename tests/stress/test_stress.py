@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from kvdoctor.exporter.stress import (
+from kvdoctor.stress.plan import (
     BANDWIDTH,
     NO_KNEE,
     PREEMPTION_ONSET,
@@ -31,14 +31,14 @@ from kvdoctor.exporter.stress import (
     stress_verdict,
     summarise_steps,
 )
-from kvdoctor.exporter.stress_load import EndpointError, _chunk_tokens, api_root, make_prompt
+from kvdoctor.stress.load import EndpointError, _chunk_tokens, api_root, make_prompt
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Snapshot, Window, labels_of
 
 T0 = 1_700_000_000.0
 ENGINE = labels_of(engine="vllm", model_name="tiny")
 LE = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
-FILL = sorted((Path(__file__).resolve().parent / "fixtures" / "vllm-0.32-cpu" / "fill-sequence").glob("*.txt"))
+FILL = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu" / "fill-sequence").glob("*.txt"))
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -387,7 +387,7 @@ def test_stress_writes_the_report_folder_from_an_in_process_exporter(tmp_path, c
     assert (out / "kv-latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and 'src="http' not in page and "<link" not in page
-    from kvdoctor.exporter.trace import load_trace
+    from kvdoctor.sources.traces import load_trace
 
     replayed = load_trace(out / "trace.om").window
     assert replayed.select(S.KV_CACHE_USAGE) and len(replayed) == summary["signals"]["snapshots"]

@@ -8,11 +8,12 @@ import time
 import httpx
 import pytest
 
-from kvdoctor.exporter.collectors.base import REGISTRY, NotApplicable, SourceError
-from kvdoctor.exporter.config import load_settings
-from kvdoctor.exporter.simulator.engine_server import EngineServer
-from kvdoctor.exporter.simulator.gpu import HttpSource, SimulatedGpuCollector, gpu_uuid
-from kvdoctor.exporter.simulator.physics import Simulation
+from kvdoctor.rules.collection import NotApplicable, SourceError
+
+from kvdoctor.exporter.collectors.base import REGISTRY
+from kvdoctor.simulator.engine_server import EngineServer
+from kvdoctor.simulator.gpu import HttpSource, SimulatedGpuCollector, for_engine_url, gpu_uuid
+from kvdoctor.simulator.physics import Simulation
 from kvdoctor.rules import signals as S
 
 T0 = 1_800_000_000.0
@@ -36,9 +37,8 @@ def by_name(collected) -> dict[str, list[tuple[dict, float]]]:
     return out
 
 
-def test_registered_like_every_collector():
-    spec = REGISTRY["simulated_gpu"]
-    assert not spec.enabled_by_default  # only the demo turns it on
+def test_the_exporter_does_not_register_it():
+    assert "simulated_gpu" not in REGISTRY  # the demo plugs it in; the sidecar never imports the simulator
 
 
 def test_first_reading_has_no_ratios_then_gpm_ratios():
@@ -83,10 +83,9 @@ def test_several_gpus_mirror_the_device_with_their_own_identity():
     assert len({value for _, value in samples[S.GPU_SM_ACTIVE]}) == 1
 
 
-def test_from_settings_reads_the_simulated_engine_over_http():
+def test_for_engine_url_reads_the_simulated_engine_over_http():
     with EngineServer(Simulation("compute_bound", seed=0, warmup=5)) as srv:
-        settings = load_settings(engine_url=srv.metrics_url, nvml=False, collectors={"simulated_gpu": True})
-        collector = REGISTRY["simulated_gpu"].factory(settings)
+        collector = for_engine_url(srv.metrics_url)
         try:
             collector.collect()
             time.sleep(0.6)  # real time: GPM-style ratios need the device to have moved on
@@ -98,7 +97,7 @@ def test_from_settings_reads_the_simulated_engine_over_http():
 
 
 def test_not_applicable_without_an_engine_url():
-    collector = REGISTRY["simulated_gpu"].factory(load_settings(nvml=False))
+    collector = for_engine_url(None)
     with pytest.raises(NotApplicable):
         collector.collect()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdoctor.exporter.stress import Bins, Saturation, StepSummary, Verdict
+from kvdoctor.stress.plan import Bins, Saturation, StepSummary, Verdict
 
 __all__ = ["render_figure", "render_html", "write_json"]
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 
 from kvdoctor.commands.demo import DEFAULT_SLO_MS
-from kvdoctor.commands.exporter import build_exporter
-from kvdoctor.exporter.config import load_settings
-from kvdoctor.exporter.simulator.engine_server import EngineServer
-from kvdoctor.exporter.simulator.physics import Simulation
-from kvdoctor.exporter.simulator.scenarios import SCENARIOS
+from kvdoctor.exporter.assembly import build_exporter
+from kvdoctor.exporter.settings import load_settings
+from kvdoctor.simulator.engine_server import EngineServer
+from kvdoctor.simulator import gpu as simulated_gpu
+from kvdoctor.simulator.physics import Simulation
+from kvdoctor.simulator.scenarios import SCENARIOS
 from kvdoctor.rules import signals as S
 
 CYCLES = 8
@@ -35,9 +36,10 @@ def run_pipeline(scenario: str, cycles: int = CYCLES):
     sim = Simulation(scenario, seed=0, clock=clock, warmup=20)
     with EngineServer(sim) as engine:
         settings = load_settings(engine_url=engine.metrics_url, engine="vllm", nvml=False,
-                                 collectors={"simulated_gpu": True}, port=0, scrape_timeout=5,
+                                 port=0, scrape_timeout=5,
                                  gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth, slo_ms=DEFAULT_SLO_MS)
-        exporter = build_exporter(settings, clock=clock)
+        exporter = build_exporter(settings, clock=clock,
+                                  extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url, 5)])
         verdicts = []
         try:
             for _ in range(cycles):

@@ -21,7 +21,7 @@ Endpoints (all on the engine's port):
                        ``simulated_gpu`` collector the way GPM reads a device
 =====================  ========================================================================
 
-``python -m kvdoctor.exporter.simulator.engine_server --scenario cycle --port 8000`` runs one
+``python -m kvdoctor.simulator.engine_server --scenario cycle --port 8000`` runs one
 on its own (e.g. for a Prometheus test or to point a separately started exporter at it).
 """
 
@@ -393,7 +393,7 @@ class EngineServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvdoctor.exporter.simulator.engine_server",
+    parser = argparse.ArgumentParser(prog="python -m kvdoctor.simulator.engine_server",
                                      description="Serve the simulated vLLM engine's /metrics on loopback.")
     parser.add_argument("--scenario", default="healthy", choices=SCENARIO_CHOICES)
     parser.add_argument("--host", default="127.0.0.1")

@@ -1,1 +1,0 @@
-"""kvdoctor exporter.simulator"""

@@ -1,0 +1,1 @@
+"""kvdoctor.stress: the KV-cache pressure test (load generator, recorders, report)."""
