@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.table import Row, markdown, missed, print_table, read_json
 
@@ -51,11 +51,13 @@ def _column_table(output: str) -> list[list[str]]:
         if re.fullmatch(r"-+(  +-+)+ *", lines[i]):
             spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[i])]
             rows = []
-            for line in lines[i + 1:]:
+            for line in lines[i + 1 :]:
                 if not line.strip():
                     break
-                cells = [line[a:(spans[k + 1][0] if k + 1 < len(spans) else len(line))].rstrip()
-                         for k, (a, _) in enumerate(spans)]
+                cells = [
+                    line[a : (spans[k + 1][0] if k + 1 < len(spans) else len(line))].rstrip()
+                    for k, (a, _) in enumerate(spans)
+                ]
                 rows.append(cells)
             return rows
     return []
@@ -94,17 +96,31 @@ def parse_diagnose(output: str) -> list[Row]:
     cpu, budget = float(diag.group(2)), float(diag.group(3))
     floors = re.findall(r"^floor (.+?)\s+(" + _NUMBER + r")\s+(" + _NUMBER + r")\s+(" + _NUMBER + r")x", output, re.M)
     first = floors[0] if floors else None
-    rows = [Row("diagnose", "diagnose(), 15 min x 1 Hz x 8 GPUs (CPU)", f"{cpu:.2f} ms",
-                f"{float(first[2]):.2f} ms ({first[0]})" if first else "",
-                f"{cpu / float(first[2]):.2f}x" if first else "", f"<= {budget:g} ms", cpu <= budget,
-                window.group(1) if window else "")]
+    rows = [
+        Row(
+            "diagnose",
+            "diagnose(), 15 min x 1 Hz x 8 GPUs (CPU)",
+            f"{cpu:.2f} ms",
+            f"{float(first[2]):.2f} ms ({first[0]})" if first else "",
+            f"{cpu / float(first[2]):.2f}x" if first else "",
+            f"<= {budget:g} ms",
+            cpu <= budget,
+            window.group(1) if window else "",
+        )
+    ]
     last60 = re.search(r"^diagnose, last 60 s only\s+(" + _NUMBER + r")\s+(" + _NUMBER + ")", output, re.M)
     if last60:
-        rows.append(Row("diagnose", "  the last 60 s only (what the exporter does each cycle)",
-                        f"{float(last60.group(2)):.2f} ms"))
+        rows.append(
+            Row(
+                "diagnose",
+                "  the last 60 s only (what the exporter does each cycle)",
+                f"{float(last60.group(2)):.2f} ms",
+            )
+        )
     for name, _wall, cpu_ms, _ratio in floors[1:]:
-        rows.append(Row("diagnose", f"  floor {name}", f"{float(cpu_ms):.2f} ms", "",
-                        f"diagnose {cpu / float(cpu_ms):.2f}x"))
+        rows.append(
+            Row("diagnose", f"  floor {name}", f"{float(cpu_ms):.2f} ms", "", f"diagnose {cpu / float(cpu_ms):.2f}x")
+        )
     return rows
 
 
@@ -117,39 +133,89 @@ def parse_dashboard(output: str) -> list[Row]:
     if live:
         t_med, size_max = float(live.group(1).replace(",", "")), float(live.group(4).replace(",", ""))
         kb_t, ms_t = (float(live_target.group(1)), float(live_target.group(2))) if live_target else (50.0, 50.0)
-        rows.append(Row("dashboard", "live update: server time (median)", f"{t_med:.1f} ms",
-                        f"{live_floor.group(1)} ms (no-op Dash round trip)" if live_floor else "",
-                        f"{live_floor.group(2)}x" if live_floor else "", f"<= {ms_t:g} ms", t_med <= ms_t,
-                        f"p95 {live.group(2)} ms"))
-        rows.append(Row("dashboard", "live update: payload (max)", f"{size_max:.1f} KB", "", "", f"<= {kb_t:g} KB",
-                        size_max <= kb_t, f"median {live.group(3)} KB"))
+        rows.append(
+            Row(
+                "dashboard",
+                "live update: server time (median)",
+                f"{t_med:.1f} ms",
+                f"{live_floor.group(1)} ms (no-op Dash round trip)" if live_floor else "",
+                f"{live_floor.group(2)}x" if live_floor else "",
+                f"<= {ms_t:g} ms",
+                t_med <= ms_t,
+                f"p95 {live.group(2)} ms",
+            )
+        )
+        rows.append(
+            Row(
+                "dashboard",
+                "live update: payload (max)",
+                f"{size_max:.1f} KB",
+                "",
+                "",
+                f"<= {kb_t:g} KB",
+                size_max <= kb_t,
+                f"median {live.group(3)} KB",
+            )
+        )
     load = re.search(rf"^\s+total\s+({n}) ms\s+({n}) KB", output, re.M)
     load_floor = re.search(rf"raw \d+ s window: ({n}) ms -> ({n})x", output)
     if load:
-        rows.append(Row("dashboard", "initial page load (15 min of data)", f"{load.group(1)} ms, {load.group(2)} KB",
-                        f"{load_floor.group(1)} ms (raw window fetch)" if load_floor else "",
-                        f"{load_floor.group(2)}x" if load_floor else ""))
+        rows.append(
+            Row(
+                "dashboard",
+                "initial page load (15 min of data)",
+                f"{load.group(1)} ms, {load.group(2)} KB",
+                f"{load_floor.group(1)} ms (raw window fetch)" if load_floor else "",
+                f"{load_floor.group(2)}x" if load_floor else "",
+            )
+        )
     hist = re.search(rf"history.*?server time ({n}) ms.*?payload ({n}) KB", output, re.S)
     hist_floor = re.search(rf"raw range queries alone ({n}) ms -> ({n})x", output)
     render = re.search(rf"Plotly\.newPlot\): ({n}) ms", output)
     total = re.search(rf"server \+ render ({n}) ms; target <= ({n}) ms", output)
     if hist:
-        rows.append(Row("dashboard", "24 h history: server time", f"{hist.group(1)} ms",
-                        f"{hist_floor.group(1)} ms (raw range queries)" if hist_floor else "",
-                        f"{hist_floor.group(2)}x" if hist_floor else "", "", None, f"payload {hist.group(2)} KB"))
+        rows.append(
+            Row(
+                "dashboard",
+                "24 h history: server time",
+                f"{hist.group(1)} ms",
+                f"{hist_floor.group(1)} ms (raw range queries)" if hist_floor else "",
+                f"{hist_floor.group(2)}x" if hist_floor else "",
+                "",
+                None,
+                f"payload {hist.group(2)} KB",
+            )
+        )
     if total:
         t, bound = float(total.group(1).replace(",", "")), float(total.group(2).replace(",", ""))
-        rows.append(Row("dashboard", "24 h history: server + browser render", f"{t:,.0f} ms", "", "",
-                        f"<= {bound:,.0f} ms", t <= bound,
-                        f"render {render.group(1)} ms in headless Chromium" if render else "no browser render"))
+        rows.append(
+            Row(
+                "dashboard",
+                "24 h history: server + browser render",
+                f"{t:,.0f} ms",
+                "",
+                "",
+                f"<= {bound:,.0f} ms",
+                t <= bound,
+                f"render {render.group(1)} ms in headless Chromium" if render else "no browser render",
+            )
+        )
     return rows
 
 
 # ------------------------------------------------------------------------------------ the benches
 
+
 class Bench:
-    def __init__(self, name: str, module: str, full: list[str], quick: list[str],
-                 parse: Callable[[str], list[Row]] | None = None, json_rows: bool = False):
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        full: list[str],
+        quick: list[str],
+        parse: Callable[[str], list[Row]] | None = None,
+        json_rows: bool = False,
+    ):
         self.name, self.module, self.full, self.quick = name, module, full, quick
         self.parse, self.json_rows = parse, json_rows
 
@@ -168,8 +234,11 @@ BENCHES = [
 def discover() -> list[Bench]:
     """The known benches, then any other bench/bench_*.py (run without arguments)."""
     known = {b.module for b in BENCHES}
-    extra = [Bench(p.stem.removeprefix("bench_"), f"bench.{p.stem}", [], [])
-             for p in sorted(BENCH_DIR.glob("bench_*.py")) if f"bench.{p.stem}" not in known]
+    extra = [
+        Bench(p.stem.removeprefix("bench_"), f"bench.{p.stem}", [], [])
+        for p in sorted(BENCH_DIR.glob("bench_*.py"))
+        if f"bench.{p.stem}" not in known
+    ]
     present = [b for b in BENCHES if (BENCH_DIR / (b.module.split(".")[1] + ".py")).exists()]
     return present + extra
 
@@ -182,8 +251,14 @@ def run_one(bench: Bench, quick: bool, extra_args: list[str]) -> tuple[list[Row]
             args += ["--json-out", str(json_path)]
         print(f"\n== {bench.module} {' '.join(args)}".rstrip(), flush=True)
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", bench.module, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", bench.module, *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
         captured = []
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -244,14 +319,18 @@ def main(argv: list[str] | None = None) -> int:
 
     load1, load5, _ = os.getloadavg()
     print("\n" + "=" * 100)
-    print(f"kvdoctor benchmarks{' (--quick)' if args.quick else ''}: {time.strftime('%Y-%m-%d %H:%M:%S')}, "
-          f"{os.cpu_count()} CPUs, load average {load1:.1f} / {load5:.1f}; {', '.join(timings)} "
-          f"({(time.monotonic() - started) / 60:.1f} min in all)")
+    print(
+        f"kvdoctor benchmarks{' (--quick)' if args.quick else ''}: {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+        f"{os.cpu_count()} CPUs, load average {load1:.1f} / {load5:.1f}; {', '.join(timings)} "
+        f"({(time.monotonic() - started) / 60:.1f} min in all)"
+    )
     print("floor = a reference measured in the same run (each bench says which); ratio as labelled\n")
     print_table(all_rows)
     misses = missed(all_rows)
-    print(f"\n{len(all_rows)} figures, {sum(r.ok is not None for r in all_rows)} with a target, "
-          f"{len(misses)} missed{': ' + '; '.join(f'{r.bench}/{r.measure.strip()}' for r in misses) if misses else ''}")
+    print(
+        f"\n{len(all_rows)} figures, {sum(r.ok is not None for r in all_rows)} with a target, "
+        f"{len(misses)} missed{': ' + '; '.join(f'{r.bench}/{r.measure.strip()}' for r in misses) if misses else ''}"
+    )
     if failed:
         print(f"could not run: {', '.join(failed)}")
     if args.markdown:

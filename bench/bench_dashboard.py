@@ -71,8 +71,10 @@ class DashClient:
     def callback(self, output_prefix: str, values: dict, changed: list[str]) -> tuple[dict, float, int]:
         """POST one callback; ``values`` maps "id.property" -> value for its inputs and state."""
         dep = next(d for o, d in self.deps.items() if o.startswith(output_prefix))
-        outputs = [{"id": part.rsplit(".", 1)[0], "property": part.rsplit(".", 1)[1]}
-                   for part in dep["output"].strip(".").split("...")]
+        outputs = [
+            {"id": part.rsplit(".", 1)[0], "property": part.rsplit(".", 1)[1]}
+            for part in dep["output"].strip(".").split("...")
+        ]
         body = {
             "output": dep["output"],
             "outputs": outputs if dep["output"].startswith("..") else outputs[0],
@@ -108,8 +110,9 @@ class FakeProcess:
     """A fake exporter / Prometheus in its own process, so its work does not share our GIL."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.dashboard.synthetic", *args], cwd=ROOT,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.dashboard.synthetic", *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://"):
             raise RuntimeError(f"the fake {args[0]} did not start")
@@ -133,8 +136,15 @@ class RealPrometheus:
             t = time.perf_counter()
             # The same engine (and t0) as the fake Prometheus would serve.
             engine = SyntheticEngine(SCENARIOS[scenario], t0=end - hours * 3600 - 600, gpus=gpus)
-            self.samples = backfill(engine, engine.t0, end, self.workdir / "data", promtool,
-                                    {"instance": INSTANCE, "job": "kvdoctor"}, workdir=self.workdir)
+            self.samples = backfill(
+                engine,
+                engine.t0,
+                end,
+                self.workdir / "data",
+                promtool,
+                {"instance": INSTANCE, "job": "kvdoctor"},
+                workdir=self.workdir,
+            )
             self.backfill_seconds = time.perf_counter() - t
             t = time.perf_counter()
             self._start(prometheus)
@@ -152,9 +162,17 @@ class RealPrometheus:
             port = free_port()
             self.url = f"http://127.0.0.1:{port}"
             log = open(self.workdir / "prometheus.log", "ab")
-            self.proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                                          f"--web.listen-address=127.0.0.1:{port}"],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
             log.close()
             deadline = time.monotonic() + self.READY_TIMEOUT
             while time.monotonic() < deadline and self.proc.poll() is None:
@@ -191,29 +209,58 @@ def history_prometheus(args, end: float):
 
     prometheus, promtool = tools.prometheus(), tools.promtool()
     if prometheus and promtool and not args.fake_prometheus:
-        print(f"  set-up: backfilling {args.history_hours} h x 1 Hz into a real Prometheus "
-              f"(promtool tsdb create-blocks-from openmetrics)…", flush=True)
+        print(
+            f"  set-up: backfilling {args.history_hours} h x 1 Hz into a real Prometheus "
+            f"(promtool tsdb create-blocks-from openmetrics)…",
+            flush=True,
+        )
         real = RealPrometheus(prometheus, promtool, HISTORY_SCENARIO, args.history_hours, args.gpus, end)
-        print(f"  set-up: {real.samples / 1e6:.1f} M samples backfilled in {real.backfill_seconds:.0f} s, "
-              f"prometheus ready in {real.start_seconds:.1f} s (not timed)")
+        print(
+            f"  set-up: {real.samples / 1e6:.1f} M samples backfilled in {real.backfill_seconds:.0f} s, "
+            f"prometheus ready in {real.start_seconds:.1f} s (not timed)"
+        )
         return real, "a real Prometheus"
-    why = "--fake-prometheus" if args.fake_prometheus else \
-        f"no {' or '.join(n for n, p in (('prometheus', prometheus), ('promtool', promtool)) if not p)} installed"
-    print(f"  NOTE: the fake Prometheus of tests/dashboard/synthetic.py ({why}; install: {tools.TOOLS['prometheus'][2]}). "
-          "Its answers are cached and it does no PromQL: server time and floor are not a real Prometheus'.", flush=True)
-    return FakeProcess("prometheus", "--scenario", HISTORY_SCENARIO, "--hours", str(args.history_hours),
-                       "--gpus", str(args.gpus), "--instance", INSTANCE, "--end", str(end)), "the fake Prometheus"
+    why = (
+        "--fake-prometheus"
+        if args.fake_prometheus
+        else f"no {' or '.join(n for n, p in (('prometheus', prometheus), ('promtool', promtool)) if not p)} installed"
+    )
+    print(
+        f"  NOTE: the fake Prometheus of tests/dashboard/synthetic.py ({why}; install: {tools.TOOLS['prometheus'][2]}). "
+        "Its answers are cached and it does no PromQL: server time and floor are not a real Prometheus'.",
+        flush=True,
+    )
+    return FakeProcess(
+        "prometheus",
+        "--scenario",
+        HISTORY_SCENARIO,
+        "--hours",
+        str(args.history_hours),
+        "--gpus",
+        str(args.gpus),
+        "--instance",
+        INSTANCE,
+        "--end",
+        str(end),
+    ), "the fake Prometheus"
 
 
 def bench_live(args) -> bool:
     exporter = FakeProcess("exporter", "--minutes", str(args.minutes), "--gpus", str(args.gpus))
-    handle = serve_in_thread(create_app(exporter_url=exporter.url, live_seconds=args.minutes * 60, environ={}),
-                             "127.0.0.1", 0)
+    handle = serve_in_thread(
+        create_app(exporter_url=exporter.url, live_seconds=args.minutes * 60, environ={}), "127.0.0.1", 0
+    )
     try:
         dash = DashClient(handle.url)
         span = args.minutes * 60
-        values = {"live-tick.data": 0, "live-target.value": "", "live-range.value": f"live:{span}",
-                  "live-instance.value": "", "live-history.data": None, "live-cursor.data": None}
+        values = {
+            "live-tick.data": 0,
+            "live-target.value": "",
+            "live-range.value": f"live:{span}",
+            "live-instance.value": "",
+            "live-history.data": None,
+            "live-cursor.data": None,
+        }
         # Warm-up: one whole page load and one update (imports, connection pools, first-request setup).
         dash.load()
         first, _, _ = dash.callback("..live-data.data", values, ["live-tick.data"])
@@ -222,9 +269,11 @@ def bench_live(args) -> bool:
         loads = []
         for _ in range(3):
             steps = dash.load()
-            route, t_route, b_route = dash.callback(".._pages_content", {"_pages_location.pathname": "/",
-                                                                         "_pages_location.search": ""},
-                                                    ["_pages_location.pathname"])
+            route, t_route, b_route = dash.callback(
+                ".._pages_content",
+                {"_pages_location.pathname": "/", "_pages_location.search": ""},
+                ["_pages_location.pathname"],
+            )
             steps.append(("page route (+ first verdict)", t_route, b_route))
             full, t_full, b_full = dash.callback("..live-data.data", values, ["live-tick.data"])
             steps.append((f"first fetch ({args.minutes} min, full figures)", t_full, b_full))
@@ -234,16 +283,19 @@ def bench_live(args) -> bool:
                 steps.append((f"{name} callback", t, b))
             loads.append(steps)
         steps = [(stages[0][0], statistics.median(s[1] for s in stages), stages[0][2]) for stages in zip(*loads)]
-        static = sum(len(httpx.get(handle.url.rstrip("/") + src).content)
-                     for src in _script_sources(dash.http.get("/").text))
+        static = sum(
+            len(httpx.get(handle.url.rstrip("/") + src).content) for src in _script_sources(dash.http.get("/").text)
+        )
         load_time, load_bytes = sum(s[1] for s in steps), sum(s[2] for s in steps)
         client = ExporterClient(exporter.url, timeout=30)
         floor_load = _timed(lambda: client.window(span), repeat=3)  # median of 3
         print(f"\ninitial page load ({args.minutes} min x 1 Hz, {args.gpus} GPUs, 1 engine)")
         for name, t, b in steps:
             print(f"  {name:<40} {_ms(t):>10} {_kb(b):>12}")
-        print(f"  {'total':<40} {_ms(load_time):>10} {_kb(load_bytes):>12}   (+ {static / 1e6:.1f} MB of "
-              f"static JavaScript, cached by the browser)")
+        print(
+            f"  {'total':<40} {_ms(load_time):>10} {_kb(load_bytes):>12}   (+ {static / 1e6:.1f} MB of "
+            f"static JavaScript, cached by the browser)"
+        )
         print(f"  floor: fetch + parse of the raw {span} s window: {_ms(floor_load)} -> {load_time / floor_load:.1f}x")
 
         # -- live updates
@@ -253,12 +305,14 @@ def bench_live(args) -> bool:
             time.sleep(1.0)  # one new sample a second, like the exporter
             values.update({"live-tick.data": n, "live-cursor.data": cursor})
             response, t_fetch, b_fetch = dash.callback("..live-data.data", values, ["live-tick.data"])
-            _, t_badge, b_badge = dash.callback("live-badge", {"live-health.data": response["live-health"]["data"]},
-                                                ["live-health.data"])
+            _, t_badge, b_badge = dash.callback(
+                "live-badge", {"live-health.data": response["live-health"]["data"]}, ["live-health.data"]
+            )
             extra_t, extra_b = 0.0, 0
             if "live-diagnosis" in response:
-                _, extra_t, extra_b = dash.callback("live-banner", {"live-diagnosis.data": response["live-diagnosis"]["data"]},
-                                                    ["live-diagnosis.data"])
+                _, extra_t, extra_b = dash.callback(
+                    "live-banner", {"live-diagnosis.data": response["live-diagnosis"]["data"]}, ["live-diagnosis.data"]
+                )
             if "live-cursor" in response:
                 cursor = response["live-cursor"]["data"]
             if response.get("live-data", {}).get("data", {}).get("mode") == "extend":
@@ -272,8 +326,10 @@ def bench_live(args) -> bool:
         ok = med_t <= LIVE_TARGET_SECONDS and max_b <= LIVE_TARGET_BYTES
         print(f"\nlive update ({args.updates} ticks, {ticks} appended points with extendData)")
         print(f"  server time median {_ms(med_t)}, p95 {_ms(p95_t)}; payload median {_kb(med_b)}, max {_kb(max_b)}")
-        print(f"  floor: a no-op Dash round trip {_ms(floor_rt)} -> {med_t / floor_rt:.1f}x; "
-              f"the raw 15 s window fetch {_ms(floor_window)} -> {med_t / floor_window:.1f}x")
+        print(
+            f"  floor: a no-op Dash round trip {_ms(floor_rt)} -> {med_t / floor_rt:.1f}x; "
+            f"the raw 15 s window fetch {_ms(floor_window)} -> {med_t / floor_window:.1f}x"
+        )
         print(f"  target <= {_kb(LIVE_TARGET_BYTES)} and <= {_ms(LIVE_TARGET_SECONDS)}: {'OK' if ok else 'MISSED'}")
         return ok
     finally:
@@ -298,8 +354,14 @@ def bench_history(args) -> bool:
         dash = DashClient(handle.url)
         dash.load()
         history = {"from": end - span, "to": end}
-        values = {"live-tick.data": 0, "live-target.value": "", "live-range.value": "fixed",
-                  "live-instance.value": INSTANCE, "live-history.data": history, "live-cursor.data": None}
+        values = {
+            "live-tick.data": 0,
+            "live-target.value": "",
+            "live-range.value": "fixed",
+            "live-instance.value": INSTANCE,
+            "live-history.data": history,
+            "live-cursor.data": None,
+        }
         dash.callback("..live-data.data", values, ["live-tick.data"])  # warm-up (page cache, connections)
         runs = []
         for _ in range(3):
@@ -315,7 +377,9 @@ def bench_history(args) -> bool:
         client = PrometheusClient(prometheus.url, timeout=60)
         settings = app.server.extensions["kvdoctor_dashboard"].settings
         step = promql.range_step(span, settings.oversampling * settings.max_points)
-        queries = list(promql.live_queries({promql.TARGET_LABEL: INSTANCE}, step, settings.rate_window_seconds).values())
+        queries = list(
+            promql.live_queries({promql.TARGET_LABEL: INSTANCE}, step, settings.rate_window_seconds).values()
+        )
         start = (end - span) // step * step
         with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:  # as many at a time as the dashboard
             floor = _timed(lambda: list(pool.map(lambda q: client.query_range(q, start, end, step), queries)), repeat=3)
@@ -325,14 +389,20 @@ def bench_history(args) -> bool:
         render, render_floor = rendered if rendered else (None, None)
         total = t_server + (render or 0.0)
         ok = total <= HISTORY_TARGET_SECONDS
-        print(f"  {traces} traces, {points:,} points ({markers} of them scatter markers), at most {longest} in one "
-              f"(range-query step {step:g} s, then MinMaxLTTB)")
+        print(
+            f"  {traces} traces, {points:,} points ({markers} of them scatter markers), at most {longest} in one "
+            f"(range-query step {step:g} s, then MinMaxLTTB)"
+        )
         print(f"  server time {_ms(t_server)} (median of 3), payload {_kb(b_payload)}; from {which}")
-        print(f"  floor: the {len(queries)} raw range queries alone {_ms(floor)} -> {t_server / floor:.1f}x "
-              f"({PARALLEL_QUERIES} at a time, as the dashboard sends them; one at a time {_ms(serial)})")
+        print(
+            f"  floor: the {len(queries)} raw range queries alone {_ms(floor)} -> {t_server / floor:.1f}x "
+            f"({PARALLEL_QUERIES} at a time, as the dashboard sends them; one at a time {_ms(serial)})"
+        )
         if render is not None:
-            print(f"  browser render of the four charts (headless Chromium, Plotly.newPlot): {_ms(render)}; "
-                  f"floor: the same charts with one point per trace {_ms(render_floor)} -> {render / render_floor:.1f}x")
+            print(
+                f"  browser render of the four charts (headless Chromium, Plotly.newPlot): {_ms(render)}; "
+                f"floor: the same charts with one point per trace {_ms(render_floor)} -> {render / render_floor:.1f}x"
+            )
         else:
             print("  browser render: skipped (no Chromium or --no-browser)")
         print(f"  server + render {_ms(total)}; target <= {_ms(HISTORY_TARGET_SECONDS)}: {'OK' if ok else 'MISSED'}")
@@ -388,8 +458,11 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--history-hours", type=int, default=24)
     parser.add_argument("--no-browser", action="store_true", help="skip the Chromium render timing")
-    parser.add_argument("--fake-prometheus", action="store_true",
-                        help="history from the fake Prometheus even when a real one is installed")
+    parser.add_argument(
+        "--fake-prometheus",
+        action="store_true",
+        help="history from the fake Prometheus even when a real one is installed",
+    )
     parser.add_argument("--history-only", action="store_true", help="skip the live-update and page-load figures")
     args = parser.parse_args()
     live_ok = None if args.history_only else bench_live(args)

@@ -50,8 +50,30 @@ from kvdoctor.rules.window import Snapshot, Window
 SECONDS = 900
 GPUS = 8
 BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 
 
 def snapshots(seconds: int = SECONDS, gpus: int = GPUS, seed: int = 1) -> list[Snapshot]:
@@ -162,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         end = snaps[-1].ts
         floors.insert(0, ("RingStore.window(900)", median_seconds(lambda: store.window(SECONDS, now=end), args.repeat)))
         t_store_minute = median_seconds(lambda: store.window(60, now=end), args.repeat)
-        minute_floor = (f"   target ~1 ms; RingStore.window(60) {t_store_minute[1] * 1000:.2f} ms cpu "
-                        f"({t_minute[1] / t_store_minute[1]:.1f}x)")
+        minute_floor = (
+            f"   target ~1 ms; RingStore.window(60) {t_store_minute[1] * 1000:.2f} ms cpu "
+            f"({t_minute[1] / t_store_minute[1]:.1f}x)"
+        )
 
     print(f"window: {len(window)} samples x {len(window.series)} series ({GPUS} GPUs + 1 engine, {SECONDS} s at 1 Hz)")
     print(f"verdict: {diagnosis.verdict} ({diagnosis.confidence:.2f}) -- {diagnosis.headline}")

@@ -78,9 +78,17 @@ class SimulatedGpus:
         for i in range(n):
             base = labels_of(gpu=str(i), uuid=f"GPU-{i:08x}-bench", model="NVIDIA H100 80GB HBM3")
             gpm = labels_of(dict(base), method="gpm")
-            self._rows.append(((S.GPU_DRAM_BANDWIDTH_UTILIZATION, gpm), (S.GPU_SM_ACTIVE, gpm),
-                               (S.GPU_MEMORY_USED, base), (S.GPU_MEMORY_TOTAL, base), (S.GPU_PCIE_RX, base),
-                               (S.GPU_PCIE_TX, base), (S.GPU_DRAM_PEAK_BANDWIDTH, base)))
+            self._rows.append(
+                (
+                    (S.GPU_DRAM_BANDWIDTH_UTILIZATION, gpm),
+                    (S.GPU_SM_ACTIVE, gpm),
+                    (S.GPU_MEMORY_USED, base),
+                    (S.GPU_MEMORY_TOTAL, base),
+                    (S.GPU_PCIE_RX, base),
+                    (S.GPU_PCIE_TX, base),
+                    (S.GPU_DRAM_PEAK_BANDWIDTH, base),
+                )
+            )
 
     def collect(self):
         from kvdoctor.rules.collection import Collected
@@ -136,8 +144,9 @@ class StaticServer:
     """A bare asyncio HTTP/1.1 server answering every request with the same bytes."""
 
     def __init__(self, body: bytes):
-        self.response = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n"
-                         % len(body)) + body
+        self.response = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n" % len(body)
+        ) + body
         self.port = 0
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -168,9 +177,26 @@ class StaticServer:
 
 
 def load(port: int, scrapers: int, rounds: int) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", "127.0.0.1", str(port), "/metrics",
-                          "--scrapers", str(scrapers), "--rounds", str(rounds), "--gap", "0.05"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.loadgen",
+            "127.0.0.1",
+            str(port),
+            "/metrics",
+            "--scrapers",
+            str(scrapers),
+            "--rounds",
+            str(rounds),
+            "--gap",
+            "0.05",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])
     return json.loads(out.stdout)
@@ -179,6 +205,7 @@ def load(port: int, scrapers: int, rounds: int) -> dict:
 def http_impl() -> str:
     try:
         import httptools  # noqa: F401
+
         return "httptools"
     except ImportError:
         return "h11 (pure Python; install httptools for ~2x)"
@@ -202,9 +229,9 @@ def main() -> int:
 
     from kvdoctor.exporter.app import create_app
     from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.exporter.settings import ExporterSettings
     from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook
     from kvdoctor.exporter.server import serve_in_thread
+    from kvdoctor.exporter.settings import ExporterSettings
 
     engine_proc, url = start_engine_process(args.fixture)
     rows: list[tuple[str, str, str, str]] = []
@@ -246,13 +273,26 @@ def main() -> int:
             ("collection cycle CPU (all of it)", ms(cycle_cpu), ms(floor_cycle), f"{cycle_cpu / floor_cycle:.2f}"),
             ("  engine collector: fetch + parse + adapter", ms(collect_cpu), "", ""),
             ("    HTTP fetch of the engine page", ms(fetch_cpu), ms(fetch_cpu), "1.00"),
-            ("    parse + adapter (ours) vs parser (prometheus_client)", ms(normalise_cpu), ms(prom_parse_cpu),
-             f"{normalise_cpu / prom_parse_cpu:.2f}"),
+            (
+                "    parse + adapter (ours) vs parser (prometheus_client)",
+                ms(normalise_cpu),
+                ms(prom_parse_cpu),
+                f"{normalise_cpu / prom_parse_cpu:.2f}",
+            ),
             (f"  {args.gpus} simulated GPUs", ms(gpu_cpu), "", ""),
-            ("  diagnosis of the last 60 s", ms(diag_cpu) if diag_cpu is not None else "n/a (no rules.diagnosis)", "", ""),
+            (
+                "  diagnosis of the last 60 s",
+                ms(diag_cpu) if diag_cpu is not None else "n/a (no rules.diagnosis)",
+                "",
+                "",
+            ),
             ("  runtime itself (the rest: threads, merge, store + window, page)", ms(own), "", ""),
-            ("    of which rendering the page (ours) vs generate_latest", ms(render_cpu), ms(prom_render_cpu),
-             f"{render_cpu / prom_render_cpu:.2f}"),
+            (
+                "    of which rendering the page (ours) vs generate_latest",
+                ms(render_cpu),
+                ms(prom_render_cpu),
+                f"{render_cpu / prom_render_cpu:.2f}",
+            ),
             ("    of which store.window(60) for the diagnosis", ms(window_cpu), "", ""),
             ("collection cycle wall time", ms(cycle_wall), "", ""),
             ("cycle CPU at 1 Hz, % of a core (target <= 0.5 %)", f"{cycle_cpu * 100:.3f} %", "", ""),
@@ -280,24 +320,42 @@ def main() -> int:
         exporter.stop()
         tag = f"{args.scrapers} aligned scrapers"
         rows += [
-            (f"/metrics p50, {tag}", f"{ours['p50_ms']:.2f} ms", f"{prom['p50_ms']:.2f} ms",
-             f"{ours['p50_ms'] / prom['p50_ms']:.2f}"),
-            (f"/metrics p99, {tag} (target <= 5 ms)", f"{ours['p99_ms']:.2f} ms", f"{prom['p99_ms']:.2f} ms",
-             f"{ours['p99_ms'] / prom['p99_ms']:.2f}"),
-            ("/metrics requests/s (saturated)", f"{ours['requests_per_s']:.0f}", f"{prom['requests_per_s']:.0f}",
-             f"{ours['requests_per_s'] / prom['requests_per_s']:.2f}"),
-            ("  transport floor (bare asyncio, same bytes) p50 / p99", f"{bare['p50_ms']:.2f} / {bare['p99_ms']:.2f} ms",
-             "", f"ours/bare p99 {ours['p99_ms'] / bare['p99_ms']:.2f}"),
+            (
+                f"/metrics p50, {tag}",
+                f"{ours['p50_ms']:.2f} ms",
+                f"{prom['p50_ms']:.2f} ms",
+                f"{ours['p50_ms'] / prom['p50_ms']:.2f}",
+            ),
+            (
+                f"/metrics p99, {tag} (target <= 5 ms)",
+                f"{ours['p99_ms']:.2f} ms",
+                f"{prom['p99_ms']:.2f} ms",
+                f"{ours['p99_ms'] / prom['p99_ms']:.2f}",
+            ),
+            (
+                "/metrics requests/s (saturated)",
+                f"{ours['requests_per_s']:.0f}",
+                f"{prom['requests_per_s']:.0f}",
+                f"{ours['requests_per_s'] / prom['requests_per_s']:.2f}",
+            ),
+            (
+                "  transport floor (bare asyncio, same bytes) p50 / p99",
+                f"{bare['p50_ms']:.2f} / {bare['p99_ms']:.2f} ms",
+                "",
+                f"ours/bare p99 {ours['p99_ms'] / bare['p99_ms']:.2f}",
+            ),
         ]
     finally:
         engine_proc.terminate()
         engine_proc.wait(10)
 
     load1, load5, _ = os.getloadavg()
-    print(f"kvdoctor exporter benchmark: vLLM fixture {args.fixture.name} ({len(text) // 1024} KB) over HTTP + "
-          f"{args.gpus} simulated GPUs = {n_series} series, page {len(page) // 1024} KB; {args.cycles} cycles, "
-          f"{args.rounds} rounds x {args.scrapers} scrapers; uvicorn HTTP: {http_impl()}; "
-          f"{os.cpu_count()} CPUs, load average {load1:.1f} / {load5:.1f}")
+    print(
+        f"kvdoctor exporter benchmark: vLLM fixture {args.fixture.name} ({len(text) // 1024} KB) over HTTP + "
+        f"{args.gpus} simulated GPUs = {n_series} series, page {len(page) // 1024} KB; {args.cycles} cycles, "
+        f"{args.rounds} rounds x {args.scrapers} scrapers; uvicorn HTTP: {http_impl()}; "
+        f"{os.cpu_count()} CPUs, load average {load1:.1f} / {load5:.1f}"
+    )
     print("floor = prometheus_client on the same data (its parser + generate_latest; its own HTTP server)\n")
     widths = [max(len(r[i]) for r in rows + [("measure", "ours", "floor", "ours/floor")]) for i in range(4)]
     header = ("measure", "ours", "floor", "ours/floor")

@@ -39,22 +39,25 @@ FIXTURE = ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
 CPU_TARGET = 0.005  # of one core
 RSS_TARGET = 80e6
 BENCH = "exporter@1Hz"
-IMPORTS_ONLY = ("import kvdoctor.exporter.app, kvdoctor.exporter.runtime, kvdoctor.exporter.assembly, "
-                "kvdoctor.exporter.collectors, kvdoctor.rules.diagnosis, kvdoctor.exporter.server, "
-                "bench.bench_exporter, sys; print('PORT 0', flush=True); sys.stdin.read()")
+IMPORTS_ONLY = (
+    "import kvdoctor.exporter.app, kvdoctor.exporter.runtime, kvdoctor.exporter.assembly, "
+    "kvdoctor.exporter.collectors, kvdoctor.rules.diagnosis, kvdoctor.exporter.server, "
+    "bench.bench_exporter, sys; print('PORT 0', flush=True); sys.stdin.read()"
+)
 
 
 # ------------------------------------------------------------------------------ measured processes
+
 
 def child_ours(engine_url: str, gpus: int) -> int:
     """The exporter, as ``kvdoctor exporter`` builds it, plus ``gpus`` simulated GPUs."""
     import logging
 
     from bench.bench_exporter import SimulatedGpus
-    from kvdoctor.exporter.assembly import build_exporter
     from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.settings import ExporterSettings
+    from kvdoctor.exporter.assembly import build_exporter
     from kvdoctor.exporter.server import bind_socket, serve
+    from kvdoctor.exporter.settings import ExporterSettings
 
     logging.basicConfig(level=logging.WARNING)
     settings = ExporterSettings(engine_url=engine_url, interval=1.0, nvml=False, host="127.0.0.1", port=0)
@@ -89,9 +92,15 @@ def child_floor(engine_url: str, gpus: int) -> int:
         text = conn.getresponse().read().decode()
         families = list(text_string_to_metric_families(text))
         state["step"] += 1
-        for name in ("gpu_dram_bandwidth_utilization_ratio", "gpu_sm_active_ratio", "gpu_memory_used_bytes",
-                     "gpu_memory_total_bytes", "gpu_pcie_receive_bytes_per_second",
-                     "gpu_pcie_transmit_bytes_per_second", "gpu_dram_peak_bandwidth_bytes_per_second"):
+        for name in (
+            "gpu_dram_bandwidth_utilization_ratio",
+            "gpu_sm_active_ratio",
+            "gpu_memory_used_bytes",
+            "gpu_memory_total_bytes",
+            "gpu_pcie_receive_bytes_per_second",
+            "gpu_pcie_transmit_bytes_per_second",
+            "gpu_dram_peak_bandwidth_bytes_per_second",
+        ):
             family = GaugeMetricFamily(f"floor_{name}", name, labels=["gpu", "uuid", "model"])
             for i in range(gpus):
                 labels = [str(i), f"GPU-{i:08x}-bench", "NVIDIA H100 80GB HBM3"]
@@ -120,6 +129,7 @@ def child_floor(engine_url: str, gpus: int) -> int:
 
 
 # ------------------------------------------------------------------------------------ measuring
+
 
 class Measured:
     def __init__(self, name: str, argv: list[str]):
@@ -214,17 +224,38 @@ def measure(quick: bool = False, gpus: int = 8, warmup: float | None = None, spa
     load1 = os.getloadavg()[0]
     short = " (quick: the diagnosis window is not yet full)" if warmup < 60 else ""
     return [
-        Row(BENCH, f"CPU, vLLM fixture + {gpus} simulated GPUs, 1 scrape/s", pct(cpu["ours"]), pct(cpu["floor"]),
-            f"{cpu['ours'] / cpu['floor']:.2f}x floor", "<= 0.50 %", cpu["ours"] <= CPU_TARGET,
+        Row(
+            BENCH,
+            f"CPU, vLLM fixture + {gpus} simulated GPUs, 1 scrape/s",
+            pct(cpu["ours"]),
+            pct(cpu["floor"]),
+            f"{cpu['ours'] / cpu['floor']:.2f}x floor",
+            "<= 0.50 %",
+            cpu["ours"] <= CPU_TARGET,
             f"measured over {span:.0f} s after {warmup:.0f} s of warm-up{short}; load average {load1:.1f} on "
-            f"{os.cpu_count()} CPUs; floor = prometheus_client parser + start_http_server re-exposing the same page"),
-        Row(BENCH, "RSS (median over the span)", f"{rss_ours / 1e6:.1f} MB", f"{rss_floor / 1e6:.1f} MB",
-            f"{rss_ours / rss_floor:.2f}x floor", "<= 80 MB", rss_ours <= RSS_TARGET,
+            f"{os.cpu_count()} CPUs; floor = prometheus_client parser + start_http_server re-exposing the same page",
+        ),
+        Row(
+            BENCH,
+            "RSS (median over the span)",
+            f"{rss_ours / 1e6:.1f} MB",
+            f"{rss_floor / 1e6:.1f} MB",
+            f"{rss_ours / rss_floor:.2f}x floor",
+            "<= 80 MB",
+            rss_ours <= RSS_TARGET,
             f"max {max(ours.rss) / 1e6:.1f} MB; the exporter's imports alone (no collection) hold "
-            f"{statistics.median(imports.rss) / 1e6:.1f} MB"),
-        Row(BENCH, "  /metrics page served", f"{page_bytes.get('ours', 0) / 1e3:.1f} KB",
-            f"{page_bytes.get('floor', 0) / 1e3:.1f} KB", "", "", None,
-            "ours: canonical series only; floor: the whole engine page again"),
+            f"{statistics.median(imports.rss) / 1e6:.1f} MB",
+        ),
+        Row(
+            BENCH,
+            "  /metrics page served",
+            f"{page_bytes.get('ours', 0) / 1e3:.1f} KB",
+            f"{page_bytes.get('floor', 0) / 1e3:.1f} KB",
+            "",
+            "",
+            None,
+            "ours: canonical series only; floor: the whole engine page again",
+        ),
     ]
 
 

@@ -44,15 +44,40 @@ POLL = 0.1
 class Demo:
     """``kvdoctor demo`` in a subprocess; the URLs it prints."""
 
-    def __init__(self, interval: float = 1.0, scenario: str = "healthy", extra_args: tuple[str, ...] = (),
-                 extra_env: dict | None = None):
+    def __init__(
+        self,
+        interval: float = 1.0,
+        scenario: str = "healthy",
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict | None = None,
+    ):
         import os
 
         env = {**os.environ, **(extra_env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvdoctor", "demo", "--no-dashboard", "--port", "0", "--status-every", "0",
-             "--interval", str(interval), "--scenario", scenario, *extra_args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+            [
+                sys.executable,
+                "-m",
+                "kvdoctor",
+                "demo",
+                "--no-dashboard",
+                "--port",
+                "0",
+                "--status-every",
+                "0",
+                "--interval",
+                str(interval),
+                "--scenario",
+                scenario,
+                *extra_args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
         self.metrics_url = self.engine_url = ""
         lines = []
         deadline = time.monotonic() + 60
@@ -77,7 +102,7 @@ class Demo:
                 self.proc.kill()
                 self.proc.wait(5)
 
-    def __enter__(self) -> "Demo":
+    def __enter__(self) -> Demo:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -141,8 +166,9 @@ def trial(client, demo: Demo, scenario: str, settle: float, limit: float) -> Tri
     return result
 
 
-def measure(quick: bool = False, scenarios: tuple[str, ...] | None = None, settle: float | None = None,
-            limit: float = 120.0) -> list[Row]:
+def measure(
+    quick: bool = False, scenarios: tuple[str, ...] | None = None, settle: float | None = None, limit: float = 120.0
+) -> list[Row]:
     import httpx
 
     scenarios = scenarios or (QUICK_SCENARIOS if quick else ALL_SCENARIOS)
@@ -156,8 +182,9 @@ def measure(quick: bool = False, scenarios: tuple[str, ...] | None = None, settl
         return f"{v:.1f} s" if v is not None else f"> {limit:.0f} s"
 
     rows = []
-    note_window = (f"healthy for {settle:.0f} s before the switch" +
-                   (" (quick: less than the 60 s diagnosis window, which shortens onsets)" if settle < 60 else ""))
+    note_window = f"healthy for {settle:.0f} s before the switch" + (
+        " (quick: less than the 60 s diagnosis window, which shortens onsets)" if settle < 60 else ""
+    )
     for t in trials:
         first = f"first change {s(t.first_change)}" + (f" ({t.first_verdict})" if t.first_verdict else "")
         ratio = f"{t.onset / t.floor:.1f}x floor" if t.onset is not None and t.floor else ""
@@ -165,12 +192,31 @@ def measure(quick: bool = False, scenarios: tuple[str, ...] | None = None, settl
         note = f"{first}; {note_window}"
         if t.baseline != "healthy":
             note += f"; the verdict before the switch was {t.baseline}, not healthy"
-        rows.append(Row(BENCH, f"healthy -> {t.scenario} (expects {t.expected})", s(t.onset), s(t.floor), ratio,
-                        f"<= {TARGET_SECONDS:g} s", ok, note))
+        rows.append(
+            Row(
+                BENCH,
+                f"healthy -> {t.scenario} (expects {t.expected})",
+                s(t.onset),
+                s(t.floor),
+                ratio,
+                f"<= {TARGET_SECONDS:g} s",
+                ok,
+                note,
+            )
+        )
     onsets = [t.onset for t in trials]
     worst = max((o for o in onsets if o is not None), default=None) if all(o is not None for o in onsets) else None
-    rows.append(Row(BENCH, f"worst of {len(trials)} scenarios", s(worst), "", "", f"<= {TARGET_SECONDS:g} s",
-                    worst is not None and worst <= TARGET_SECONDS))
+    rows.append(
+        Row(
+            BENCH,
+            f"worst of {len(trials)} scenarios",
+            s(worst),
+            "",
+            "",
+            f"<= {TARGET_SECONDS:g} s",
+            worst is not None and worst <= TARGET_SECONDS,
+        )
+    )
     return rows
 
 
@@ -178,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_SCENARIOS)}, shorter settling")
     parser.add_argument("--scenario", action="append", choices=ALL_SCENARIOS, help="only these (repeatable)")
-    parser.add_argument("--settle", type=float,
-                        help="seconds of healthy traffic before each switch (default 65; quick 30)")
+    parser.add_argument(
+        "--settle", type=float, help="seconds of healthy traffic before each switch (default 65; quick 30)"
+    )
     parser.add_argument("--limit", type=float, default=120.0, help="give up on a scenario after this many seconds")
     parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON (for python -m bench)")
     args = parser.parse_args(argv)

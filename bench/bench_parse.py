@@ -84,15 +84,22 @@ def fixture_pages() -> list[str]:
 
 def speedup_row(measure: str, page_bytes: int, ours: float, floor: float, target: bool, note: str = "") -> Row:
     speedup = floor / ours
-    return Row(BENCH, measure, f"{page_bytes / ours / 1e6:,.1f} MB/s ({ours * 1e3:.3f} ms)",
-               f"{page_bytes / floor / 1e6:,.1f} MB/s ({floor * 1e3:.2f} ms)", f"{speedup:.1f}x",
-               f">= {TARGET_SPEEDUP:g}x" if target else "", (speedup >= TARGET_SPEEDUP) if target else None, note)
+    return Row(
+        BENCH,
+        measure,
+        f"{page_bytes / ours / 1e6:,.1f} MB/s ({ours * 1e3:.3f} ms)",
+        f"{page_bytes / floor / 1e6:,.1f} MB/s ({floor * 1e3:.2f} ms)",
+        f"{speedup:.1f}x",
+        f">= {TARGET_SPEEDUP:g}x" if target else "",
+        (speedup >= TARGET_SPEEDUP) if target else None,
+        note,
+    )
 
 
 def measure(quick: bool = False) -> list[Row]:
     from bench.bench_exporter import start_engine_process
-    from kvdoctor.rules import textparse
     from kvdoctor.exporter.collectors.engine import EngineCollector
+    from kvdoctor.rules import textparse
 
     seconds = 1.0 if quick else 4.0
     text = PAGE.read_text()
@@ -136,23 +143,54 @@ def measure(quick: bool = False) -> list[Row]:
     all_floor_cpu = cpu_per_call(all_floor, seconds)
     normalise_peak = peak_bytes(lambda: collector.normalise(text))
 
-    rows.append(speedup_row(f"scrape + normalise, {PAGE.name} ({size / 1e3:.0f} KB, {series} canonical series)",
-                            size, scrape, floor, True,
-                            f"ours = HTTP GET from a separate process (socket HTTP/1.1 client, kept-alive connection) + "
-                            f"selective parse as the body arrives + adapters; the GET alone (body read and decoded, "
-                            f"not parsed) is {fetch * 1e3:.3f} ms of it; floor = prometheus_client's parser alone"))
+    rows.append(
+        speedup_row(
+            f"scrape + normalise, {PAGE.name} ({size / 1e3:.0f} KB, {series} canonical series)",
+            size,
+            scrape,
+            floor,
+            True,
+            f"ours = HTTP GET from a separate process (socket HTTP/1.1 client, kept-alive connection) + "
+            f"selective parse as the body arrives + adapters; the GET alone (body read and decoded, "
+            f"not parsed) is {fetch * 1e3:.3f} ms of it; floor = prometheus_client's parser alone",
+        )
+    )
     rows.append(speedup_row("normalise (parse + adapters), warm label cache", size, warm, floor, True))
     rows.append(speedup_row("normalise, cold label cache (a first scrape)", size, cold_cpu, floor, False))
-    rows.append(speedup_row(f"normalise, all {len(pages)} vLLM fixture pages in turn", total // len(pages),
-                            all_ours_cpu / len(pages), all_floor_cpu / len(pages), True))
-    rows.append(Row(BENCH, "peak Python memory, one normalise", f"{normalise_peak / 1e3:,.1f} KB",
-                    f"page {size / 1e3:,.1f} KB", f"{normalise_peak / size:.2f}x page", "< 1x page",
-                    normalise_peak < size, "parse output and canonical samples only: the page is not copied"))
-    rows.append(Row(BENCH, "peak Python memory, one scrape + normalise", f"{scrape_peak / 1e3:,.1f} KB",
-                    f"page {size / 1e3:,.1f} KB", f"{scrape_peak / size:.2f}x page", "< 2x page (never two copies)",
-                    scrape_peak < 2 * size,
-                    "the body is read, decoded and parsed 16 KiB at a time: one piece's bytes and text, "
-                    "the parse output, never the whole page"))
+    rows.append(
+        speedup_row(
+            f"normalise, all {len(pages)} vLLM fixture pages in turn",
+            total // len(pages),
+            all_ours_cpu / len(pages),
+            all_floor_cpu / len(pages),
+            True,
+        )
+    )
+    rows.append(
+        Row(
+            BENCH,
+            "peak Python memory, one normalise",
+            f"{normalise_peak / 1e3:,.1f} KB",
+            f"page {size / 1e3:,.1f} KB",
+            f"{normalise_peak / size:.2f}x page",
+            "< 1x page",
+            normalise_peak < size,
+            "parse output and canonical samples only: the page is not copied",
+        )
+    )
+    rows.append(
+        Row(
+            BENCH,
+            "peak Python memory, one scrape + normalise",
+            f"{scrape_peak / 1e3:,.1f} KB",
+            f"page {size / 1e3:,.1f} KB",
+            f"{scrape_peak / size:.2f}x page",
+            "< 2x page (never two copies)",
+            scrape_peak < 2 * size,
+            "the body is read, decoded and parsed 16 KiB at a time: one piece's bytes and text, "
+            "the parse output, never the whole page",
+        )
+    )
     return rows
 
 

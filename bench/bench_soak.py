@@ -105,7 +105,7 @@ class Scrapers:
         self._threads = [threading.Thread(target=self._metrics, args=(i % 2 == 0,), daemon=True) for i in range(n)]
         self._threads.append(threading.Thread(target=self._api, daemon=True))
 
-    def start(self) -> "Scrapers":
+    def start(self) -> Scrapers:
         for t in self._threads:
             t.start()
         return self
@@ -166,8 +166,10 @@ def wait_ready(base_url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if (httpx.get(base_url + "/readyz", timeout=5).status_code == 200
-                    and httpx.get(base_url + "/api/v1/diagnosis", timeout=5).status_code == 200):
+            if (
+                httpx.get(base_url + "/readyz", timeout=5).status_code == 200
+                and httpx.get(base_url + "/api/v1/diagnosis", timeout=5).status_code == 200
+            ):
                 return
         except httpx.HTTPError:
             pass
@@ -175,8 +177,15 @@ def wait_ready(base_url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"the exporter at {base_url} was not ready within {timeout:.0f} s")
 
 
-def soak(minutes: float, interval: float = 0.1, scrapers: int = 8, scenario: str = "cycle",
-         max_snapshots: int | None = None, sample_every: float = 2.0, progress=None) -> SoakResult:
+def soak(
+    minutes: float,
+    interval: float = 0.1,
+    scrapers: int = 8,
+    scenario: str = "cycle",
+    max_snapshots: int | None = None,
+    sample_every: float = 2.0,
+    progress=None,
+) -> SoakResult:
     """Run the soak; ``progress(text)`` gets a line now and then (None: quiet)."""
     import psutil
 
@@ -187,8 +196,10 @@ def soak(minutes: float, interval: float = 0.1, scrapers: int = 8, scenario: str
     warmup = ring * 1.1 + 10.0
     total = minutes * 60.0
     if warmup > total * 0.6:
-        raise ValueError(f"a {minutes:g} min soak is too short: the ring store takes {ring:.0f} s to fill at "
-                         f"{interval:g} s per cycle (lower --max-snapshots)")
+        raise ValueError(
+            f"a {minutes:g} min soak is too short: the ring store takes {ring:.0f} s to fill at "
+            f"{interval:g} s per cycle (lower --max-snapshots)"
+        )
     samples: list[Sample] = []
     with Demo(interval=interval, scenario=scenario, extra_env=env) as demo:
         ps = psutil.Process(demo.pid)
@@ -205,8 +216,10 @@ def soak(minutes: float, interval: float = 0.1, scrapers: int = 8, scenario: str
                 samples.append(Sample(now - t0, float(ps.memory_info().rss), ps.num_fds(), ps.num_threads()))
                 if progress and now >= next_report:
                     s = samples[-1]
-                    progress(f"  soak {s.t / 60:4.1f} min: RSS {s.rss / 1e6:.1f} MB, {s.fds} fds, {s.threads} threads, "
-                             f"{load.requests} requests, {len(load.errors)} errors")
+                    progress(
+                        f"  soak {s.t / 60:4.1f} min: RSS {s.rss / 1e6:.1f} MB, {s.fds} fds, {s.threads} threads, "
+                        f"{load.requests} requests, {len(load.errors)} errors"
+                    )
                     next_report += 60
                 next_sample += sample_every
                 time.sleep(max(0.0, next_sample - time.monotonic()))
@@ -215,8 +228,17 @@ def soak(minutes: float, interval: float = 0.1, scrapers: int = 8, scenario: str
         import httpx
 
         status = httpx.get(demo.metrics_url + "/api/v1/status", timeout=10).json()
-    return SoakResult(minutes, interval, warmup, samples, load.requests, load.errors, int(status.get("cycles", 0)),
-                      scenario, max_snapshots or DEFAULT_MAX_SNAPSHOTS)
+    return SoakResult(
+        minutes,
+        interval,
+        warmup,
+        samples,
+        load.requests,
+        load.errors,
+        int(status.get("cycles", 0)),
+        scenario,
+        max_snapshots or DEFAULT_MAX_SNAPSHOTS,
+    )
 
 
 def rows_for(result: SoakResult) -> list[Row]:
@@ -228,18 +250,40 @@ def rows_for(result: SoakResult) -> list[Row]:
     expected_cycles = result.minutes * 60 / result.interval
     label = f"{result.minutes:g} min at {1 / result.interval:g} Hz, {result.scenario}"
     return [
-        Row(BENCH, f"RSS, {label}", f"{rss1 / 1e6:.1f} MB", f"{rss0 / 1e6:.1f} MB", f"{(rss1 - rss0) / 1e6:+.1f} MB",
-            "<= +5 MB", flat["rss"],
+        Row(
+            BENCH,
+            f"RSS, {label}",
+            f"{rss1 / 1e6:.1f} MB",
+            f"{rss0 / 1e6:.1f} MB",
+            f"{(rss1 - rss0) / 1e6:+.1f} MB",
+            "<= +5 MB",
+            flat["rss"],
             f"last third vs first third after {result.warmup:.0f} s of warm-up ({len(steady)} samples; ring of "
             f"{result.max_snapshots} snapshots); max {max(s.rss for s in result.samples) / 1e6:.1f} MB; "
-            f"trend {result.rss_slope_mb_per_hour():+.1f} MB/hour"),
+            f"trend {result.rss_slope_mb_per_hour():+.1f} MB/hour",
+        ),
         Row(BENCH, "open file descriptors", f"{fd1:g}", f"{fd0:g}", f"{fd1 - fd0:+g}", "+0", flat["fds"]),
         Row(BENCH, "threads", f"{th1:g}", f"{th0:g}", f"{th1 - th0:+g}", "+0", flat["threads"]),
-        Row(BENCH, "requests served / failed", f"{result.requests:,} / {len(result.errors)}", "", "", "0 failed",
-            not result.errors, "; ".join(result.errors[:3])),
-        Row(BENCH, "collection cycles", f"{result.cycles:,}", f"{expected_cycles:,.0f} at 10 Hz",
-            f"{result.cycles / expected_cycles:.2f}x", "", None,
-            "fewer than 10 Hz means cycles overran their 0.1 s tick (the runtime skips missed ticks)"),
+        Row(
+            BENCH,
+            "requests served / failed",
+            f"{result.requests:,} / {len(result.errors)}",
+            "",
+            "",
+            "0 failed",
+            not result.errors,
+            "; ".join(result.errors[:3]),
+        ),
+        Row(
+            BENCH,
+            "collection cycles",
+            f"{result.cycles:,}",
+            f"{expected_cycles:,.0f} at 10 Hz",
+            f"{result.cycles / expected_cycles:.2f}x",
+            "",
+            None,
+            "fewer than 10 Hz means cycles overran their 0.1 s tick (the runtime skips missed ticks)",
+        ),
     ]
 
 
@@ -255,8 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     minutes = args.minutes or (3.0 if args.quick else 30.0)
     scenario = args.scenario or ("kv_thrashing" if args.quick else "cycle")
     max_snapshots = args.max_snapshots or (300 if args.quick else None)
-    result = soak(minutes, scrapers=args.scrapers, scenario=scenario, max_snapshots=max_snapshots,
-                  progress=lambda line: print(line, flush=True))
+    result = soak(
+        minutes,
+        scrapers=args.scrapers,
+        scenario=scenario,
+        max_snapshots=max_snapshots,
+        progress=lambda line: print(line, flush=True),
+    )
     rows = rows_for(result)
     print_table(rows)
     if args.json_out:

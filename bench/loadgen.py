@@ -58,7 +58,7 @@ class _Scraper(asyncio.Protocol):
             if at < 0:
                 self._total = -1  # the body ends when the server closes the connection
                 return
-            self._total = end + len(_HEAD_END) + int(head[at + 17:].split(b"\r\n", 1)[0])
+            self._total = end + len(_HEAD_END) + int(head[at + 17 :].split(b"\r\n", 1)[0])
             if head.startswith(b"http/1.0") or b"\r\nconnection: close" in head:
                 self.closed = True  # answered, then closed: reconnect before the next round
         if 0 <= self._total <= len(buffer):
@@ -107,8 +107,13 @@ async def run(host: str, port: int, path: str, scrapers: int, rounds: int, gap: 
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000
 
-    return {"n": len(latencies), "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": latencies[-1] * 1000,
-            "requests_per_s": len(latencies) / max(wall - gap * rounds, 1e-9)}
+    return {
+        "n": len(latencies),
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "max_ms": latencies[-1] * 1000,
+        "requests_per_s": len(latencies) / max(wall - gap * rounds, 1e-9),
+    }
 
 
 def main() -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable, TextIO
+from typing import TextIO
 
 
 @dataclass
@@ -32,8 +33,15 @@ class Row:
         return "" if self.ok is None else ("OK" if self.ok else "MISSED")
 
 
-COLUMNS = (("bench", "bench"), ("measure", "measure"), ("ours", "ours"), ("floor", "floor"),
-           ("ratio", "ratio"), ("target", "target"), ("status", ""))
+COLUMNS = (
+    ("bench", "bench"),
+    ("measure", "measure"),
+    ("ours", "ours"),
+    ("floor", "floor"),
+    ("ratio", "ratio"),
+    ("target", "target"),
+    ("status", ""),
+)
 
 
 def ms(seconds: float) -> str:
@@ -88,8 +96,10 @@ def markdown(rows: Iterable[Row]) -> str:
         if r.note:
             notes.append(r.note)
             measure += f" [{len(notes)}]"
-        lines.append(f"| {cell(r.bench)} | {measure} | {cell(r.ours)} | {cell(r.floor)} | {cell(r.ratio)} | "
-                     f"{cell(r.target)} | {r.status} |")
+        lines.append(
+            f"| {cell(r.bench)} | {measure} | {cell(r.ours)} | {cell(r.floor)} | {cell(r.ratio)} | "
+            f"{cell(r.target)} | {r.status} |"
+        )
     lines.append("")
     lines += [f"{i}. {note}" for i, note in enumerate(notes, 1)]
     return "\n".join(lines) + "\n"

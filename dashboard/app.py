@@ -12,9 +12,9 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import dash
 from dash import dcc, html
@@ -89,8 +89,9 @@ def _shell() -> html.Div:
         sources.append(f"exporter {b.settings.exporter_url}")
     if b.settings.prometheus_url:
         sources.append(f"Prometheus {b.settings.prometheus_url}")
-    links = [dcc.Link(page["name"], href=page["relative_path"], className="nav-link")
-             for page in dash.page_registry.values()]
+    links = [
+        dcc.Link(page["name"], href=page["relative_path"], className="nav-link") for page in dash.page_registry.values()
+    ]
     return html.Div(
         [
             html.Header(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-from typing import Mapping
+from collections.abc import Mapping
 
 USERS_ENV = "KVDOCTOR_DASHBOARD_USERS"
 AUTH_FILE_ENV = "KVDOCTOR_DASHBOARD_AUTH_FILE"

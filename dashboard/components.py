@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from dash import dcc, html
 
@@ -101,19 +102,27 @@ def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
         against = f"{comparison} {format_with_unit(threshold, unit)}" if threshold is not None else ""
         signal = str(item.get("signal", ""))
         feature = str(item.get("feature") or "")
-        rows.append(html.Tr(
-            [
-                html.Td([feature or signal] + ([html.Br(), html.Span(signal, className="evidence-series")]
-                                              if feature and feature != signal else []),
-                        className="evidence-signal"),
-                html.Td(format_with_unit(item.get("value"), unit), className="evidence-value"),
-                html.Td(against, className="evidence-threshold"),
-                html.Td("" if measured else "not measured", className="evidence-measured"),
-                html.Td(str(item.get("note") or "")),
-            ],
-            className="" if measured else "not-measured",
-            **({"data-holds": str(item["holds"]).lower()} if item.get("holds") is not None else {}),
-        ))
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(
+                        [feature or signal]
+                        + (
+                            [html.Br(), html.Span(signal, className="evidence-series")]
+                            if feature and feature != signal
+                            else []
+                        ),
+                        className="evidence-signal",
+                    ),
+                    html.Td(format_with_unit(item.get("value"), unit), className="evidence-value"),
+                    html.Td(against, className="evidence-threshold"),
+                    html.Td("" if measured else "not measured", className="evidence-measured"),
+                    html.Td(str(item.get("note") or "")),
+                ],
+                className="" if measured else "not-measured",
+                **({"data-holds": str(item["holds"]).lower()} if item.get("holds") is not None else {}),
+            )
+        )
     if not rows:
         return None
     head = html.Thead(html.Tr([html.Th(h) for h in ("signal", "value", "threshold", "", "note")]))
@@ -141,7 +150,8 @@ def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
     if not diagnosis:
         return html.Div(
             [html.Div("Waiting for the first diagnosis…", className="verdict-title")],
-            className="banner verdict-idle", **{"data-verdict": ""},
+            className="banner verdict-idle",
+            **{"data-verdict": ""},
         )
     verdict = str(diagnosis.get("verdict") or "")
     head = [html.Span(verdict_title(verdict), className="verdict-title")]
@@ -149,8 +159,10 @@ def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
     if confidence:
         head.append(html.Span(f"confidence {confidence}", className="verdict-confidence"))
     head.append(html.Code(verdict, className="verdict-code"))
-    body: list[Any] = [html.Div(head, className="verdict-head"),
-                       html.P(str(diagnosis.get("headline") or ""), className="verdict-headline")]
+    body: list[Any] = [
+        html.Div(head, className="verdict-head"),
+        html.P(str(diagnosis.get("headline") or ""), className="verdict-headline"),
+    ]
     columns = []
     table = evidence_table(diagnosis.get("evidence") or [])
     if table is not None:
@@ -194,8 +206,9 @@ def badge(health: Mapping | None) -> html.Span:
     if down:
         text = "; ".join(f"source {d['name']} down" + (f": {d['error']}" if d.get("error") else "") for d in down)
         return html.Span(text, className="badge badge-down", title=text, **{"data-state": "source-down"})
-    return html.Span(f"live · data at {_clock(health.get('newest'))}", className="badge badge-ok",
-                     **{"data-state": "live"})
+    return html.Span(
+        f"live · data at {_clock(health.get('newest'))}", className="badge badge-ok", **{"data-state": "live"}
+    )
 
 
 def key_value_table(rows: Iterable[tuple[str, str]], class_name: str = "kv-table") -> html.Table:
@@ -203,8 +216,13 @@ def key_value_table(rows: Iterable[tuple[str, str]], class_name: str = "kv-table
 
 
 def table(header: list[str], rows: list[list[Any]], class_name: str = "data-table") -> html.Table:
-    return html.Table([html.Thead(html.Tr([html.Th(h) for h in header])),
-                       html.Tbody([html.Tr([html.Td(c) for c in r]) for r in rows])], className=class_name)
+    return html.Table(
+        [
+            html.Thead(html.Tr([html.Th(h) for h in header])),
+            html.Tbody([html.Tr([html.Td(c) for c in r]) for r in rows]),
+        ],
+        className=class_name,
+    )
 
 
 def link(text: str, href: str) -> dcc.Link:

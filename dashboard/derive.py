@@ -9,8 +9,8 @@ same interpolation as PromQL's ``histogram_quantile`` (the rules' ``stats.histog
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
@@ -209,10 +209,14 @@ def bucket_increases(window: Window, histogram: str, rate_window: float, **label
 def histogram_mean(window: Window, histogram: str, rate_window: float, **label_filter: str) -> np.ndarray:
     """Mean observation over the trailing window: increase(_sum) / increase(_count)."""
     n = len(window)
-    sums = [windowed_increase(window.timestamps, v, rate_window)[0]
-            for v in window.select(histogram + "_sum", **label_filter).values()]
-    cnts = [windowed_increase(window.timestamps, v, rate_window)[0]
-            for v in window.select(histogram + "_count", **label_filter).values()]
+    sums = [
+        windowed_increase(window.timestamps, v, rate_window)[0]
+        for v in window.select(histogram + "_sum", **label_filter).values()
+    ]
+    cnts = [
+        windowed_increase(window.timestamps, v, rate_window)[0]
+        for v in window.select(histogram + "_count", **label_filter).values()
+    ]
     s, c = nansum_rows(sums, n), nansum_rows(cnts, n)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(c > 0, s / c, np.nan)
@@ -256,9 +260,23 @@ class LiveFrame:
 
 def slice_frame(frame: LiveFrame, mask: np.ndarray) -> LiveFrame:
     """The points of ``frame`` where ``mask`` is true (constants and GPU identities kept)."""
-    fields = {name: getattr(frame, name)[mask] for name in (
-        "ts", "kv_usage", "itl_p50", "itl_p95", "itl_mean", "resident_tokens", "preemption_rate",
-        "kv_to_gpu_rate", "kv_from_gpu_rate", "pcie_rx", "pcie_tx", "decode_floor")}
+    fields = {
+        name: getattr(frame, name)[mask]
+        for name in (
+            "ts",
+            "kv_usage",
+            "itl_p50",
+            "itl_p95",
+            "itl_mean",
+            "resident_tokens",
+            "preemption_rate",
+            "kv_to_gpu_rate",
+            "kv_from_gpu_rate",
+            "pcie_rx",
+            "pcie_tx",
+            "decode_floor",
+        )
+    }
     gpus = [GpuSeries(g.gpu, g.model, g.dram_method, g.sm_method, g.dram[mask], g.sm[mask]) for g in frame.gpus]
     return LiveFrame(kv_capacity_tokens=frame.kv_capacity_tokens, gpus=gpus, **fields)
 
@@ -286,7 +304,9 @@ def live_frame(window: Window, target: Mapping[str, str] | None = None, rate_win
         if cap is not None and not math.isnan(_latest(cap)):
             resident_parts.append(u * cap)
             total_capacity += _latest(cap)
-    resident = nansum_rows(resident_parts, n) if resident_parts and len(resident_parts) == len(usage) else np.full(n, np.nan)
+    resident = (
+        nansum_rows(resident_parts, n) if resident_parts and len(resident_parts) == len(usage) else np.full(n, np.nan)
+    )
 
     bounds, counts = bucket_increases(window, S.INTER_TOKEN_LATENCY, rate_window, **ef)
     transfers = {"to_gpu": [], "from_gpu": []}
@@ -310,11 +330,16 @@ def live_frame(window: Window, target: Mapping[str, str] | None = None, rate_win
             slot[kind + "_method"] = d.get("method", "")
     for (pod, gpu), slot in sorted(by_gpu.items(), key=lambda kv: (kv[0][0], natural_key(kv[0][1]))):
         name = gpu if not pod or len({p for p, _ in by_gpu}) == 1 else f"{pod}/{gpu}"
-        gpus.append(GpuSeries(
-            gpu=name, model=slot["model"],
-            dram_method=slot.get("dram_method", ""), sm_method=slot.get("sm_method", ""),
-            dram=slot.get("dram", np.full(n, np.nan)), sm=slot.get("sm", np.full(n, np.nan)),
-        ))
+        gpus.append(
+            GpuSeries(
+                gpu=name,
+                model=slot["model"],
+                dram_method=slot.get("dram_method", ""),
+                sm_method=slot.get("sm_method", ""),
+                dram=slot.get("dram", np.full(n, np.nan)),
+                sm=slot.get("sm", np.full(n, np.nan)),
+            )
+        )
 
     return LiveFrame(
         ts=ts,
@@ -380,8 +405,11 @@ class FleetRow:
 
 def rank_fleet(rows: Iterable[FleetRow]) -> list[FleetRow]:
     """Worst first: by verdict severity, then the worst verdict in the range, ITL p95, preemptions."""
+
     def key(r: FleetRow):
         def neg(v: float) -> float:
             return -v if math.isfinite(v) else math.inf
+
         return (-severity(r.verdict), -severity(r.worst_verdict), neg(r.itl_p95), neg(r.preemption_rate), r.instance)
+
     return sorted(rows, key=key)

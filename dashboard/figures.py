@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from tsdownsample import NaNMinMaxLTTBDownsampler
@@ -29,8 +30,7 @@ ITL_KV = "itl_kv"
 LIVE_CHARTS = (KV_LATENCY, BANDWIDTH, TRANSFERS, ITL_KV)
 
 BANDWIDTH_BOUND_LINE = 80.0  # percent: the guide's "DRAM >= 80%" line
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 KV_COLOR, P50_COLOR, P95_COLOR, FLOOR_COLOR, KNEE_COLOR = "#9ecae1", "#31a354", "#e6550d", "#636363", "#d62728"
 DUTY_CYCLE_METHOD = "nvml_util"
 KNEE_STEP = 0.02
@@ -103,7 +103,9 @@ def _sig(v: float, digits: int = 3) -> float:
     return float(f"{v:.{digits}g}") if math.isfinite(v) else v
 
 
-def live_charts(frame: LiveFrame, diagnosis: Mapping | None = None, floor_frame: LiveFrame | None = None) -> dict[str, ChartData]:
+def live_charts(
+    frame: LiveFrame, diagnosis: Mapping | None = None, floor_frame: LiveFrame | None = None
+) -> dict[str, ChartData]:
     """The four Live charts' data from a frame (all of a window, or only its new points).
 
     ``floor_frame`` is where the decode-floor line is fitted (the whole window); it defaults to
@@ -125,7 +127,9 @@ def live_charts(frame: LiveFrame, diagnosis: Mapping | None = None, floor_frame:
     for g in frame.gpus:
         label = f"GPU {g.gpu}"
         if g.dram_method == DUTY_CYCLE_METHOD:
-            bw_traces.append(_trace(f"{label} memory duty cycle (NVML, not bandwidth) (%)", "dram", t, g.dram * 100, g.gpu))
+            bw_traces.append(
+                _trace(f"{label} memory duty cycle (NVML, not bandwidth) (%)", "dram", t, g.dram * 100, g.gpu)
+            )
         else:
             bw_traces.append(_trace(f"{label} DRAM bandwidth (%)", "dram", t, g.dram * 100, g.gpu))
         bw_traces.append(_trace(f"{label} SM active (%)", "sm", t, g.sm * 100, g.gpu))
@@ -154,8 +158,13 @@ def live_charts(frame: LiveFrame, diagnosis: Mapping | None = None, floor_frame:
         knee_x = _sig(knee["kv_level"] * (x_max if by_tokens else 100.0))
     itl_kv = {
         "traces": [
-            {"name": "mean ITL (ms)", "kind": "itl_points", "group": "",
-             "x": compact(x[keep], 5), "y": compact(frame.itl_mean[keep] * 1000.0)},
+            {
+                "name": "mean ITL (ms)",
+                "kind": "itl_points",
+                "group": "",
+                "x": compact(x[keep], 5),
+                "y": compact(frame.itl_mean[keep] * 1000.0),
+            },
         ],
         "extras": {
             "x_unit": "tokens" if by_tokens else "percent",
@@ -190,8 +199,9 @@ MAX_SCATTER_POINTS = 600
 SCATTER_GRID = (200, 100)
 
 
-def thin_scatter(x: np.ndarray, y: np.ndarray, limit: int = MAX_SCATTER_POINTS,
-                 grid: tuple[int, int] = SCATTER_GRID) -> np.ndarray:
+def thin_scatter(
+    x: np.ndarray, y: np.ndarray, limit: int = MAX_SCATTER_POINTS, grid: tuple[int, int] = SCATTER_GRID
+) -> np.ndarray:
     """Indices (in order) of the points of a scatter worth drawing: the newest point of each
     occupied grid cell, and always the extremes (lowest and highest x and y); at most ``limit``
     (``limit`` >= 5). Unlike an even sample this never drops an outlier: alone in its cell, it stays."""
@@ -312,19 +322,36 @@ def _figure(data: list[dict], layout: dict) -> Figure:
 
 
 def _hline(y: float, color: str, yref: str = "y") -> dict:
-    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": yref, "y0": y, "y1": y,
-            "line": {"color": color, "dash": "dash", "width": 2}}
+    return {
+        "type": "line",
+        "xref": "paper",
+        "x0": 0,
+        "x1": 1,
+        "yref": yref,
+        "y0": y,
+        "y1": y,
+        "line": {"color": color, "dash": "dash", "width": 2},
+    }
 
 
 def _note(text: str, color: str = "#888", size: int = 14) -> dict:
-    return {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False, "text": text,
-            "font": {"size": size, "color": color}}
+    return {
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0.5,
+        "y": 0.5,
+        "showarrow": False,
+        "text": text,
+        "font": {"size": size, "color": color},
+    }
 
 
 def kv_latency_figure(data: ChartData) -> Figure:
     """KV usage (%) and ITL p50/p95 (ms) on one time axis, two y axes; the knee as a KV line."""
     style = {
-        "kv": dict(yaxis="y", line={"color": "#3182bd", "width": 1.5}, fill="tozeroy", fillcolor="rgba(158,202,225,0.35)"),
+        "kv": dict(
+            yaxis="y", line={"color": "#3182bd", "width": 1.5}, fill="tozeroy", fillcolor="rgba(158,202,225,0.35)"
+        ),
         "p50": dict(yaxis="y2", line={"color": P50_COLOR, "width": 2}),
         "p95": dict(yaxis="y2", line={"color": P95_COLOR, "width": 2}),
     }
@@ -332,42 +359,76 @@ def kv_latency_figure(data: ChartData) -> Figure:
         "KV cache usage and per-token latency",
         xaxis=_time_axis(),
         yaxis={"title": {"text": "KV cache usage (%)"}, "range": [0, 105]},
-        yaxis2={"title": {"text": "inter-token latency (ms)"}, "overlaying": "y", "side": "right",
-                "rangemode": "tozero", "showgrid": False},
+        yaxis2={
+            "title": {"text": "inter-token latency (ms)"},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "showgrid": False,
+        },
     )
     knee = (data.get("extras") or {}).get("knee")
     if knee:
         level = knee["kv_level"] * 100.0
         what = "latency jumps" if knee["kind"] == "jump" else "latency rises with KV"
         layout["shapes"].append(_hline(level, KNEE_COLOR))
-        layout["annotations"].append({"xref": "paper", "x": 0.99, "yref": "y", "y": level, "yshift": -12,
-                                      "showarrow": False, "xanchor": "right", "font": {"color": KNEE_COLOR},
-                                      "bgcolor": "rgba(255,255,255,0.8)",
-                                      "text": f"knee: {what} at {level:.0f}% KV"})
+        layout["annotations"].append(
+            {
+                "xref": "paper",
+                "x": 0.99,
+                "yref": "y",
+                "y": level,
+                "yshift": -12,
+                "showarrow": False,
+                "xanchor": "right",
+                "font": {"color": KNEE_COLOR},
+                "bgcolor": "rgba(255,255,255,0.8)",
+                "text": f"knee: {what} at {level:.0f}% KV",
+            }
+        )
     return _figure([_line(t, **style.get(t["kind"], {})) for t in data["traces"]], layout)
 
 
 def bandwidth_figure(data: ChartData) -> Figure:
     """DRAM bandwidth utilisation against SM activity per GPU, with the 80% line."""
-    layout = _base_layout("DRAM bandwidth (solid) vs SM activity (dotted)", xaxis=_time_axis(),
-                          yaxis={"title": {"text": "% of peak"}, "range": [0, 105]})
+    layout = _base_layout(
+        "DRAM bandwidth (solid) vs SM activity (dotted)",
+        xaxis=_time_axis(),
+        yaxis={"title": {"text": "% of peak"}, "range": [0, 105]},
+    )
     groups = sorted({t["group"] for t in data["traces"]}, key=lambda g: (len(g), g))
     traces = []
     for t in data["traces"]:
         color = PALETTE[groups.index(t["group"]) % len(PALETTE)]
         dram = t["kind"] == "dram"
         # One legend entry per GPU (its DRAM line); clicking it hides both of the GPU's lines.
-        traces.append(_line(t, line={"color": color, "dash": "solid" if dram else "dot", "width": 1.8},
-                            legendgroup=t["group"], showlegend=dram,
-                            hovertemplate="%{y:.0f}%<extra>" + t["name"].replace(" (%)", "") + "</extra>"))
+        traces.append(
+            _line(
+                t,
+                line={"color": color, "dash": "solid" if dram else "dot", "width": 1.8},
+                legendgroup=t["group"],
+                showlegend=dram,
+                hovertemplate="%{y:.0f}%<extra>" + t["name"].replace(" (%)", "") + "</extra>",
+            )
+        )
         if dram:
             traces[-1]["name"] = f"GPU {t['group']}"
     line = (data.get("extras") or {}).get("line", BANDWIDTH_BOUND_LINE)
     layout["shapes"].append(_hline(line, "#444"))
-    layout["annotations"].append({"xref": "paper", "x": 1, "yref": "y", "y": line, "yshift": -9, "showarrow": False,
-                                  "xanchor": "right", "font": {"size": 11, "color": "#444"},
-                                  "bgcolor": "rgba(255,255,255,0.8)",
-                                  "text": f"{line:.0f}%: bandwidth bound above this"})
+    layout["annotations"].append(
+        {
+            "xref": "paper",
+            "x": 1,
+            "yref": "y",
+            "y": line,
+            "yshift": -9,
+            "showarrow": False,
+            "xanchor": "right",
+            "font": {"size": 11, "color": "#444"},
+            "bgcolor": "rgba(255,255,255,0.8)",
+            "text": f"{line:.0f}%: bandwidth bound above this",
+        }
+    )
     if not traces:
         layout["annotations"].append(_note("no GPU counters from this exporter"))
     return _figure(traces, layout)
@@ -386,8 +447,13 @@ def transfers_figure(data: ChartData) -> Figure:
         "Preemptions, KV transfers and PCIe",
         xaxis=_time_axis(),
         yaxis={"title": {"text": "bytes/s"}, "rangemode": "tozero", "exponentformat": "SI"},
-        yaxis2={"title": {"text": "preemptions/s"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
-                "showgrid": False},
+        yaxis2={
+            "title": {"text": "preemptions/s"},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "showgrid": False,
+        },
     )
     return _figure([_line(t, **style.get(t["kind"], {})) for t in data["traces"]], layout)
 
@@ -404,26 +470,66 @@ def itl_kv_figure(data: ChartData) -> Figure:
         legend={"orientation": "h", "x": 0, "y": -0.3, "yanchor": "top"},
         margin={"l": 60, "r": 60, "t": 40, "b": 70},
     )
-    traces = [{"type": "scatter", "x": t["x"], "y": t["y"], "name": t["name"], "mode": "markers",
-               "marker": {"size": 5, "color": P95_COLOR, "opacity": 0.6}} for t in data["traces"]]
+    traces = [
+        {
+            "type": "scatter",
+            "x": t["x"],
+            "y": t["y"],
+            "name": t["name"],
+            "mode": "markers",
+            "marker": {"size": 5, "color": P95_COLOR, "opacity": 0.6},
+        }
+        for t in data["traces"]
+    ]
     floor = extras.get("floor")
     if floor:
-        traces.append({"type": "scatter", "x": floor["x"], "y": floor["y"], "name": "decode floor (ledger)",
-                       "mode": "lines" if floor.get("fit") else "markers",
-                       "line": {"color": FLOOR_COLOR, "dash": "dash", "width": 2},
-                       "marker": {"color": FLOOR_COLOR, "size": 8}})
+        traces.append(
+            {
+                "type": "scatter",
+                "x": floor["x"],
+                "y": floor["y"],
+                "name": "decode floor (ledger)",
+                "mode": "lines" if floor.get("fit") else "markers",
+                "line": {"color": FLOOR_COLOR, "dash": "dash", "width": 2},
+                "marker": {"color": FLOOR_COLOR, "size": 8},
+            }
+        )
     knee = extras.get("knee")
     if knee and knee.get("x") is not None:
         what = "jump" if knee["kind"] == "jump" else "rise"
-        layout["shapes"].append({"type": "line", "xref": "x", "x0": knee["x"], "x1": knee["x"], "yref": "paper",
-                                 "y0": 0, "y1": 1, "line": {"color": KNEE_COLOR, "dash": "dash", "width": 2}})
-        layout["annotations"].append({"xref": "x", "x": knee["x"], "yref": "paper", "y": 1, "showarrow": False,
-                                      "xanchor": "left", "text": f" knee ({what})", "font": {"color": KNEE_COLOR}})
+        layout["shapes"].append(
+            {
+                "type": "line",
+                "xref": "x",
+                "x0": knee["x"],
+                "x1": knee["x"],
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": KNEE_COLOR, "dash": "dash", "width": 2},
+            }
+        )
+        layout["annotations"].append(
+            {
+                "xref": "x",
+                "x": knee["x"],
+                "yref": "paper",
+                "y": 1,
+                "showarrow": False,
+                "xanchor": "left",
+                "text": f" knee ({what})",
+                "font": {"color": KNEE_COLOR},
+            }
+        )
     return _figure(traces, layout)
 
 
-BUILDERS = {KV_LATENCY: kv_latency_figure, BANDWIDTH: bandwidth_figure, TRANSFERS: transfers_figure,
-            ITL_KV: itl_kv_figure}
+BUILDERS = {
+    KV_LATENCY: kv_latency_figure,
+    BANDWIDTH: bandwidth_figure,
+    TRANSFERS: transfers_figure,
+    ITL_KV: itl_kv_figure,
+}
 
 
 def build(chart: str, data: ChartData) -> Figure:
@@ -440,7 +546,9 @@ def placeholder_figure(message: str) -> Figure:
 # --------------------------------------------------------------------------------------- fleet
 
 
-def fleet_history_figure(title: str, unit: str, series: list[dict], x_range: tuple[float, float] | None = None) -> Figure:
+def fleet_history_figure(
+    title: str, unit: str, series: list[dict], x_range: tuple[float, float] | None = None
+) -> Figure:
     """One line per target over the picked range: ``series`` = [{"name", "x" (ms), "y"}];
     ``x_range`` (Unix seconds) shows the whole picked range even where there is no data."""
     xaxis = _time_axis()

@@ -34,9 +34,15 @@ class LedgerReport:
     offload: OffloadFeasibility
 
 
-def report(shape: ModelShape, gpu: GpuSpec, context_tokens: int, batch: int, kv_dtype: str = "auto",
-           host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
-           memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> LedgerReport:
+def report(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    context_tokens: int,
+    batch: int,
+    kv_dtype: str = "auto",
+    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
+    memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+) -> LedgerReport:
     """The ledger for the form's inputs; raises ``ValueError`` with one line on inputs out of range."""
     if context_tokens < 1 or batch < 1:
         raise ValueError("context and batch must be at least 1")

@@ -7,7 +7,7 @@ value taken from a page URL can only ever select series, never change the query.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from kvdoctor.rules import signals as S
 
@@ -85,7 +85,7 @@ def live_queries(labels: Mapping[str, str], step: float, base_rate_window: float
 def target_listing_query(instance: str) -> str:
     """The engine and GPU series of one exporter, for the Live target picker."""
     names = "|".join((S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION))
-    return f'group by (__name__, pod, engine, model_name, dp_rank, gpu, model) ({{__name__=~{quote(names)}, {TARGET_LABEL}={quote(instance)}}})'
+    return f"group by (__name__, pod, engine, model_name, dp_rank, gpu, model) ({{__name__=~{quote(names)}, {TARGET_LABEL}={quote(instance)}}})"
 
 
 def instances_query() -> str:

@@ -16,8 +16,8 @@ The URLs are fixed here, once: the dashboard never fetches a URL that came from 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 from urllib.parse import urlsplit
 
 ENV_PREFIX = "KVDOCTOR_DASHBOARD_"
@@ -76,7 +76,9 @@ class DashboardSettings:
         if not 10 <= self.live_seconds <= 24 * 3600:
             raise ValueError(f"live window must be between 10 s and 24 h, got {self.live_seconds!r}")
         if not self.request_timeout_seconds > 0:
-            raise ValueError(f"request timeout must be a positive number of seconds, got {self.request_timeout_seconds!r}")
+            raise ValueError(
+                f"request timeout must be a positive number of seconds, got {self.request_timeout_seconds!r}"
+            )
         if not self.max_points >= 100:
             raise ValueError(f"max points must be at least 100, got {self.max_points!r}")
 
@@ -86,7 +88,7 @@ class DashboardSettings:
         return max(10, min(self.max_points, int(self.live_seconds / self.refresh_seconds) + 1))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "DashboardSettings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> DashboardSettings:
         """Settings from ``KVDOCTOR_DASHBOARD_*``; keyword arguments that are not None win."""
         env = os.environ if environ is None else environ
         values: dict = {}

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 import numpy as np
@@ -60,8 +61,9 @@ class _JsonClient:
     def __init__(self, base_url: str, timeout: float, transport: httpx.BaseTransport | None = None):
         self.base_url = base_url
         self.timeout = float(timeout)
-        self._client = httpx.Client(base_url=base_url, timeout=timeout, follow_redirects=False,
-                                    transport=transport, headers=self.HEADERS)
+        self._client = httpx.Client(
+            base_url=base_url, timeout=timeout, follow_redirects=False, transport=transport, headers=self.HEADERS
+        )
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None, allow_missing: bool = False):
         # httpx's timeout bounds each read, not the answer: a server trickling bytes would hold the
@@ -134,8 +136,9 @@ class PrometheusClient(_JsonClient):
             raise SourceError(f"{self.base_url}{path}: {error}")
         data = payload.get("data") or {}
         if not isinstance(data, dict):
-            raise SourceError(f"{self.base_url}{path}: unexpected answer: data is a {type(data).__name__}, "
-                              "not an object")
+            raise SourceError(
+                f"{self.base_url}{path}: unexpected answer: data is a {type(data).__name__}, not an object"
+            )
         return data
 
     def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
@@ -152,8 +155,9 @@ class PrometheusClient(_JsonClient):
         return out
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[RangeSeries]:
-        data = self._data(PROM_QUERY_RANGE_PATH,
-                          {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"})
+        data = self._data(
+            PROM_QUERY_RANGE_PATH, {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        )
         out = []
         for item in data.get("result") or []:
             try:
@@ -162,8 +166,10 @@ class PrometheusClient(_JsonClient):
                 ys = np.fromiter((_prom_float(v[1]) for v in values), dtype=float, count=len(values))
                 out.append(RangeSeries(dict(item.get("metric") or {}), ts, ys))
             except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
-                raise SourceError(f"{self.base_url}{PROM_QUERY_RANGE_PATH}: malformed series in the answer: "
-                                  f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+                raise SourceError(
+                    f"{self.base_url}{PROM_QUERY_RANGE_PATH}: malformed series in the answer: "
+                    f"{type(exc).__name__}: {exc}".splitlines()[0]
+                ) from None
         return out
 
 
@@ -186,14 +192,15 @@ class Backend:
     prometheus: PrometheusClient | None = None
 
     @classmethod
-    def from_settings(cls, settings: DashboardSettings) -> "Backend":
+    def from_settings(cls, settings: DashboardSettings) -> Backend:
         timeout = settings.request_timeout_seconds
         return cls(
             settings,
             ExporterClient(settings.exporter_url, timeout) if settings.exporter_url else None,
             # Range queries over a day take a real Prometheus seconds: give it longer than the exporter.
             PrometheusClient(settings.prometheus_url, max(timeout, PROMETHEUS_TIMEOUT_SECONDS))
-            if settings.prometheus_url else None,
+            if settings.prometheus_url
+            else None,
         )
 
     def close(self) -> None:
@@ -224,8 +231,9 @@ class LiveFetch:
     notes: list[str] = field(default_factory=list)
 
 
-def fetch_live_from_exporter(client: ExporterClient, seconds: float, target: Mapping[str, str],
-                             rate_window: float, with_diagnosis: bool = True) -> LiveFetch:
+def fetch_live_from_exporter(
+    client: ExporterClient, seconds: float, target: Mapping[str, str], rate_window: float, with_diagnosis: bool = True
+) -> LiveFetch:
     window, status = client.window(seconds)
     diagnosis = client.diagnosis() if with_diagnosis else None
     if status is None:
@@ -255,8 +263,9 @@ def _on_grid(grid: np.ndarray, step: float, series: RangeSeries) -> np.ndarray:
     return out
 
 
-def prometheus_frame(client: PrometheusClient, labels: Mapping[str, str], start: float, end: float,
-                     step: float, rate_window: float) -> LiveFrame:
+def prometheus_frame(
+    client: PrometheusClient, labels: Mapping[str, str], start: float, end: float, step: float, rate_window: float
+) -> LiveFrame:
     """A ``LiveFrame`` for one target over [start, end] from range queries."""
     grid = _grid(start, end, step)
     n = len(grid)
@@ -265,8 +274,9 @@ def prometheus_frame(client: PrometheusClient, labels: Mapping[str, str], start:
     queries = promql.live_queries(labels, step, rate_window)
     # Independent queries: in parallel, so a day of history costs the slowest query, not the sum.
     with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
-        results = dict(zip(queries, pool.map(lambda expr: client.query_range(expr, grid[0], grid[-1], step),
-                                             queries.values())))
+        results = dict(
+            zip(queries, pool.map(lambda expr: client.query_range(expr, grid[0], grid[-1], step), queries.values()))
+        )
     for key, result in results.items():
         if key.startswith("gpu_"):
             gpu_parts[key] = result
@@ -277,14 +287,21 @@ def prometheus_frame(client: PrometheusClient, labels: Mapping[str, str], start:
     by_gpu: dict[tuple[str, str], dict] = {}
     for key in ("gpu_dram", "gpu_sm"):
         for s in gpu_parts.get(key, []):
-            slot = by_gpu.setdefault((s.labels.get("pod", ""), s.labels.get("gpu", "?")), {"model": s.labels.get("model", "")})
+            slot = by_gpu.setdefault(
+                (s.labels.get("pod", ""), s.labels.get("gpu", "?")), {"model": s.labels.get("model", "")}
+            )
             slot[key] = _on_grid(grid, step, s)
             slot[key + "_method"] = s.labels.get("method", "")
     pods = {p for p, _ in by_gpu}
     gpus = [
-        GpuSeries(gpu=g if len(pods) <= 1 else f"{p}/{g}", model=slot["model"],
-                  dram_method=slot.get("gpu_dram_method", ""), sm_method=slot.get("gpu_sm_method", ""),
-                  dram=slot.get("gpu_dram", np.full(n, np.nan)), sm=slot.get("gpu_sm", np.full(n, np.nan)))
+        GpuSeries(
+            gpu=g if len(pods) <= 1 else f"{p}/{g}",
+            model=slot["model"],
+            dram_method=slot.get("gpu_dram_method", ""),
+            sm_method=slot.get("gpu_sm_method", ""),
+            dram=slot.get("gpu_dram", np.full(n, np.nan)),
+            sm=slot.get("gpu_sm", np.full(n, np.nan)),
+        )
         for (p, g), slot in sorted(by_gpu.items(), key=lambda kv: (kv[0][0], derive.natural_key(kv[0][1])))
     ]
     return LiveFrame(ts=grid, kv_capacity_tokens=float(valid[-1]) if len(valid) else math.nan, gpus=gpus, **arrays)
@@ -301,8 +318,16 @@ def _window_from_range(series: list[RangeSeries], grid: np.ndarray, step: float)
     return Window(grid, columns)
 
 
-def fetch_live_from_prometheus(client: PrometheusClient, instance: str, target: Mapping[str, str], start: float,
-                               end: float, step: float, rate_window: float, with_diagnosis: bool = True) -> LiveFetch:
+def fetch_live_from_prometheus(
+    client: PrometheusClient,
+    instance: str,
+    target: Mapping[str, str],
+    start: float,
+    end: float,
+    step: float,
+    rate_window: float,
+    with_diagnosis: bool = True,
+) -> LiveFetch:
     """The Live page's data for one scrape target, from Prometheus."""
     labels = dict(target, **{promql.TARGET_LABEL: instance})
     # The instant queries and the diagnosis do not need the frame: they run while its range queries do.
@@ -311,15 +336,22 @@ def fetch_live_from_prometheus(client: PrometheusClient, instance: str, target: 
         frame = prometheus_frame(client, labels, start, end, step, rate_window)
         targets, health, diagnosis, notes = around.result()
     valid = frame.ts[~np.isnan(frame.kv_usage)] if len(frame) else frame.ts
-    return LiveFetch(frame=frame, targets=targets, diagnosis=diagnosis, health=health,
-                     newest=float(valid[-1]) if len(valid) else math.nan, notes=notes)
+    return LiveFetch(
+        frame=frame,
+        targets=targets,
+        diagnosis=diagnosis,
+        health=health,
+        newest=float(valid[-1]) if len(valid) else math.nan,
+        notes=notes,
+    )
 
 
 def _target_state(client: PrometheusClient, instance: str, end: float, with_diagnosis: bool):
     """(target options, sources' health, diagnosis, notes) of one scrape target at ``end``."""
     listing = client.query(promql.target_listing_query(instance), at=end)
-    targets = derive.target_options((m.get("__name__", ""), {k: v for k, v in m.items() if k != "__name__"})
-                                    for m, _ in listing)
+    targets = derive.target_options(
+        (m.get("__name__", ""), {k: v for k, v in m.items() if k != "__name__"}) for m, _ in listing
+    )
     health = []
     for m, value in client.query(S.SOURCE_UP + promql.matchers({promql.TARGET_LABEL: instance}), at=end):
         health.append(SourceHealth(m.get("source", "?"), value >= 1.0))
@@ -341,22 +373,38 @@ def prometheus_diagnosis(client: PrometheusClient, instance: str, end: float) ->
     note says when the two disagree (the exporter may know the model shape, the SLO, thresholds)."""
     from kvdoctor.rules.diagnosis import diagnose
 
-    gauge = next((m.get("verdict", "") for m, _ in client.query(
-        f"{S.DIAGNOSIS_VERDICT}{promql.matchers({promql.TARGET_LABEL: instance})} == 1", at=end)), "")
+    gauge = next(
+        (
+            m.get("verdict", "")
+            for m, _ in client.query(
+                f"{S.DIAGNOSIS_VERDICT}{promql.matchers({promql.TARGET_LABEL: instance})} == 1", at=end
+            )
+        ),
+        "",
+    )
     start = end - DIAGNOSIS_WINDOW_SECONDS
     grid = _grid(start, end, 1.0)
-    window = _window_from_range(client.query_range(promql.recent_window_selector(instance), grid[0], grid[-1], 1.0),
-                                grid, 1.0)
+    window = _window_from_range(
+        client.query_range(promql.recent_window_selector(instance), grid[0], grid[-1], 1.0), grid, 1.0
+    )
     if len(window.series):
         diagnosis = diagnose(window).to_json()
         note = ""
         if gauge and gauge != diagnosis.get("verdict"):
-            note = (f"The exporter's own verdict is {gauge}: it may know the model shape, the SLO or "
-                    "thresholds that Prometheus does not carry.")
+            note = (
+                f"The exporter's own verdict is {gauge}: it may know the model shape, the SLO or "
+                "thresholds that Prometheus does not carry."
+            )
         return diagnosis, note
     if gauge:
-        return {"verdict": gauge, "confidence": None, "headline": f"The exporter's verdict: {gauge}.",
-                "evidence": [], "actions": [], "knee": None}, "evidence needs the exporter's own API"
+        return {
+            "verdict": gauge,
+            "confidence": None,
+            "headline": f"The exporter's verdict: {gauge}.",
+            "evidence": [],
+            "actions": [],
+            "knee": None,
+        }, "evidence needs the exporter's own API"
     return None, ""
 
 
@@ -373,8 +421,14 @@ class FleetFetch:
     history: dict[str, list[dict]]  # chart key -> [{"name", "x" (ms), "y"}], downsampled
 
 
-def fetch_fleet(client: PrometheusClient, end: float, range_seconds: float, max_points: int,
-                rate_window: float, oversampling: int = 1) -> FleetFetch:
+def fetch_fleet(
+    client: PrometheusClient,
+    end: float,
+    range_seconds: float,
+    max_points: int,
+    rate_window: float,
+    oversampling: int = 1,
+) -> FleetFetch:
     """Every exporter target with its verdict, KV usage, ITL p95 and preemption rate at ``end``,
     worst first, and ITL p95 / KV usage per target over [end - range, end]."""
     from kvdoctor.dashboard import figures
@@ -391,7 +445,11 @@ def fetch_fleet(client: PrometheusClient, end: float, range_seconds: float, max_
     for m, _ in client.query(queries["info"], at=end):
         r = row(m)
         if r:
-            r.pod, r.engine, r.model_name = m.get("pod", r.pod), m.get("engine", r.engine), m.get("model_name", r.model_name)
+            r.pod, r.engine, r.model_name = (
+                m.get("pod", r.pod),
+                m.get("engine", r.engine),
+                m.get("model_name", r.model_name),
+            )
     for m, _ in client.query(queries["verdict"], at=end):
         r = row(m)
         if r:
@@ -413,9 +471,18 @@ def fetch_fleet(client: PrometheusClient, end: float, range_seconds: float, max_
     for key, expr in promql.fleet_history_queries(step, rate_window).items():
         scale = 1000.0 if key == "itl_p95" else 100.0
         traces = []
-        for s in sorted(client.query_range(expr, start, end, step), key=lambda s: s.labels.get(promql.TARGET_LABEL, "")):
+        for s in sorted(
+            client.query_range(expr, start, end, step), key=lambda s: s.labels.get(promql.TARGET_LABEL, "")
+        ):
             name = s.labels.get(promql.TARGET_LABEL, "?")
-            traces.append({"name": name, "kind": key, "group": name, "x": figures.epoch_ms(s.ts),
-                           "y": figures.compact(s.values * scale)})
+            traces.append(
+                {
+                    "name": name,
+                    "kind": key,
+                    "group": name,
+                    "x": figures.epoch_ms(s.ts),
+                    "y": figures.compact(s.values * scale),
+                }
+            )
         history[key] = figures.downsample({"traces": traces, "extras": {}}, max_points)["traces"]
     return FleetFetch(derive.rank_fleet(rows.values()), history)

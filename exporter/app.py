@@ -120,7 +120,9 @@ def create_app(exporter) -> FastAPI:
         response_model=None,
         responses={200: {"model": WindowOut}},
     )
-    def window(seconds: int = Query(60, ge=1, le=max_window, description=f"Seconds back from now, 1..{max_window}.")) -> Response:
+    def window(
+        seconds: int = Query(60, ge=1, le=max_window, description=f"Seconds back from now, 1..{max_window}."),
+    ) -> Response:
         payload = exporter.store.window(seconds).to_json()
         payload["seconds"] = seconds
         payload["sources"] = exporter.status()
@@ -142,25 +144,35 @@ def create_app(exporter) -> FastAPI:
             return json_response({"detail": reason}, status_code=503)
         return json_response(result)
 
-    @app.get("/api/v1/status", summary="Sources: up, last error, last scrape", response_model=None,
-             responses={200: {"model": StatusOut}})
+    @app.get(
+        "/api/v1/status",
+        summary="Sources: up, last error, last scrape",
+        response_model=None,
+        responses={200: {"model": StatusOut}},
+    )
     def status() -> Response:
-        return json_response({
-            "version": kvdoctor.__version__,
-            "ready": exporter.ready.is_set(),
-            "cycles": exporter.cycles,
-            "interval_seconds": float(exporter.settings.interval),
-            "last_cycle_seconds": float(exporter.last_cycle_seconds),
-            "retained_snapshots": len(exporter.store),
-            "sources": exporter.status(),
-        })
+        return json_response(
+            {
+                "version": kvdoctor.__version__,
+                "ready": exporter.ready.is_set(),
+                "cycles": exporter.cycles,
+                "interval_seconds": float(exporter.settings.interval),
+                "last_cycle_seconds": float(exporter.last_cycle_seconds),
+                "retained_snapshots": len(exporter.store),
+                "sources": exporter.status(),
+            }
+        )
 
     @app.get("/healthz", summary="The process is alive", response_model=Health)
     async def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="One collection cycle has completed", response_model=None,
-             responses={200: {"model": Health}, 503: {"model": Health, "description": "Still starting."}})
+    @app.get(
+        "/readyz",
+        summary="One collection cycle has completed",
+        response_model=None,
+        responses={200: {"model": Health}, 503: {"model": Health, "description": "Still starting."}},
+    )
     async def readyz() -> Response:
         if exporter.ready.is_set():
             return json_response({"status": "ready"})

@@ -52,15 +52,19 @@ def build_collectors(settings: ExporterSettings) -> list[Collector]:
             collectors.append(spec.factory(settings))
         except NotApplicable as exc:
             log.info("collector %s: not applicable here (%s)", name, exc)
-        except Exception as exc:  # noqa: BLE001 - see the docstring
+        except Exception as exc:
             log.warning("collector %s could not start: %s: %s", name, type(exc).__name__, exc)
             collectors.append(_FailedCollector(name, f"{type(exc).__name__}: {exc}"))
     return collectors
 
 
-def build_exporter(settings: ExporterSettings, extra_collectors: Iterable[Collector] = (),
-                   diagnose_hook=DEFAULT_DIAGNOSIS, clock: Callable[[], float] = time.time,
-                   include_registry: bool = True) -> Exporter:
+def build_exporter(
+    settings: ExporterSettings,
+    extra_collectors: Iterable[Collector] = (),
+    diagnose_hook=DEFAULT_DIAGNOSIS,
+    clock: Callable[[], float] = time.time,
+    include_registry: bool = True,
+) -> Exporter:
     """An Exporter (not started) for ``settings``: the registry's enabled collectors plus
     ``extra_collectors`` (the demo's simulated GPU, ...), the model shape, and the diagnosis.
 

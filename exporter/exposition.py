@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvdoctor.rules.signals import Kind, signal_for_series
 from kvdoctor.rules.textformat import HISTOGRAM_PROMETHEUS_ORDER, escape_help, format_value, le_order, series_text
@@ -28,7 +28,7 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 class _Plan:
-    __slots__ = ("template", "order", "skipped")
+    __slots__ = ("order", "skipped", "template")
 
     def __init__(self, template: str, order: list[int], skipped: int):
         self.template = template  # the whole page with one %s per value
@@ -51,7 +51,7 @@ def compile_plan(keys: Sequence[SeriesKey]) -> _Plan:
             family, kind, help_text, sort_key = name, "untyped", None, labels
         elif signal.kind is Kind.HISTOGRAM:
             family, kind, help_text = signal.name, "histogram", signal.help
-            suffix = name[len(signal.name):]
+            suffix = name[len(signal.name) :]
             base = tuple(kv for kv in labels if kv[0] != "le")
             le = next((v for k, v in labels if k == "le"), "")
             sort_key = (base, HISTOGRAM_PROMETHEUS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)

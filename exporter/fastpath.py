@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 MAX_HEAD_BYTES = 8192  # longer request heads go to uvicorn (which applies its own limits)
 MAX_WRITE_BUFFER = 1 << 20  # stop reading while this much is unsent (a client pipelining and not reading)
@@ -90,7 +90,7 @@ class PrerenderedFront(asyncio.Protocol):
                 self._hand_over()
                 return
             response, keep_alive = answer
-            del self._buffer[:end + len(_HEAD_END)]
+            del self._buffer[: end + len(_HEAD_END)]
             self._transport.write(response)
             if not keep_alive:
                 self._transport.close()
@@ -118,7 +118,10 @@ class PrerenderedFront(asyncio.Protocol):
         content_type, get = target
         body = get()
         response = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n" % (
-            content_type, len(body), b"" if keep_alive else b"connection: close\r\n")
+            content_type,
+            len(body),
+            b"" if keep_alive else b"connection: close\r\n",
+        )
         return (response + body if parts[0] == b"GET" else response), keep_alive
 
     def _hand_over(self) -> None:

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 from kvdoctor.rules.collection import SourceError
 
@@ -108,8 +108,7 @@ def parse_gpu_filter(text: str) -> GpuFilterSpec:
         if not path:
             raise GpuFilterError("file: needs a path, e.g. file:/var/run/kvdoctor/engine-gpus")
         return GpuFilterSpec("file", path=path)
-    raise GpuFilterError(
-        f"unknown value {text!r} (choose auto, all, uuids:LIST, file:PATH or engine-processes)")
+    raise GpuFilterError(f"unknown value {text!r} (choose auto, all, uuids:LIST, file:PATH or engine-processes)")
 
 
 def _is_uuid_like(item: str) -> bool:
@@ -130,11 +129,7 @@ def parse_device_list(text: str | None) -> tuple[str, ...] | None:
     """
     if text is None:
         return ALL
-    entries = tuple(
-        part.strip().strip('"').strip()
-        for line in text.splitlines()
-        for part in line.split(",")
-    )
+    entries = tuple(part.strip().strip('"').strip() for line in text.splitlines() for part in line.split(","))
     entries = tuple(e for e in entries if e)
     lowered = {e.lower() for e in entries}
     if lowered == {"all"}:
@@ -170,9 +165,14 @@ def _match(entry: str, gpus: Sequence[Gpu], by_index: bool) -> list[Gpu]:
     return prefixed if len(prefixed) == 1 else []
 
 
-def select_devices(gpus: Sequence[Gpu], entries: tuple[str, ...] | None, *,
-                   cuda_semantics: bool = False, by_index: bool = True,
-                   cuda_device_order: str | None = None) -> tuple[list[Gpu], list[str]]:
+def select_devices(
+    gpus: Sequence[Gpu],
+    entries: tuple[str, ...] | None,
+    *,
+    cuda_semantics: bool = False,
+    by_index: bool = True,
+    cuda_device_order: str | None = None,
+) -> tuple[list[Gpu], list[str]]:
     """Keep the GPUs ``entries`` name; returns (kept in NVML order, entries that named no GPU).
 
     ``cuda_semantics``: as CUDA reads ``CUDA_VISIBLE_DEVICES``: the list ends at the first entry
@@ -182,12 +182,17 @@ def select_devices(gpus: Sequence[Gpu], entries: tuple[str, ...] | None, *,
     """
     if entries is ALL:
         return list(gpus), []
-    if (cuda_semantics and by_index and any(e.lstrip("-").isdigit() for e in entries)
-            and (cuda_device_order or "FASTEST_FIRST").upper() != "PCI_BUS_ID"
-            and len({g[2] for g in gpus}) > 1):
+    if (
+        cuda_semantics
+        and by_index
+        and any(e.lstrip("-").isdigit() for e in entries)
+        and (cuda_device_order or "FASTEST_FIRST").upper() != "PCI_BUS_ID"
+        and len({g[2] for g in gpus}) > 1
+    ):
         raise GpuFilterError(
             "CUDA_VISIBLE_DEVICES uses indices on a host with mixed GPU models and CUDA_DEVICE_ORDER is "
-            "not PCI_BUS_ID, so CUDA's order is unknown here: use GPU UUIDs, or set CUDA_DEVICE_ORDER=PCI_BUS_ID")
+            "not PCI_BUS_ID, so CUDA's order is unknown here: use GPU UUIDs, or set CUDA_DEVICE_ORDER=PCI_BUS_ID"
+        )
     wanted: set[str] = set()
     unmatched: list[str] = []
     for position, entry in enumerate(entries):
@@ -205,19 +210,20 @@ def select_devices(gpus: Sequence[Gpu], entries: tuple[str, ...] | None, *,
 def select_auto(gpus: Sequence[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
     """``auto``: the GPUs CUDA would give a process with this environment."""
     entries = parse_device_list(environ.get("CUDA_VISIBLE_DEVICES"))
-    kept, _ = select_devices(gpus, entries, cuda_semantics=True,
-                             cuda_device_order=environ.get("CUDA_DEVICE_ORDER"))
+    kept, _ = select_devices(gpus, entries, cuda_semantics=True, cuda_device_order=environ.get("CUDA_DEVICE_ORDER"))
     return kept
 
 
-def select_engine_processes(gpus: Sequence[Gpu], processes: Mapping[int, Iterable[int]],
-                            engine_pids: Iterable[int]) -> list[Gpu]:
+def select_engine_processes(
+    gpus: Sequence[Gpu], processes: Mapping[int, Iterable[int]], engine_pids: Iterable[int]
+) -> list[Gpu]:
     """The GPUs whose compute processes (``processes``: NVML index -> PIDs) include an engine PID."""
     engine = set(engine_pids)
     return [g for g in gpus if engine.intersection(processes.get(g[0], ()))]
 
 
 # --------------------------------------------------------------------------------- inputs
+
 
 def namespace_pids(proc: str = "/proc", exclude: Iterable[int] = ()) -> set[int]:
     """The PIDs visible in ``proc`` (this PID namespace; with ``shareProcessNamespace`` the pod's),
@@ -261,11 +267,15 @@ def read_text(path: str) -> str | None:
 
 # ------------------------------------------------------------------------------- the filter
 
-def make_gpu_filter(spec: GpuFilterSpec | str, *,
-                    environ: Mapping[str, str] | None = None,
-                    read_file: Callable[[str], str | None] = read_text,
-                    engine_pids: Callable[[], set[int]] | None = None,
-                    gpu_pids: Callable[[int], Iterable[int]] = nvml_compute_pids) -> GpuFilter:
+
+def make_gpu_filter(
+    spec: GpuFilterSpec | str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    read_file: Callable[[str], str | None] = read_text,
+    engine_pids: Callable[[], set[int]] | None = None,
+    gpu_pids: Callable[[int], Iterable[int]] = nvml_compute_pids,
+) -> GpuFilter:
     """The callable the NVML collector calls each cycle: ``filter(gpus) -> subset``.
 
     May raise GpuFilterPending (engine's GPU list not known yet) or GpuFilterError (an input
@@ -287,31 +297,38 @@ def make_gpu_filter(spec: GpuFilterSpec | str, *,
         return lambda gpus: list(gpus)
 
     if spec.mode == "auto":
+
         def auto(gpus: Sequence[Gpu]) -> list[Gpu]:
             try:
                 return select_auto(gpus, env)
             except GpuFilterError as exc:
                 raise SourceError("gpu_filter_invalid", str(exc)) from None
+
         return auto
 
     if spec.mode == "uuids":
+
         def by_uuid(gpus: Sequence[Gpu]) -> list[Gpu]:
             kept, unmatched = select_devices(gpus, spec.uuids, by_index=False)
             if not kept and gpus:
-                raise SourceError("gpu_not_found",
-                                  f"--gpu-filter {spec}: no GPU with these UUIDs (NVML sees "
-                                  f"{', '.join(g[1] for g in gpus)})")
+                raise SourceError(
+                    "gpu_not_found",
+                    f"--gpu-filter {spec}: no GPU with these UUIDs (NVML sees {', '.join(g[1] for g in gpus)})",
+                )
             warn_unmatched(unmatched, f"--gpu-filter {spec}")
             return kept
+
         return by_uuid
 
     if spec.mode == "file":
+
         def from_file(gpus: Sequence[Gpu]) -> list[Gpu]:
             text = read_file(spec.path)
             if text is None:
                 raise GpuFilterPending(
                     f"{spec.path} does not exist yet: the engine container writes its GPU list there "
-                    "(see the Helm chart's gpuVisibility); or use --gpu-filter engine-processes")
+                    "(see the Helm chart's gpuVisibility); or use --gpu-filter engine-processes"
+                )
             try:
                 entries = parse_device_list(text)
             except GpuFilterError as exc:
@@ -320,12 +337,15 @@ def make_gpu_filter(spec: GpuFilterSpec | str, *,
             # index strategy) or UUIDs; both are what a sidecar seeing all node GPUs sees.
             kept, unmatched = select_devices(gpus, entries)
             if entries and not kept and gpus:
-                raise SourceError("gpu_not_found",
-                                  f"{spec.path} names {', '.join(entries)}, but NVML sees only "
-                                  f"{', '.join(g[1] for g in gpus)}: does the sidecar see the node's GPUs "
-                                  "(NVIDIA_VISIBLE_DEVICES=all)?")
+                raise SourceError(
+                    "gpu_not_found",
+                    f"{spec.path} names {', '.join(entries)}, but NVML sees only "
+                    f"{', '.join(g[1] for g in gpus)}: does the sidecar see the node's GPUs "
+                    "(NVIDIA_VISIBLE_DEVICES=all)?",
+                )
             warn_unmatched(unmatched, spec.path)
             return kept
+
         return from_file
 
     # engine-processes
@@ -339,9 +359,11 @@ def make_gpu_filter(spec: GpuFilterSpec | str, *,
         if not kept and gpus:
             seen = sorted({p for ps in processes.values() for p in ps} - {own})
             if seen:
-                detail = (f"GPUs run PIDs {', '.join(map(str, seen[:8]))}, none of them in this PID namespace: "
-                          "is shareProcessNamespace set, and does the driver report namespaced PIDs? "
-                          "--gpu-filter file:PATH does not depend on PIDs")
+                detail = (
+                    f"GPUs run PIDs {', '.join(map(str, seen[:8]))}, none of them in this PID namespace: "
+                    "is shareProcessNamespace set, and does the driver report namespaced PIDs? "
+                    "--gpu-filter file:PATH does not depend on PIDs"
+                )
             else:
                 detail = "no process runs on any GPU yet (the engine is still starting?)"
             raise GpuFilterPending(f"--gpu-filter engine-processes: {detail}")

@@ -26,15 +26,16 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
-from kvdoctor.rules.collection import Collected, Collector, NotApplicable, SourceError
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import Collected, Collector, NotApplicable, SourceError
 from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
 from kvdoctor.rules.window import Labels, SeriesKey, Snapshot, Window
 
@@ -169,7 +170,9 @@ def _call(collector: Collector) -> _Outcome:
     except SourceError as exc:
         return _Outcome("error", time.perf_counter() - start, reason=clean_reason(exc.reason), message=str(exc))
     except Exception as exc:  # any bug in a collector is that collector's failure only
-        return _Outcome("error", time.perf_counter() - start, reason="exception", message=f"{type(exc).__name__}: {exc}")
+        return _Outcome(
+            "error", time.perf_counter() - start, reason="exception", message=f"{type(exc).__name__}: {exc}"
+        )
 
 
 class Exporter:
@@ -204,7 +207,9 @@ class Exporter:
 
         self._pod = getattr(settings, "pod", None) or None
         self._deadline = float(settings.scrape_timeout) * 1.2 + 0.05
-        self._executor = ThreadPoolExecutor(max_workers=max(1, len(self.collectors)), thread_name_prefix="kvdoctor-collect")
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(1, len(self.collectors)), thread_name_prefix="kvdoctor-collect"
+        )
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._retry_at: dict[str, float] = {}
         self._status = {c.name: SourceStatus(c.name) for c in self.collectors}
@@ -245,7 +250,7 @@ class Exporter:
         return self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Exporter":
+    def start(self) -> Exporter:
         """Start the collection thread (idempotent). An exporter cannot be restarted after stop()."""
         if self.running:
             return self
@@ -272,7 +277,7 @@ class Exporter:
             except Exception as exc:  # closing is best effort
                 log.debug("closing collector %s: %s", collector.name, exc)
 
-    def __enter__(self) -> "Exporter":
+    def __enter__(self) -> Exporter:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -335,8 +340,9 @@ class Exporter:
             if name in self._inflight:
                 future, since = self._inflight[name]
                 if not future.done():  # still stuck in an earlier cycle's call
-                    outcomes[name] = _Outcome("timeout", now - since, reason="timeout",
-                                              message=f"no answer for {now - since:.1f} s")
+                    outcomes[name] = _Outcome(
+                        "timeout", now - since, reason="timeout", message=f"no answer for {now - since:.1f} s"
+                    )
                     continue
                 del self._inflight[name]  # its late answer is stale: discard it
             if self._retry_at.get(name, 0.0) > now:
@@ -358,8 +364,12 @@ class Exporter:
                 outcomes[name] = outcome
             else:
                 self._inflight[name] = (future, now)
-                outcomes[name] = _Outcome("timeout", time.monotonic() - now, reason="timeout",
-                                          message=f"no answer within {self._deadline:.2f} s")
+                outcomes[name] = _Outcome(
+                    "timeout",
+                    time.monotonic() - now,
+                    reason="timeout",
+                    message=f"no answer within {self._deadline:.2f} s",
+                )
         return outcomes
 
     def _merge(self, outcomes: dict[str, _Outcome]) -> tuple[dict[SeriesKey, float], dict[str, int]]:
@@ -381,8 +391,13 @@ class Exporter:
                 self._count_error(name, "series_cap")
                 if name not in self._warned_cap:
                     self._warned_cap.add(name)
-                    log.warning("source %s produced %d series; keeping %d (max_series=%d)",
-                                name, len(source_samples), share, self.settings.max_series)
+                    log.warning(
+                        "source %s produced %d series; keeping %d (max_series=%d)",
+                        name,
+                        len(source_samples),
+                        share,
+                        self.settings.max_series,
+                    )
             count = 0
             for key, value in items:
                 final = keys.get(key)
@@ -431,7 +446,9 @@ class Exporter:
             st = self._status[name]
             if outcome.kind == "not_applicable":
                 if st.applicable is not False:
-                    log.info("source %s: not applicable here%s", name, f" ({outcome.message})" if outcome.message else "")
+                    log.info(
+                        "source %s: not applicable here%s", name, f" ({outcome.message})" if outcome.message else ""
+                    )
                 st.applicable, st.up = False, None
                 continue
             st.applicable = True
@@ -520,8 +537,10 @@ class Exporter:
         self._diagnosis = {**payload, "ts": self._last_ts} if isinstance(payload, dict) else payload
         if not self._verdicts:
             return []
-        return [(self._self_key(S.DIAGNOSIS_VERDICT, (("verdict", v),)), 1.0 if v == verdict else 0.0)
-                for v in self._verdicts]
+        return [
+            (self._self_key(S.DIAGNOSIS_VERDICT, (("verdict", v),)), 1.0 if v == verdict else 0.0)
+            for v in self._verdicts
+        ]
 
 
 def default_diagnose_hook(settings, model_shape=None) -> Callable[[Window], Diagnosis] | None:

@@ -14,8 +14,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from email.utils import formatdate
-from typing import Callable
 
 import uvicorn
 from uvicorn.server import ServerState
@@ -154,15 +154,21 @@ class ServerHandle:
         except OSError:
             pass
 
-    def __enter__(self) -> "ServerHandle":
+    def __enter__(self) -> ServerHandle:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                    sock: socket.socket | None = None, on_exit: Callable[[], None] | None = None) -> ServerHandle:
+def serve_in_thread(
+    app,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    sock: socket.socket | None = None,
+    on_exit: Callable[[], None] | None = None,
+) -> ServerHandle:
     """Start ``app`` on ``host:port`` (or on ``sock``, from ``bind_socket``) in a thread; returns
     once it accepts connections. An app whose ``state.prerendered`` maps paths to ``(content type,
     get_bytes)`` has GETs of those paths answered before uvicorn (``exporter/fastpath.py``).
@@ -212,8 +218,14 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, log_level: str 
     return handle
 
 
-def serve(app, host: str = "127.0.0.1", port: int = 0, on_started: Callable[[ServerHandle], None] | None = None,
-          stop_event: threading.Event | None = None, sock: socket.socket | None = None) -> int:
+def serve(
+    app,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    on_started: Callable[[ServerHandle], None] | None = None,
+    stop_event: threading.Event | None = None,
+    sock: socket.socket | None = None,
+) -> int:
     """Serve ``app`` until Ctrl-C or SIGTERM (or ``stop_event``), then shut down cleanly.
 
     ``sock`` is a socket from ``bind_socket`` (bind first to fail early on a port in use);

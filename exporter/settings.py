@@ -62,7 +62,7 @@ class _CollectorSwitchesFromEnv(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         switches = {
-            key[len(COLLECTOR_ENV_PREFIX):].lower(): raw
+            key[len(COLLECTOR_ENV_PREFIX) :].lower(): raw
             for key, raw in os.environ.items()
             if key.upper().startswith(COLLECTOR_ENV_PREFIX) and len(key) > len(COLLECTOR_ENV_PREFIX)
         }
@@ -74,8 +74,12 @@ class ExporterSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
-    engine_url: str | None = Field(None, description="URL of the engine's Prometheus endpoint (path defaults to /metrics).")
-    engine: str = Field("auto", description="Engine adapter: auto (recognised from the metric families) or an adapter name.")
+    engine_url: str | None = Field(
+        None, description="URL of the engine's Prometheus endpoint (path defaults to /metrics)."
+    )
+    engine: str = Field(
+        "auto", description="Engine adapter: auto (recognised from the metric families) or an adapter name."
+    )
     dcgm_url: str | None = Field(None, description="URL of an existing dcgm-exporter's /metrics (optional).")
     nvml: bool = Field(True, description="Read GPU counters through NVML (same as --collector.nvml).")
     collectors: dict[str, bool] = Field(default_factory=dict, description="Collector switches: name -> enabled.")
@@ -83,24 +87,43 @@ class ExporterSettings(BaseSettings):
     host: str = Field("127.0.0.1", min_length=1, description="Address the HTTP server binds.")
     port: int = Field(9745, ge=0, le=65535, description="Port the HTTP server binds (0: any free port).")
     retention_seconds: float = Field(900.0, gt=0, description="Seconds of snapshots kept in memory.")
-    max_snapshots: int = Field(3600, ge=1, le=1_000_000, description="Snapshots kept in memory at most (bounds memory whatever the interval).")
-    max_series: int = Field(5000, ge=64, le=1_000_000, description="Series kept per snapshot at most; the rest are dropped and counted (reason series_cap).")
-    scrape_timeout: float | None = Field(None, gt=0, description="Seconds a source may take per collection (default: the interval, at least 0.5, at most 5).")
+    max_snapshots: int = Field(
+        3600, ge=1, le=1_000_000, description="Snapshots kept in memory at most (bounds memory whatever the interval)."
+    )
+    max_series: int = Field(
+        5000,
+        ge=64,
+        le=1_000_000,
+        description="Series kept per snapshot at most; the rest are dropped and counted (reason series_cap).",
+    )
+    scrape_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a source may take per collection (default: the interval, at least 0.5, at most 5).",
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest /metrics body read from a source.")
     model_config_path: str | None = Field(
         None,
         validation_alias=AliasChoices("model_config_path", "kvdoctor_model_config"),
         description="Hugging Face config.json of the served model (enables the decode-step floor).",
     )
-    gpu_peak_bandwidth: float | None = Field(None, gt=0, description="Peak DRAM bandwidth of one GPU in bytes/s (overrides NVML and the catalogue).")
+    gpu_peak_bandwidth: float | None = Field(
+        None, gt=0, description="Peak DRAM bandwidth of one GPU in bytes/s (overrides NVML and the catalogue)."
+    )
     gpu_filter: str = Field("auto", description="Which GPUs the nvml collector reports (see exporter/gpu_filter.py).")
     pod: str | None = Field(None, description="Value of the pod label added to every series.")
-    slo_ms: float = Field(100.0, gt=0, description="Per-token latency SLO (ITL p95, ms) the live diagnosis compares against.")
-    diagnosis_window: float = Field(60.0, ge=5, le=900, description="Seconds of history the live diagnosis reads each cycle.")
+    slo_ms: float = Field(
+        100.0, gt=0, description="Per-token latency SLO (ITL p95, ms) the live diagnosis compares against."
+    )
+    diagnosis_window: float = Field(
+        60.0, ge=5, le=900, description="Seconds of history the live diagnosis reads each cycle."
+    )
     max_window_seconds: int = Field(900, ge=1, description="Longest window GET /api/v1/window serves.")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
         return (init_settings, env_settings, _CollectorSwitchesFromEnv(settings_cls))
 
     @field_validator("engine_url", "dcgm_url")
@@ -127,8 +150,10 @@ class ExporterSettings(BaseSettings):
         unknown = sorted(set(normalised) - set(known))
         if unknown:
             name = unknown[0]
-            raise ValueError(f"unknown collector {name!r} (--collector.{name} / {COLLECTOR_ENV_PREFIX}{name.upper()}; "
-                             f"known: {', '.join(sorted(known)) or 'none'})")
+            raise ValueError(
+                f"unknown collector {name!r} (--collector.{name} / {COLLECTOR_ENV_PREFIX}{name.upper()}; "
+                f"known: {', '.join(sorted(known)) or 'none'})"
+            )
         return normalised
 
     @field_validator("gpu_filter")
@@ -155,7 +180,7 @@ class ExporterSettings(BaseSettings):
         return str(path)
 
     @model_validator(mode="after")
-    def _derived(self) -> "ExporterSettings":
+    def _derived(self) -> ExporterSettings:
         if self.scrape_timeout is None:
             self.scrape_timeout = min(max(self.interval, 0.5), 5.0)
         if self.max_window_seconds > self.retention_seconds:
@@ -216,12 +241,22 @@ def error_line(exc: ValidationError) -> str:
         where = f"--collector.{loc[1]} ({COLLECTOR_ENV_PREFIX}{loc[1].upper()})" if len(loc) > 1 else "collector switch"
     message = err.get("msg", "invalid value")
     message = message.removeprefix("Value error, ").replace("Input should be", "must be")
-    if err.get("type") in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "int_parsing",
-                           "float_parsing", "bool_parsing", "int_from_float", "missing", "string_too_short"):
+    if err.get("type") in (
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "int_parsing",
+        "float_parsing",
+        "bool_parsing",
+        "int_from_float",
+        "missing",
+        "string_too_short",
+    ):
         message = f"{message[0].lower()}{message[1:]}, got {err.get('input')!r}"
     flag = FLAGS.get(field, "")
     if flag and message.startswith(flag):  # the validator already named the flag
-        message = message[len(flag):].lstrip(": ")
+        message = message[len(flag) :].lstrip(": ")
     if err.get("type") == "extra_forbidden":
         return f"unknown setting {field!r}"
     return f"{where}: {message}".replace("\n", " ")

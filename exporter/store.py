@@ -15,7 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -142,7 +143,9 @@ def _columns(entries: list[_Entry]) -> Window:
     index: dict[SeriesKey, int] = {}
     positions: dict[int, np.ndarray] = {}
     for sid, schema in schemas.items():
-        positions[sid] = np.fromiter((index.setdefault(k, len(index)) for k in schema), dtype=np.intp, count=len(schema))
+        positions[sid] = np.fromiter(
+            (index.setdefault(k, len(index)) for k in schema), dtype=np.intp, count=len(schema)
+        )
     matrix = np.full((len(index), len(entries)), np.nan)
     for col, e in enumerate(entries):
         matrix[positions[id(e.schema)], col] = e.values

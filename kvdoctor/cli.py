@@ -38,8 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"kvdoctor.commands.{name}")
-        p = sub.add_parser(module.NAME, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            module.NAME,
+            help=module.HELP,
+            description=getattr(module, "DESCRIPTION", module.HELP),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc(file=sys.stderr)
         message = " ".join(str(exc).split())
-        print(f"kvdoctor {args.command}: internal error: {type(exc).__name__}: {message}".rstrip(": ").rstrip(),
-              file=sys.stderr)
+        print(
+            f"kvdoctor {args.command}: internal error: {type(exc).__name__}: {message}".rstrip(": ").rstrip(),
+            file=sys.stderr,
+        )
         return 1

@@ -33,59 +33,149 @@ class Action:
     effect: str | None = None
 
     def to_json(self) -> dict:
-        return {"id": self.id, "title": self.title, "flag_vllm": self.flag_vllm, "flag_sglang": self.flag_sglang,
-                "why": self.why, "effect": self.effect}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "flag_vllm": self.flag_vllm,
+            "flag_sglang": self.flag_sglang,
+            "why": self.why,
+            "effect": self.effect,
+        }
 
 
 # The catalogue; VERDICT_ACTIONS says which apply to a verdict, in which order.
 CATALOGUE: tuple[Action, ...] = (
-    Action("gqa_model", "Serve a GQA/MQA variant of the model (fewer KV heads)", None, None,
-           "KV bytes per token scale with the number of KV heads; every decode step re-reads them all"),
-    Action("fp8_kv_cache", "Quantise the KV cache to FP8", "--kv-cache-dtype fp8", "--kv-cache-dtype fp8_e4m3",
-           "halves the bytes per token: twice the tokens fit, and each decode step reads half the KV"),
-    Action("fp8_weights", "Quantise the weights (FP8, or INT4 with care)", "--quantization fp8", "--quantization fp8",
-           "every decode step re-reads all weights; fewer bytes, faster step"),
-    Action("more_kv_memory", "Give the KV pool more GPU memory", "--gpu-memory-utilization 0.95",
-           "--mem-fraction-static 0.9", "a bigger pool holds more sequences before it runs out"),
-    Action("cap_context", "Cap the context length", "--max-model-len <tokens>", "--context-length <tokens>",
-           "long contexts dominate resident KV; a cap bounds the worst request"),
-    Action("cap_sequences", "Cap concurrent sequences", "--max-num-seqs <n>", "--max-running-requests <n>",
-           "fewer sequences in the batch: less resident KV and no preemption, at some throughput"),
-    Action("enable_prefix_caching", "Enable prefix caching", "--enable-prefix-caching",
-           "on by default (do not pass --disable-radix-cache)", "shared prefixes are computed once"),
-    Action("prefix_aware_routing", "Route requests by prefix so hot prefixes stay on one replica's GPU", None,
-           "--schedule-policy lpm", "a hit on the device tier is free; a hit on the host tier costs a transfer"),
-    Action("limit_prefill", "Limit the prefill work per step (chunked prefill budget)", "--max-num-batched-tokens <n>",
-           "--chunked-prefill-size <n>", "long prefills share each step with decode and stretch every token"),
-    Action("disaggregate_prefill", "Separate prefill and decode (disaggregated serving)",
-           "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'",
-           "--disaggregation-mode prefill|decode", "prefill compute no longer stalls decode steps"),
-    Action("cuda_graphs", "Run with CUDA graphs (drop eager mode)", "remove --enforce-eager",
-           "remove --disable-cuda-graph", "kernel launches from Python dominate small decode steps"),
-    Action("async_scheduling", "Overlap scheduling with execution", "--async-scheduling",
-           "on by default (do not pass --disable-overlap-schedule)", "the CPU prepares step n+1 while the GPU runs step n"),
-    Action("host_resources", "Give the engine's pod dedicated CPU (no throttling) and fast tokenisation", None, None,
-           "a throttled or oversubscribed CPU shows up as GPU idle time between steps"),
-    Action("kv_offload_prefetch", "Add a host KV tier with prefetch, only if the transfer hides behind compute",
-           "--kv-offloading-backend native --kv-offloading-size <GiB>", "--enable-hierarchical-cache",
-           "recomputing a long prefix costs more than loading it, if the load overlaps decode"),
-    Action("scale_out", "Add replicas (or GPUs) for this model", None, None,
-           "when every per-replica fix is in, the load is simply more than one replica holds"),
+    Action(
+        "gqa_model",
+        "Serve a GQA/MQA variant of the model (fewer KV heads)",
+        None,
+        None,
+        "KV bytes per token scale with the number of KV heads; every decode step re-reads them all",
+    ),
+    Action(
+        "fp8_kv_cache",
+        "Quantise the KV cache to FP8",
+        "--kv-cache-dtype fp8",
+        "--kv-cache-dtype fp8_e4m3",
+        "halves the bytes per token: twice the tokens fit, and each decode step reads half the KV",
+    ),
+    Action(
+        "fp8_weights",
+        "Quantise the weights (FP8, or INT4 with care)",
+        "--quantization fp8",
+        "--quantization fp8",
+        "every decode step re-reads all weights; fewer bytes, faster step",
+    ),
+    Action(
+        "more_kv_memory",
+        "Give the KV pool more GPU memory",
+        "--gpu-memory-utilization 0.95",
+        "--mem-fraction-static 0.9",
+        "a bigger pool holds more sequences before it runs out",
+    ),
+    Action(
+        "cap_context",
+        "Cap the context length",
+        "--max-model-len <tokens>",
+        "--context-length <tokens>",
+        "long contexts dominate resident KV; a cap bounds the worst request",
+    ),
+    Action(
+        "cap_sequences",
+        "Cap concurrent sequences",
+        "--max-num-seqs <n>",
+        "--max-running-requests <n>",
+        "fewer sequences in the batch: less resident KV and no preemption, at some throughput",
+    ),
+    Action(
+        "enable_prefix_caching",
+        "Enable prefix caching",
+        "--enable-prefix-caching",
+        "on by default (do not pass --disable-radix-cache)",
+        "shared prefixes are computed once",
+    ),
+    Action(
+        "prefix_aware_routing",
+        "Route requests by prefix so hot prefixes stay on one replica's GPU",
+        None,
+        "--schedule-policy lpm",
+        "a hit on the device tier is free; a hit on the host tier costs a transfer",
+    ),
+    Action(
+        "limit_prefill",
+        "Limit the prefill work per step (chunked prefill budget)",
+        "--max-num-batched-tokens <n>",
+        "--chunked-prefill-size <n>",
+        "long prefills share each step with decode and stretch every token",
+    ),
+    Action(
+        "disaggregate_prefill",
+        "Separate prefill and decode (disaggregated serving)",
+        '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'',
+        "--disaggregation-mode prefill|decode",
+        "prefill compute no longer stalls decode steps",
+    ),
+    Action(
+        "cuda_graphs",
+        "Run with CUDA graphs (drop eager mode)",
+        "remove --enforce-eager",
+        "remove --disable-cuda-graph",
+        "kernel launches from Python dominate small decode steps",
+    ),
+    Action(
+        "async_scheduling",
+        "Overlap scheduling with execution",
+        "--async-scheduling",
+        "on by default (do not pass --disable-overlap-schedule)",
+        "the CPU prepares step n+1 while the GPU runs step n",
+    ),
+    Action(
+        "host_resources",
+        "Give the engine's pod dedicated CPU (no throttling) and fast tokenisation",
+        None,
+        None,
+        "a throttled or oversubscribed CPU shows up as GPU idle time between steps",
+    ),
+    Action(
+        "kv_offload_prefetch",
+        "Add a host KV tier with prefetch, only if the transfer hides behind compute",
+        "--kv-offloading-backend native --kv-offloading-size <GiB>",
+        "--enable-hierarchical-cache",
+        "recomputing a long prefix costs more than loading it, if the load overlaps decode",
+    ),
+    Action(
+        "scale_out",
+        "Add replicas (or GPUs) for this model",
+        None,
+        None,
+        "when every per-replica fix is in, the load is simply more than one replica holds",
+    ),
 )
 ACTION_BY_ID = {a.id: a for a in CATALOGUE}
 
 VERDICT_ACTIONS: dict[str, tuple[str, ...]] = {
     "idle": (),
     "healthy": (),
-    "kv_thrashing": ("gqa_model", "fp8_kv_cache", "more_kv_memory", "cap_context", "cap_sequences",
-                     "kv_offload_prefetch", "scale_out"),
+    "kv_thrashing": (
+        "gqa_model",
+        "fp8_kv_cache",
+        "more_kv_memory",
+        "cap_context",
+        "cap_sequences",
+        "kv_offload_prefetch",
+        "scale_out",
+    ),
     "kv_tier_miss": ("fp8_kv_cache", "more_kv_memory", "prefix_aware_routing", "kv_offload_prefetch"),
-    "kv_capacity_pressure": ("gqa_model", "fp8_kv_cache", "more_kv_memory", "cap_context", "cap_sequences",
-                             "scale_out"),
-    "memory_bandwidth_bound": ("gqa_model", "fp8_kv_cache", "fp8_weights", "cap_context", "cap_sequences",
-                               "scale_out"),
-    "compute_bound": ("enable_prefix_caching", "limit_prefill", "disaggregate_prefill", "cap_sequences",
-                      "scale_out"),
+    "kv_capacity_pressure": (
+        "gqa_model",
+        "fp8_kv_cache",
+        "more_kv_memory",
+        "cap_context",
+        "cap_sequences",
+        "scale_out",
+    ),
+    "memory_bandwidth_bound": ("gqa_model", "fp8_kv_cache", "fp8_weights", "cap_context", "cap_sequences", "scale_out"),
+    "compute_bound": ("enable_prefix_caching", "limit_prefill", "disaggregate_prefill", "cap_sequences", "scale_out"),
     "host_overhead_bound": ("cuda_graphs", "async_scheduling", "host_resources"),
 }
 
@@ -111,7 +201,9 @@ class LedgerFacts:
         except ValueError:
             return None
 
-    def floor(self, kv_per_token: float | None, weight_bytes: float | None = None, live_tokens: float | None = None) -> float | None:
+    def floor(
+        self, kv_per_token: float | None, weight_bytes: float | None = None, live_tokens: float | None = None
+    ) -> float | None:
         """Decode step floor in seconds, or None when a number is missing."""
         live = self.live_tokens if live_tokens is None else live_tokens
         if self.model is None or kv_per_token is None or not self.peak_bandwidth or live is None:
@@ -151,8 +243,10 @@ def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
             return False, None  # already MLA / GQA / MQA
         gqa = replace(model, num_kv_heads=GQA_KV_HEADS)
         after = facts.kv_bytes(gqa)
-        return True, (f"GQA with {GQA_KV_HEADS} KV heads: {fmt_bytes(per_token)} -> {fmt_bytes(after)} per token"
-                      + _floor_change(facts, facts.floor(per_token), facts.floor(after)))
+        return True, (
+            f"GQA with {GQA_KV_HEADS} KV heads: {fmt_bytes(per_token)} -> {fmt_bytes(after)} per token"
+            + _floor_change(facts, facts.floor(per_token), facts.floor(after))
+        )
     if action_id == "fp8_kv_cache":
         if model is None:
             return True, None
@@ -177,8 +271,10 @@ def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
             after = model.weight_bytes / dtype_bytes(model.dtype)
         except ValueError:
             return True, None
-        return True, (f"weights read per step {fmt_bytes(model.weight_bytes)} -> {fmt_bytes(after)}"
-                      + _floor_change(facts, facts.floor(per_token), facts.floor(per_token, weight_bytes=after)))
+        return True, (
+            f"weights read per step {fmt_bytes(model.weight_bytes)} -> {fmt_bytes(after)}"
+            + _floor_change(facts, facts.floor(per_token), facts.floor(per_token, weight_bytes=after))
+        )
     if action_id in ("cap_context", "cap_sequences"):
         if facts.live_tokens is None or per_token is None:
             return True, None
@@ -192,8 +288,10 @@ def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
         pcie = facts.pcie_bandwidth or PCIE4_X16
         nbytes = per_token * PREFIX_TOKENS_EXAMPLE
         load = host_transfer_seconds(nbytes, HOST_MEMORY_BANDWIDTH, pcie)
-        text = (f"loading a {PREFIX_TOKENS_EXAMPLE:,}-token prefix from host memory: {fmt_bytes(nbytes)} in "
-                f"{fmt_ms(load)} over PCIe ({pcie / GB:.1f} GB/s)")
+        text = (
+            f"loading a {PREFIX_TOKENS_EXAMPLE:,}-token prefix from host memory: {fmt_bytes(nbytes)} in "
+            f"{fmt_ms(load)} over PCIe ({pcie / GB:.1f} GB/s)"
+        )
         floor = facts.floor(per_token)
         if floor:
             text += f" = {load / floor:.1f} decode steps; hides only if prefetched that far ahead"

@@ -152,6 +152,7 @@ def _json_number(v: float | None) -> float | None:
 
 # -------------------------------------------------------------------------------- diagnose
 
+
 def diagnose(window: Window, context: Context | None = None, thresholds: Thresholds | None = None) -> Diagnosis:
     """The verdict for ``window`` with its evidence, actions, knee and what was missing."""
     ctx = context or Context()
@@ -170,9 +171,19 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
     confidence = _confidence(branch, values, params, view, knee, missing)
     headline = _headline(branch, values, ctx, t, knee, hit_ratio, facts, view)
     if hit_ratio is not None:
-        evidence.append(Evidence(PREFIX_CACHE_HITS, "prefix_hit_ratio", hit_ratio, t.prefix_hit_ratio_high, ">=",
-                                 hit_ratio >= t.prefix_hit_ratio_high, True, "ratio",
-                                 "prefix-cache hit ratio over the window (context: a hit says nothing about speed)"))
+        evidence.append(
+            Evidence(
+                PREFIX_CACHE_HITS,
+                "prefix_hit_ratio",
+                hit_ratio,
+                t.prefix_hit_ratio_high,
+                ">=",
+                hit_ratio >= t.prefix_hit_ratio_high,
+                True,
+                "ratio",
+                "prefix-cache hit ratio over the window (context: a hit says nothing about speed)",
+            )
+        )
     return Diagnosis(
         verdict=branch.verdict,
         confidence=confidence,
@@ -189,8 +200,9 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
     )
 
 
-_TREE_SIGNAL_SERIES = tuple((name, SIGNALS[name].series_names)
-                            for name in tree.TREE_SIGNALS.engine + tree.TREE_SIGNALS.gpu)
+_TREE_SIGNAL_SERIES = tuple(
+    (name, SIGNALS[name].series_names) for name in tree.TREE_SIGNALS.engine + tree.TREE_SIGNALS.gpu
+)
 
 
 def _missing_signals(view: WindowView) -> list[str]:
@@ -224,28 +236,59 @@ def _atom_evidence(atom, values: dict, params: dict) -> Evidence:
         v = values.get(atom.feature, math.nan)
         measured = not math.isnan(v)
         note = f.note + (f" (threshold: {atom.threshold.describe()})" if measured else "; not measured")
-        return Evidence(f.signal, f.name, v if measured else None, atom.threshold.value(params), atom.op,
-                        tree.evaluate(atom, values, params) if measured else None, measured, f.unit, note)
+        return Evidence(
+            f.signal,
+            f.name,
+            v if measured else None,
+            atom.threshold.value(params),
+            atom.op,
+            tree.evaluate(atom, values, params) if measured else None,
+            measured,
+            f.unit,
+            note,
+        )
     if isinstance(atom, CmpFeatures):
         f = tree.FEATURES[atom.left]
         v = values.get(atom.left, math.nan)
         right = tree.right_side(atom, values, params)
         measured = not (math.isnan(v) or math.isnan(right))
-        how = atom.right + (f" x {atom.scale.describe()}" if atom.scale else "") + (
-            f" + {atom.offset.describe()}" if atom.offset else "")
+        how = (
+            atom.right
+            + (f" x {atom.scale.describe()}" if atom.scale else "")
+            + (f" + {atom.offset.describe()}" if atom.offset else "")
+        )
         note = f"{f.note}, compared with {how}" + ("" if measured else "; not measured")
-        return Evidence(f.signal, f.name, None if math.isnan(v) else v, None if math.isnan(right) else right,
-                        atom.op, tree.evaluate(atom, values, params) if measured else None, measured, f.unit, note)
+        return Evidence(
+            f.signal,
+            f.name,
+            None if math.isnan(v) else v,
+            None if math.isnan(right) else right,
+            atom.op,
+            tree.evaluate(atom, values, params) if measured else None,
+            measured,
+            f.unit,
+            note,
+        )
     if isinstance(atom, Present):
         f = tree.FEATURES[atom.feature]
         v = values.get(atom.feature, math.nan)
         measured = not math.isnan(v)
-        return Evidence(f.signal, f.name, v if measured else None, None, "present", measured, measured, f.unit,
-                        f.note + ("" if measured else "; not measured"))
+        return Evidence(
+            f.signal,
+            f.name,
+            v if measured else None,
+            None,
+            "present",
+            measured,
+            measured,
+            f.unit,
+            f.note + ("" if measured else "; not measured"),
+        )
     raise TypeError(atom)  # pragma: no cover
 
 
 # ----------------------------------------------------------------------------- knee, ledger
+
 
 def _knee(view: WindowView, t: Thresholds) -> Knee:
     """Knee detection on per-interval (KV usage, ITL) pairs; ITL per interval = delta sum / delta count."""
@@ -286,8 +329,11 @@ def _gpu_spec(view: WindowView) -> GpuSpec | None:
 
 
 def _gpu_count(view: WindowView) -> int:
-    ids = {(lb.get("gpu"), lb.get("uuid")) for name in (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE)
-           for lb in view.labels(name)}
+    ids = {
+        (lb.get("gpu"), lb.get("uuid"))
+        for name in (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE)
+        for lb in view.labels(name)
+    }
     return max(1, len(ids))
 
 
@@ -302,8 +348,15 @@ def _ledger_facts(view: WindowView, ctx: Context) -> LedgerFacts:
     usage = _present(view.quantiles(Selector(KV_CACHE_USAGE), 0.5))
     cap = float(capacity.sum()) if len(capacity) else None
     live = float(usage.sum()) / len(usage) * cap if cap is not None and len(usage) else None  # usage.mean()
-    return LedgerFacts(model=ctx.model, kv_dtype=ctx.kv_dtype, peak_bandwidth=peak, gpus=_gpu_count(view),
-                       live_tokens=live, capacity_tokens=cap, pcie_bandwidth=spec.pcie_bandwidth if spec else None)
+    return LedgerFacts(
+        model=ctx.model,
+        kv_dtype=ctx.kv_dtype,
+        peak_bandwidth=peak,
+        gpus=_gpu_count(view),
+        live_tokens=live,
+        capacity_tokens=cap,
+        pcie_bandwidth=spec.pcie_bandwidth if spec else None,
+    )
 
 
 def _present(values: np.ndarray) -> np.ndarray:
@@ -316,6 +369,7 @@ def _present(values: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------------ confidence, words
 
+
 def _confidence(branch: Branch, values: dict, params: dict, view: WindowView, knee: Knee, missing: list[str]) -> float:
     c = _BASE_CONFIDENCE[branch.id]
     gpu_missing = math.isnan(values.get("gpu_busy_ratio", math.nan))
@@ -323,8 +377,11 @@ def _confidence(branch: Branch, values: dict, params: dict, view: WindowView, kn
         c = 0.55 if not gpu_missing else 0.4
         if knee.kind == RISES_WITH_KV:
             c += 0.15  # ITL rising with resident KV points at bandwidth
-    if branch.id == "gpu_idle" and math.isnan(values.get("dram_bandwidth_ratio", math.nan)) \
-            and math.isnan(values.get("sm_active_ratio", math.nan)):
+    if (
+        branch.id == "gpu_idle"
+        and math.isnan(values.get("dram_bandwidth_ratio", math.nan))
+        and math.isnan(values.get("sm_active_ratio", math.nan))
+    ):
         c -= 0.1  # only NVML duty cycles
     if branch.id == "thrashing_preemptions" and knee.kind == JUMP:
         c += 0.05
@@ -353,8 +410,16 @@ def _fmt_rate_bytes(v: float) -> str:
     return fmt_bytes(v) + "/s"
 
 
-def _headline(branch: Branch, v: dict, ctx: Context, t: Thresholds, knee: Knee, hit_ratio: float | None,
-              facts: LedgerFacts, view: WindowView) -> str:
+def _headline(
+    branch: Branch,
+    v: dict,
+    ctx: Context,
+    t: Thresholds,
+    knee: Knee,
+    hit_ratio: float | None,
+    facts: LedgerFacts,
+    view: WindowView,
+) -> str:
     span = f"{view.end - view.start:.0f} s" if len(view) else "the window"
     kv = v.get("kv_usage", math.nan)
     p95 = v.get("itl_p95_seconds", math.nan)
@@ -365,7 +430,9 @@ def _headline(branch: Branch, v: dict, ctx: Context, t: Thresholds, knee: Knee, 
     elif p95 >= ctx.slo_seconds or math.isnan(early) or math.isnan(late):
         itl = f"ITL p{t.itl_quantile * 100:g} {fmt_ms(p95)} (SLO {slo})"
     else:  # slow because it is rising
-        itl = f"ITL rising, median {fmt_ms(early)} -> {fmt_ms(late)} (p{t.itl_quantile * 100:g} {fmt_ms(p95)}, SLO {slo})"
+        itl = (
+            f"ITL rising, median {fmt_ms(early)} -> {fmt_ms(late)} (p{t.itl_quantile * 100:g} {fmt_ms(p95)}, SLO {slo})"
+        )
     bw, sm = v.get("dram_bandwidth_ratio", math.nan), v.get("sm_active_ratio", math.nan)
     knee_text = f"; {knee.note}" if knee.kind else ""
     gpu_missing = math.isnan(v.get("gpu_busy_ratio", math.nan))
@@ -382,44 +449,72 @@ def _headline(branch: Branch, v: dict, ctx: Context, t: Thresholds, knee: Knee, 
         if hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
             text += f"; prefix cache hit ratio {_fmt_pct(hit_ratio)} and fast"
     elif b == "thrashing_preemptions":
-        text = (f"KV cache thrashing: {v['preemptions_per_minute']:.1f} preemptions/min"
-                + (f" with KV usage at {_fmt_pct(kv)}" if not math.isnan(kv) else "")
-                + ": preempted requests recompute their whole prefix and queue again" + knee_text)
+        text = (
+            f"KV cache thrashing: {v['preemptions_per_minute']:.1f} preemptions/min"
+            + (f" with KV usage at {_fmt_pct(kv)}" if not math.isnan(kv) else "")
+            + ": preempted requests recompute their whole prefix and queue again"
+            + knee_text
+        )
     elif b == "thrashing_reload":
-        text = (f"KV cache thrashing: KV is moved into a full pool (KV usage {_fmt_pct(kv)}"
-                + _transfer_text(v, t) + "): blocks are evicted and reloaded" + knee_text)
+        text = (
+            f"KV cache thrashing: KV is moved into a full pool (KV usage {_fmt_pct(kv)}"
+            + _transfer_text(v, t)
+            + "): blocks are evicted and reloaded"
+            + knee_text
+        )
     elif b == "tier_miss":
-        text = ("KV tier miss: prefix hits are served from a slow tier (" + _transfer_text(v, t).lstrip("; ")
-                + (f"; GPU pool at {_fmt_pct(kv)}" if not math.isnan(kv) else "")
-                + "): the transfer is not hidden behind compute")
+        text = (
+            "KV tier miss: prefix hits are served from a slow tier ("
+            + _transfer_text(v, t).lstrip("; ")
+            + (f"; GPU pool at {_fmt_pct(kv)}" if not math.isnan(kv) else "")
+            + "): the transfer is not hidden behind compute"
+        )
     elif b == "capacity_pressure":
-        text = (f"KV capacity pressure: KV usage {_fmt_pct(kv)} with {v['requests_waiting']:.0f} requests waiting, "
-                "no preemption yet: admission is limited by the KV pool")
+        text = (
+            f"KV capacity pressure: KV usage {_fmt_pct(kv)} with {v['requests_waiting']:.0f} requests waiting, "
+            "no preemption yet: admission is limited by the KV pool"
+        )
     elif b == "bandwidth_high":
-        text = f"Decode is HBM-bandwidth bound: DRAM bandwidth {_fmt_pct(bw)} busy" + (
-            f", SM {_fmt_pct(sm)}" if not math.isnan(sm) else "") + f"; {itl}" + _ledger_text(facts) + knee_text
+        text = (
+            f"Decode is HBM-bandwidth bound: DRAM bandwidth {_fmt_pct(bw)} busy"
+            + (f", SM {_fmt_pct(sm)}" if not math.isnan(sm) else "")
+            + f"; {itl}"
+            + _ledger_text(facts)
+            + knee_text
+        )
     elif b == "sm_high":
-        text = f"Decode is compute bound: SM {_fmt_pct(sm)} active" + (
-            f" vs DRAM bandwidth {_fmt_pct(bw)}" if not math.isnan(bw) else "") + f"; {itl}"
+        text = (
+            f"Decode is compute bound: SM {_fmt_pct(sm)} active"
+            + (f" vs DRAM bandwidth {_fmt_pct(bw)}" if not math.isnan(bw) else "")
+            + f"; {itl}"
+        )
     elif b == "gpu_idle":
-        text = (f"Decode is host-overhead bound: the GPU is mostly idle (busiest counter {_fmt_pct(v['gpu_busy_ratio'])}) "
-                f"with {itl}: the time goes to the scheduler, CPU or Python")
+        text = (
+            f"Decode is host-overhead bound: the GPU is mostly idle (busiest counter {_fmt_pct(v['gpu_busy_ratio'])}) "
+            f"with {itl}: the time goes to the scheduler, CPU or Python"
+        )
     elif b == "prefill_heavy_no_gpu":
         ratio = v["prompt_tokens_per_second"] / v["generation_tokens_per_second"]
-        text = (f"Decode is slow: {itl}, under prefill-heavy traffic ({ratio:.0f} prompt tokens per generated "
-                "token): most likely compute bound; no GPU counters to confirm")
+        text = (
+            f"Decode is slow: {itl}, under prefill-heavy traffic ({ratio:.0f} prompt tokens per generated "
+            "token): most likely compute bound; no GPU counters to confirm"
+        )
     else:  # decode_default
         if gpu_missing:
             text = f"Decode is slow: {itl}; no GPU counters: most likely HBM-bandwidth bound" + knee_text
         else:
-            parts = [f"DRAM {_fmt_pct(bw)}" if not math.isnan(bw) else "",
-                     f"SM {_fmt_pct(sm)}" if not math.isnan(sm) else ""]
+            parts = [
+                f"DRAM {_fmt_pct(bw)}" if not math.isnan(bw) else "",
+                f"SM {_fmt_pct(sm)}" if not math.isnan(sm) else "",
+            ]
             busy = ", ".join(p for p in parts if p)
             if busy:
                 gpu = f"with the GPU moderately busy ({busy})"
             else:
-                gpu = (f"with only NVML duty cycles (busiest {_fmt_pct(v['gpu_busy_ratio'])}), which cannot tell "
-                       "bandwidth from compute")
+                gpu = (
+                    f"with only NVML duty cycles (busiest {_fmt_pct(v['gpu_busy_ratio'])}), which cannot tell "
+                    "bandwidth from compute"
+                )
             text = f"Decode is slow: {itl}, {gpu}: most likely HBM-bandwidth bound" + _ledger_text(facts) + knee_text
     if branch.verdict in SLOW_VERDICTS and hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
         text = f"Cache hit but slow (prefix hit ratio {_fmt_pct(hit_ratio)} does not help here). {text}"

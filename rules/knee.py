@@ -52,8 +52,12 @@ class Knee:
         }
 
 
-def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarray | None = None,
-                thresholds: Thresholds | None = None) -> Knee:
+def detect_knee(
+    kv_usage: np.ndarray,
+    itl_seconds: np.ndarray,
+    weights: np.ndarray | None = None,
+    thresholds: Thresholds | None = None,
+) -> Knee:
     """Classify the (KV usage, ITL) cloud. ``weights`` (e.g. tokens per interval) weight the fit;
     pairs with a NaN or a non-positive ITL or weight are dropped."""
     t = thresholds or Thresholds()
@@ -79,14 +83,14 @@ def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarr
     wy = w * y
     mean_y = wy.sum() / wsum
     dy = y - mean_y
-    sst = (w * dy ** 2).sum()
+    sst = (w * dy**2).sum()
     if sst <= 1e-12:
         return Knee(points=n, note="latency does not vary with KV usage")
 
     # Straight line (weighted least squares).
     mean_x = (w * x).sum() / wsum
     dx = x - mean_x
-    sxx = (w * dx ** 2).sum()
+    sxx = (w * dx**2).sum()
     slope = (w * dx * dy).sum() / sxx
     sse_line = (w * (dy - slope * dx) ** 2).sum()
 
@@ -102,7 +106,7 @@ def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarr
     if valid.any():
         lw, ly, lyy = cw[:-1], cy[:-1], cyy[:-1]
         rw, ry, ryy = wsum - lw, cy[-1] - ly, cyy[-1] - lyy
-        sse = (lyy - ly ** 2 / lw) + (ryy - ry ** 2 / rw)
+        sse = (lyy - ly**2 / lw) + (ryy - ry**2 / rw)
         sse = np.where(valid, sse, np.inf)
         k = int(sse.argmin())
         left_mean, right_mean = ly[k] / lw[k], ry[k] / rw[k]
@@ -116,6 +120,7 @@ def detect_knee(kv_usage: np.ndarray, itl_seconds: np.ndarray, weights: np.ndarr
     rise = math.exp(slope * span)
     r2 = 1.0 - sse_line / sst
     if rise >= t.knee_rise_ratio and r2 >= 0.3:
-        return Knee(RISES_WITH_KV, float(x[0]), rise, n,
-                    f"ITL rises x{rise:.2f} as KV usage goes {x[0]:.0%} -> {x[-1]:.0%}")
+        return Knee(
+            RISES_WITH_KV, float(x[0]), rise, n, f"ITL rises x{rise:.2f} as KV usage goes {x[0]:.0%} -> {x[-1]:.0%}"
+        )
     return Knee(points=n, note="no knee: latency does not follow KV usage")

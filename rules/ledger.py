@@ -64,7 +64,7 @@ class ModelShape:
     kv_latent_dim: int | None = None
 
     @classmethod
-    def from_hf_config(cls, config: dict, name: str | None = None) -> "ModelShape":
+    def from_hf_config(cls, config: dict, name: str | None = None) -> ModelShape:
         """Read a Hugging Face ``config.json`` dict; raises ``ValueError`` naming a missing field."""
         cfg = config.get("text_config") or config  # multimodal configs nest the language model
         try:
@@ -252,8 +252,12 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 DEFAULT_HOST_BANDWIDTH = 8 * 38.4 * GB
 
 
-def kv_pool_bytes(shape: ModelShape, gpu: GpuSpec, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-                  reserve_bytes: float = 0.0) -> float:
+def kv_pool_bytes(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    reserve_bytes: float = 0.0,
+) -> float:
     """GPU memory left for the KV cache: the engine's share of memory minus weights and a reserve
     (activations, CUDA graphs). Zero when the weights alone do not fit."""
     return max(0.0, gpu.memory_bytes * gpu_memory_utilization - shape.weight_bytes - reserve_bytes)
@@ -316,8 +320,14 @@ def _kv_dtype_name(shape: ModelShape, kv_dtype: str | None) -> str:
     return str(kv_dtype).lower().removeprefix("torch.")
 
 
-def what_if_rows(shape: ModelShape, gpu: GpuSpec, context: int, batch: int = 1, kv_dtype: str | None = None,
-                 gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> list[WhatIf]:
+def what_if_rows(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    context: int,
+    batch: int = 1,
+    kv_dtype: str | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+) -> list[WhatIf]:
     """The baseline and the cheap changes DESIGN.md orders actions by, each with its ledger.
 
     Rows: ``baseline``; ``fp8_kv`` (unless the KV cache is already 1 byte per element);
@@ -329,14 +339,26 @@ def what_if_rows(shape: ModelShape, gpu: GpuSpec, context: int, batch: int = 1, 
         raise ValueError("context and batch must be positive")
     base_dtype = _kv_dtype_name(shape, kv_dtype)
     pool = kv_pool_bytes(shape, gpu, gpu_memory_utilization)
-    variants: list[tuple[str, str, str, ModelShape, str, int]] = [("baseline", "as configured", "", shape, base_dtype, context)]
+    variants: list[tuple[str, str, str, ModelShape, str, int]] = [
+        ("baseline", "as configured", "", shape, base_dtype, context)
+    ]
     if dtype_bytes(base_dtype) > 1:
         variants.append(("fp8_kv", "FP8 KV cache", "--kv-cache-dtype fp8", shape, "fp8", context))
     if context >= 2:
-        variants.append(("half_context", "half the context", f"--max-model-len {context // 2}", shape, base_dtype, context // 2))
+        variants.append(
+            ("half_context", "half the context", f"--max-model-len {context // 2}", shape, base_dtype, context // 2)
+        )
     if shape.num_kv_heads > 8 and not shape.kv_latent_dim:
-        variants.append(("gqa_8", "a GQA model with 8 KV heads", "(model choice: grouped-query attention)",
-                         replace(shape, num_kv_heads=8), base_dtype, context))
+        variants.append(
+            (
+                "gqa_8",
+                "a GQA model with 8 KV heads",
+                "(model choice: grouped-query attention)",
+                replace(shape, num_kv_heads=8),
+                base_dtype,
+                context,
+            )
+        )
 
     rows: list[WhatIf] = []
     base: Ledger | None = None
@@ -345,15 +367,23 @@ def what_if_rows(shape: ModelShape, gpu: GpuSpec, context: int, batch: int = 1, 
         if base is None:
             base = ledger
         per_sequence = ledger.kv_bytes_per_token * ctx
-        rows.append(WhatIf(
-            name=name, label=label, flag=flag, kv_dtype=dtype, context_tokens=ctx, batch=batch,
-            num_kv_heads=variant_shape.num_kv_heads, ledger=ledger,
-            fits=ledger.live_kv_bytes <= pool and pool > 0,
-            max_batch=int(pool // per_sequence) if per_sequence > 0 else 0,
-            kv_bytes_per_token_ratio=ledger.kv_bytes_per_token / base.kv_bytes_per_token,
-            step_floor_ratio=ledger.step_floor_seconds / base.step_floor_seconds,
-            tokens_per_second_ratio=ledger.tokens_per_second_total / base.tokens_per_second_total,
-        ))
+        rows.append(
+            WhatIf(
+                name=name,
+                label=label,
+                flag=flag,
+                kv_dtype=dtype,
+                context_tokens=ctx,
+                batch=batch,
+                num_kv_heads=variant_shape.num_kv_heads,
+                ledger=ledger,
+                fits=ledger.live_kv_bytes <= pool and pool > 0,
+                max_batch=int(pool // per_sequence) if per_sequence > 0 else 0,
+                kv_bytes_per_token_ratio=ledger.kv_bytes_per_token / base.kv_bytes_per_token,
+                step_floor_ratio=ledger.step_floor_seconds / base.step_floor_seconds,
+                tokens_per_second_ratio=ledger.tokens_per_second_total / base.tokens_per_second_total,
+            )
+        )
     return rows
 
 
@@ -376,9 +406,15 @@ class OffloadFeasibility:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def offload_feasibility(shape: ModelShape, gpu: GpuSpec, context: int, batch: int = 1, kv_dtype: str | None = None,
-                        host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
-                        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> OffloadFeasibility:
+def offload_feasibility(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    context: int,
+    batch: int = 1,
+    kv_dtype: str | None = None,
+    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+) -> OffloadFeasibility:
     """Transfer time per decode step against step time, and the prefetch hit rate that hides it.
 
     A decode step reads every resident token, so KV kept on the host must cross PCIe once per step

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import yaml
 
@@ -79,43 +79,78 @@ _WHERE = "{{ $labels.model_name }} on {{ $labels.pod }}"
 
 ALERTS: tuple[AlertSpec, ...] = (
     AlertSpec(
-        "KVCacheThrashing", "kv_thrashing", "critical", "5m", "preemptions_per_minute",
+        "KVCacheThrashing",
+        "kv_thrashing",
+        "critical",
+        "5m",
+        "preemptions_per_minute",
         "KV cache thrashing on {{ $labels.pod }}",
         _WHERE + " preempts {{ $value | humanize }} requests per minute (or reloads KV into a full pool): "
         "the KV-cache pool ran out, so preempted requests recompute their whole prefix and queue again. "
-        "TTFT and end-to-end latency suffer even where ITL looks fine."),
+        "TTFT and end-to-end latency suffer even where ITL looks fine.",
+    ),
     AlertSpec(
-        "KVCacheTierMiss", "kv_tier_miss", "warning", "10m", "kv_to_gpu_bytes_per_second",
+        "KVCacheTierMiss",
+        "kv_tier_miss",
+        "warning",
+        "10m",
+        "kv_to_gpu_bytes_per_second",
         "Prefix-cache hits served from a slow tier on {{ $labels.pod }}",
         _WHERE + " moves {{ $value | humanize }}B/s of KV into the GPU from host/disk/remote while the GPU "
         "pool has room: the prefix-cache 'hit' is served from a slow tier and the transfer is not hidden "
-        "behind compute."),
+        "behind compute.",
+    ),
     AlertSpec(
-        "KVCacheCapacityPressure", "kv_capacity_pressure", "warning", "10m", "kv_usage",
+        "KVCacheCapacityPressure",
+        "kv_capacity_pressure",
+        "warning",
+        "10m",
+        "kv_usage",
         "KV-cache pool full with requests waiting on {{ $labels.pod }}",
         _WHERE + " holds its KV-cache pool at {{ $value | humanizePercentage }} with requests waiting: "
-        "admission is limited by KV capacity (no preemption yet; thrashing is next)."),
+        "admission is limited by KV capacity (no preemption yet; thrashing is next).",
+    ),
     AlertSpec(
-        "DecodeMemoryBandwidthBound", "memory_bandwidth_bound", "warning", "10m", "itl_p95_seconds",
+        "DecodeMemoryBandwidthBound",
+        "memory_bandwidth_bound",
+        "warning",
+        "10m",
+        "itl_p95_seconds",
         "Decode is HBM-bandwidth bound on {{ $labels.pod }}",
         _WHERE + " has ITL p{q} {{ $value | humanize }}s (SLO {slo}) and HBM bandwidth is the limit (DRAM "
         "bandwidth the busiest resource, or no clearer cause): every token re-reads the weights and the whole KV "
-        "of the batch, so latency grows with context. A prefix-cache hit does not help here."),
+        "of the batch, so latency grows with context. A prefix-cache hit does not help here.",
+    ),
     AlertSpec(
-        "DecodeComputeBound", "compute_bound", "warning", "10m", "itl_p95_seconds",
+        "DecodeComputeBound",
+        "compute_bound",
+        "warning",
+        "10m",
+        "itl_p95_seconds",
         "Decode is compute bound on {{ $labels.pod }}",
         _WHERE + " has ITL p{q} {{ $value | humanize }}s (SLO {slo}) with the SMs saturated and DRAM "
-        "bandwidth below them: prefill-heavy traffic or a very large batch."),
+        "bandwidth below them: prefill-heavy traffic or a very large batch.",
+    ),
     AlertSpec(
-        "DecodeHostOverheadBound", "host_overhead_bound", "warning", "10m", "itl_p95_seconds",
+        "DecodeHostOverheadBound",
+        "host_overhead_bound",
+        "warning",
+        "10m",
+        "itl_p95_seconds",
         "Decode is host-overhead bound on {{ $labels.pod }}",
         _WHERE + " has ITL p{q} {{ $value | humanize }}s (SLO {slo}) while its GPUs are mostly idle: "
-        "the time goes to the scheduler, CPU, Python, locks or queues, not to the GPU."),
+        "the time goes to the scheduler, CPU, Python, locks or queues, not to the GPU.",
+    ),
     AlertSpec(
-        "KvdoctorSourceDown", None, "warning", "5m", None,
+        "KvdoctorSourceDown",
+        None,
+        "warning",
+        "5m",
+        None,
         "kvdoctor cannot read source {{ $labels.source }} on {{ $labels.pod }}",
         "The kvdoctor exporter on {{ $labels.pod }} failed to collect from {{ $labels.source }} for 5 minutes; "
-        "the signals it provides are missing, so verdicts and alerts that need them cannot be trusted."),
+        "the signals it provides are missing, so verdicts and alerts that need them cannot be trusted.",
+    ),
 )
 
 ALERT_BY_NAME = {a.name: a for a in ALERTS}
@@ -124,6 +159,7 @@ VERDICT_ALERT_NAMES = tuple(VERDICT_ALERT.values())
 
 
 # ------------------------------------------------------------------------------ durations
+
 
 def duration(seconds: float) -> str:
     """A PromQL duration: whole seconds as ``60s``, otherwise milliseconds."""
@@ -135,8 +171,12 @@ def duration(seconds: float) -> str:
 
 def prom_context(thresholds: Thresholds) -> PromContext:
     w = thresholds.window_seconds
-    return PromContext(window=duration(w), third=duration(w / 3), two_thirds=duration(2 * w / 3),
-                       recent=duration(min(thresholds.state_window_seconds, w)))
+    return PromContext(
+        window=duration(w),
+        third=duration(w / 3),
+        two_thirds=duration(2 * w / 3),
+        recent=duration(min(thresholds.state_window_seconds, w)),
+    )
 
 
 def record_name(feature: str, thresholds: Thresholds) -> str:
@@ -147,6 +187,7 @@ number = tree.prom_number
 
 
 # ------------------------------------------------------------------------------- compiler
+
 
 class Compiler:
     """Turns tree conditions into PromQL vectors over the recorded features.
@@ -261,8 +302,11 @@ class Compiler:
 
     def verdict_condition(self, verdict: str) -> str:
         """Where ``verdict`` is the tree's answer: its branches, each and-not the earlier ones."""
-        parts = [self.vector(tree.precedence_condition(i), ENGINE)
-                 for i, b in enumerate(tree.BRANCHES) if b.verdict == verdict]
+        parts = [
+            self.vector(tree.precedence_condition(i), ENGINE)
+            for i, b in enumerate(tree.BRANCHES)
+            if b.verdict == verdict
+        ]
         if not parts:
             raise ValueError(f"no branch gives {verdict!r}")
         return parts[0] if len(parts) == 1 else "\nor\n".join(f"(\n{p}\n)" for p in parts)
@@ -270,11 +314,13 @@ class Compiler:
 
 # --------------------------------------------------------------------------------- output
 
+
 def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS) -> list[dict]:
     """One rule per feature, then one per named condition of the tree (1 where it holds)."""
     ctx = prom_context(thresholds)
-    features = [{"record": record_name(name, thresholds), "expr": f.promql(ctx, thresholds)}
-                for name, f in FEATURES.items()]
+    features = [
+        {"record": record_name(name, thresholds), "expr": f.promql(ctx, thresholds)} for name, f in FEATURES.items()
+    ]
     return features + Compiler(thresholds, slo_seconds).condition_rules
 
 
@@ -293,19 +339,20 @@ def alert_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS
             condition = compiler.verdict_condition(spec.verdict)
             value = record_name(spec.value_feature, thresholds)
             # $value is the alert's headline number, NaN where the engine does not export it
-            expr = (f"(\n  {value}\n  or {ENGINE_ON} ({compiler.universe} * NaN)\n)\n"
-                    f"and {ENGINE_ON} (\n{condition}\n)")
-        rules.append({
-            "alert": spec.name,
-            "expr": expr,
-            "for": spec.for_,
-            "labels": {"severity": spec.severity},
-            "annotations": {
-                "summary": _fill(spec.summary, thresholds, slo_seconds),
-                "description": _fill(spec.description, thresholds, slo_seconds),
-                "runbook_url": spec.runbook_url,
-            },
-        })
+            expr = f"(\n  {value}\n  or {ENGINE_ON} ({compiler.universe} * NaN)\n)\nand {ENGINE_ON} (\n{condition}\n)"
+        rules.append(
+            {
+                "alert": spec.name,
+                "expr": expr,
+                "for": spec.for_,
+                "labels": {"severity": spec.severity},
+                "annotations": {
+                    "summary": _fill(spec.summary, thresholds, slo_seconds),
+                    "description": _fill(spec.description, thresholds, slo_seconds),
+                    "runbook_url": spec.runbook_url,
+                },
+            }
+        )
     return rules
 
 
@@ -330,13 +377,17 @@ _LiteralDumper.add_representer(str, _str_presenter)
 def render_rules_yaml(thresholds: Thresholds | None = None, slo_seconds: float = DEFAULT_SLO_SECONDS) -> str:
     """The rule file's text, header included (what ``kvdoctor rules export`` writes)."""
     t = thresholds or Thresholds()
-    body = yaml.dump(rule_groups(t, slo_seconds), Dumper=_LiteralDumper, sort_keys=False, width=120,
-                     default_flow_style=False)
-    settings = f"# window {duration(t.window_seconds)}, ITL SLO {slo_seconds * 1000:g} ms; thresholds: rules/thresholds.py\n"
+    body = yaml.dump(
+        rule_groups(t, slo_seconds), Dumper=_LiteralDumper, sort_keys=False, width=120, default_flow_style=False
+    )
+    settings = (
+        f"# window {duration(t.window_seconds)}, ITL SLO {slo_seconds * 1000:g} ms; thresholds: rules/thresholds.py\n"
+    )
     return HEADER + settings + body
 
 
 # ------------------------------------------------------------------ templates, for tests
+
 
 def humanize(value: float) -> str:
     """Prometheus' ``humanize`` template function."""
@@ -383,7 +434,7 @@ def render_template(text: str, labels: Mapping[str, str], value: float) -> str:
     def one(match: re.Match) -> str:
         expr = match.group(1)
         if expr.startswith("$labels."):
-            return str(labels.get(expr[len("$labels."):], ""))
+            return str(labels.get(expr[len("$labels.") :], ""))
         if expr == "$value | humanize":
             return humanize(value)
         if expr == "$value | humanizePercentage":

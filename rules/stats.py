@@ -23,17 +23,17 @@ from itertools import accumulate
 import numpy as np
 
 __all__ = [
-    "increase",
-    "increase_complete",
-    "rate",
-    "quantile_over_time",
-    "histogram_quantile",
     "bucket_quantile",
-    "quantile_of_sorted",
-    "quantile_of_complete",
-    "sorted_bucket_quantile",
     "counter_deltas",
     "forward_fill",
+    "histogram_quantile",
+    "increase",
+    "increase_complete",
+    "quantile_of_complete",
+    "quantile_of_sorted",
+    "quantile_over_time",
+    "rate",
+    "sorted_bucket_quantile",
     "theil_sen_slope",
 ]
 
@@ -60,8 +60,9 @@ def forward_fill(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def increase(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: float,
-             is_rate: bool = False) -> np.ndarray:
+def increase(
+    ts: np.ndarray, values: np.ndarray, range_start: float, range_end: float, is_rate: bool = False
+) -> np.ndarray:
     """Prometheus ``increase(x[range])`` (or ``rate`` with ``is_rate``) per row over the samples given.
 
     ``range_start``/``range_end`` are the selector's boundaries (for ``x[60s]`` at time t: t-60, t);
@@ -124,8 +125,9 @@ def increase(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: 
     return out
 
 
-def increase_complete(ts: np.ndarray, v: np.ndarray, range_start: float, range_end: float,
-                      is_rate: bool = False) -> np.ndarray:
+def increase_complete(
+    ts: np.ndarray, v: np.ndarray, range_start: float, range_end: float, is_rate: bool = False
+) -> np.ndarray:
     """``increase`` for rows (rows, n >= 2) without gaps: every row shares its first and last
     timestamps, so the extrapolation's durations are scalars. Row by row: a row's result depends
     on that row alone (a row with gaps gets a meaningless value and leaves the others alone)."""

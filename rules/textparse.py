@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 
-__all__ = ["ExpositionError", "Sample", "family_names", "iter_samples", "iter_samples_streamed", "is_openmetrics"]
+__all__ = ["ExpositionError", "Sample", "family_names", "is_openmetrics", "iter_samples", "iter_samples_streamed"]
 
 Sample = tuple[str, dict[str, str], float, "float | None"]
 
@@ -75,9 +75,7 @@ _LABEL_BODY = (
 )
 _LABEL_SET_RE = re.compile(rf"({_LABEL_BODY})\}}")
 # The common line in one step, from the end of the name: labels, value, timestamp, exemplar.
-_LINE_RE = re.compile(
-    rf"(?:\{{({_LABEL_BODY})\}})?[ \t]+([^ \t{{#][^ \t]*)(?:[ \t]+([^ \t#][^ \t]*))?[ \t]*(?:#.*)?\Z"
-)
+_LINE_RE = re.compile(rf"(?:\{{({_LABEL_BODY})\}})?[ \t]+([^ \t{{#][^ \t]*)(?:[ \t]+([^ \t#][^ \t]*))?[ \t]*(?:#.*)?\Z")
 _PAIR_RE = re.compile(rf"({_LABEL_NAME})[ \t]*=[ \t]*{_VALUE}")
 # The general case, one label at a time: also UTF-8 label names in quotes and a quoted metric name.
 _LABEL_RE = re.compile(rf'[ \t]*({_LABEL_NAME}|"[^"\\\n]*(?:\\.[^"\\\n]*)*")[ \t]*=[ \t]*{_VALUE}[ \t]*')
@@ -108,7 +106,7 @@ def _check_text(text: str) -> None:
 
 def _error(text: str, start: int, end: int, why: str) -> ExpositionError:
     line_no = text.count("\n", 0, start) + 1
-    snippet = text[start:min(end, start + 80)]
+    snippet = text[start : min(end, start + 80)]
     return ExpositionError(f"{why}: {snippet!r}", line_no)
 
 
@@ -180,15 +178,15 @@ def _parse_line(text: str, start: int, end: int, name_end: int, openmetrics: boo
         last_blank = text.rfind(" ", name_end, end)
         labels = _LABEL_CACHE.get(text[name_end:last_blank]) if last_blank != -1 else None
         if labels is not None:
-            token = text[last_blank + 1:end]
+            token = text[last_blank + 1 : end]
             if "_" not in token:
                 try:
                     return name, dict(labels), float(token), None
                 except ValueError:
                     pass  # not a plain value: a timestamp or an exemplar follows; take the long way
-    elif "_" not in text[name_end + 1:end]:
+    elif "_" not in text[name_end + 1 : end]:
         try:
-            return name, {}, float(text[name_end + 1:end]), None
+            return name, {}, float(text[name_end + 1 : end]), None
         except ValueError:
             pass
     m = _LINE_RE.match(text, name_end, end)
@@ -207,7 +205,9 @@ def _parse_line(text: str, start: int, end: int, name_end: int, openmetrics: boo
     return sample
 
 
-def _value_and_ts(value: str, ts: str | None, openmetrics: bool, text: str, start: int, end: int) -> tuple[float, float | None]:
+def _value_and_ts(
+    value: str, ts: str | None, openmetrics: bool, text: str, start: int, end: int
+) -> tuple[float, float | None]:
     try:
         if ts is None:
             return _parse_float(value), None
@@ -235,10 +235,14 @@ def _parse_line_slowly(text: str, start: int, end: int, name_end: int, openmetri
     if not name or (text[start] != "{" and _NAME_RE.match(name) is None):
         raise _error(text, start, end, "invalid metric name")
     hash_at = text.find("#", p, end)  # an exemplar: " # {trace_id=...} value [ts]"
-    tokens = text[p:end if hash_at == -1 else hash_at].split()
+    tokens = text[p : end if hash_at == -1 else hash_at].split()
     if not tokens or len(tokens) > 2:
         raise _error(text, start, end, "expected a value and an optional timestamp")
-    return name, labels, *_value_and_ts(tokens[0], tokens[1] if len(tokens) == 2 else None, openmetrics, text, start, end)
+    return (
+        name,
+        labels,
+        *_value_and_ts(tokens[0], tokens[1] if len(tokens) == 2 else None, openmetrics, text, start, end),
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -292,11 +296,13 @@ def iter_samples_streamed(
             line = tail + piece[:start]
             tail = ""
             checked_one = yield from _walk_region(
-                line, 0, len(line), wanted, wanted_prefixes, checked_one, names, lines_done)
+                line, 0, len(line), wanted, wanted_prefixes, checked_one, names, lines_done
+            )
         cut = piece.rfind("\n") + 1
         if cut > start:
             checked_one = yield from _walk_region(
-                piece, start, cut, wanted, wanted_prefixes, checked_one, names, lines_done)
+                piece, start, cut, wanted, wanted_prefixes, checked_one, names, lines_done
+            )
         if cut < len(piece):
             tail = piece[cut:]
         lines_done += piece.count("\n")
@@ -305,8 +311,9 @@ def iter_samples_streamed(
         yield from _walk_region(tail, 0, len(tail), wanted, wanted_prefixes, checked_one, names, lines_done)
 
 
-def _walk_region(text: str, pos: int, n: int, wanted, wanted_prefixes, checked_one: bool,
-                 names: set[str] | None, lines_before: int) -> Iterator[tuple[str, dict[str, str], float]]:
+def _walk_region(
+    text: str, pos: int, n: int, wanted, wanted_prefixes, checked_one: bool, names: set[str] | None, lines_before: int
+) -> Iterator[tuple[str, dict[str, str], float]]:
     """The samples of the whole lines ``text[pos:n]``, one piece of a streamed text; returns ``checked_one``.
 
     ``text`` holds the page from line ``lines_before + 1`` (a piece's first line may be the end
@@ -328,8 +335,9 @@ def _walk_region(text: str, pos: int, n: int, wanted, wanted_prefixes, checked_o
         raise ExpositionError(exc.detail, exc.line + lines_before) from None
 
 
-def _walk(text: str, pos: int, n: int, wanted, wanted_prefixes, openmetrics: bool,
-          checked_one: bool) -> Generator[Sample, None, bool]:
+def _walk(
+    text: str, pos: int, n: int, wanted, wanted_prefixes, openmetrics: bool, checked_one: bool
+) -> Generator[Sample, None, bool]:
     """The samples of the lines of ``text[pos:n]`` (``n`` at a line end); returns ``checked_one``.
 
     ``checked_one``: a sample line has been parsed in full already (until one has, with a filter,
@@ -373,7 +381,7 @@ def _walk(text: str, pos: int, n: int, wanted, wanted_prefixes, openmetrics: boo
                 # with its name and every line there either starts with it or is a comment (the
                 # next family's # HELP): a few str.count calls instead of a Python loop per line.
                 name_stop = find(" ", pos + 7, end)
-                family = text[pos + 7:name_stop if name_stop != -1 else end]
+                family = text[pos + 7 : name_stop if name_stop != -1 else end]
                 first = nl + 1
                 if family and family[0] in name_start and family not in wanted_prefixes and first < n:
                     block_end = find("\n# TYPE ", nl, n)
@@ -429,7 +437,7 @@ def _names(text: str, pos: int, n: int, openmetrics: bool) -> Iterator[str]:
             c = text[pos]
             if c == "#":
                 if text.startswith(("# TYPE ", "# HELP "), pos):
-                    parts = text[pos + 7:end].split(None, 1)
+                    parts = text[pos + 7 : end].split(None, 1)
                     if parts:
                         yield _unescape(parts[0][1:-1]) if parts[0][0] == '"' else parts[0]
                 elif openmetrics and end - pos == 5 and text.startswith("# EOF", pos):

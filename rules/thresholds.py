@@ -18,9 +18,10 @@ The latency SLO is not here: it is part of the service, so it comes with ``Conte
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 
 def _knob(default: float, help: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False):
@@ -33,91 +34,159 @@ class Thresholds:
 
     # --- the window
     window_seconds: float = _knob(
-        60.0, "Length of the evaluation window in seconds: the alert rules' range selectors and the "
+        60.0,
+        "Length of the evaluation window in seconds: the alert rules' range selectors and the "
         "window the exporter diagnoses. Raise it (e.g. 120) when Prometheus scrapes less often than every 15 s.",
-        lo=3.0, lo_open=False)
+        lo=3.0,
+        lo_open=False,
+    )
     state_window_seconds: float = _knob(
-        15.0, "Length in seconds of the recent sub-window (the end of the window) over which the tree reads "
+        15.0,
+        "Length in seconds of the recent sub-window (the end of the window) over which the tree reads "
         "the state of things now: KV usage, requests running and waiting, DRAM bandwidth, SM activity "
         "and the ITL quantile compared with the SLO. Shorter than the window so a verdict follows a "
         "change within seconds (a median flips once half the sub-window has changed); rates of "
         "counters, the ITL trend and the knee keep the whole window. Capped at window_seconds; keep it "
-        "at least twice the scrape interval.", lo=1.0, lo_open=False)
+        "at least twice the scrape interval.",
+        lo=1.0,
+        lo_open=False,
+    )
 
     # --- step 1: is anything happening?
     idle_tokens_per_second: float = _knob(
-        0.0, "Generated tokens per second at or below which the engine counts as idle (a KV usage "
-        "left over from earlier traffic does not count as activity).")
+        0.0,
+        "Generated tokens per second at or below which the engine counts as idle (a KV usage "
+        "left over from earlier traffic does not count as activity).",
+    )
 
     # --- step 2: capacity and placement
     preemptions_per_minute: float = _knob(
-        1.0, "Preemptions per minute over the window at or above which the KV pool is thrashing. "
+        1.0,
+        "Preemptions per minute over the window at or above which the KV pool is thrashing. "
         "One preemption in a 60 s window is enough: a preemption is itself proof the pool ran out.",
-        lo_open=True)
+        lo_open=True,
+    )
     kv_usage_quantile: float = _knob(
-        0.9, "Quantile of KV-cache usage over the window compared with the ceiling. A high quantile, "
+        0.9,
+        "Quantile of KV-cache usage over the window compared with the ceiling. A high quantile, "
         "not the mean, because usage oscillates while the pool is exhausted (each preemption frees blocks).",
-        hi=1.0)
+        hi=1.0,
+    )
     kv_ceiling_ratio: float = _knob(
-        0.90, "KV-cache usage (that quantile) at or above which the pool counts as full.", hi=1.0, lo_open=True)
+        0.90, "KV-cache usage (that quantile) at or above which the pool counts as full.", hi=1.0, lo_open=True
+    )
     queue_waiting_min: float = _knob(
-        1.0, "Median requests waiting over the window at or above which the queue counts as backed up "
-        "(with a full pool and no preemption: kv_capacity_pressure).", lo_open=True)
+        1.0,
+        "Median requests waiting over the window at or above which the queue counts as backed up "
+        "(with a full pool and no preemption: kv_capacity_pressure).",
+        lo_open=True,
+    )
     kv_to_gpu_bytes_per_second_min: float = _knob(
-        1e9, "KV bytes per second moved into the GPU from another tier (host, disk, remote) at or above "
-        "which the transfer is significant.", lo_open=True)
+        1e9,
+        "KV bytes per second moved into the GPU from another tier (host, disk, remote) at or above "
+        "which the transfer is significant.",
+        lo_open=True,
+    )
     pcie_receive_bytes_per_second_min: float = _knob(
-        1e9, "Median PCIe receive bandwidth (bytes/s, busiest GPU) at or above which host-to-GPU "
-        "traffic is significant.", lo_open=True)
+        1e9,
+        "Median PCIe receive bandwidth (bytes/s, busiest GPU) at or above which host-to-GPU traffic is significant.",
+        lo_open=True,
+    )
     slow_tier_hit_fraction_min: float = _knob(
-        0.2, "Share of prefix-cache hit tokens served from a tier other than the GPU (host, disk, p2p) "
-        "at or above which the hits count as served from a slow tier.", hi=1.0, lo_open=True)
+        0.2,
+        "Share of prefix-cache hit tokens served from a tier other than the GPU (host, disk, p2p) "
+        "at or above which the hits count as served from a slow tier.",
+        hi=1.0,
+        lo_open=True,
+    )
 
     # --- step 3: is decode slow?
     itl_quantile: float = _knob(
-        0.95, "Inter-token-latency quantile compared with the SLO (from the histogram's bucket increases "
-        "over the state sub-window).", hi=1.0, lo_open=True)
+        0.95,
+        "Inter-token-latency quantile compared with the SLO (from the histogram's bucket increases "
+        "over the state sub-window).",
+        hi=1.0,
+        lo_open=True,
+    )
     trend_ratio: float = _knob(
-        1.5, "ITL rises when the median of the window's last third is at least this multiple of the "
-        "median of its first third.", lo=1.0, lo_open=True)
+        1.5,
+        "ITL rises when the median of the window's last third is at least this multiple of the "
+        "median of its first third.",
+        lo=1.0,
+        lo_open=True,
+    )
     trend_min_slo_fraction: float = _knob(
-        0.5, "A rising ITL counts only once the last third's median has reached this fraction of the SLO "
-        "(a rise from 5 to 8 ms is not a problem with a 100 ms SLO).", hi=1.0)
+        0.5,
+        "A rising ITL counts only once the last third's median has reached this fraction of the SLO "
+        "(a rise from 5 to 8 ms is not a problem with a 100 ms SLO).",
+        hi=1.0,
+    )
 
     # --- step 4: bandwidth, compute or host
     gpu_quantile: float = _knob(
-        0.5, "Quantile over the window of each GPU gauge (DRAM bandwidth, SM active, PCIe); the busiest "
-        "GPU's value is used.", hi=1.0)
+        0.5,
+        "Quantile over the window of each GPU gauge (DRAM bandwidth, SM active, PCIe); the busiest "
+        "GPU's value is used.",
+        hi=1.0,
+    )
     bandwidth_high_ratio: float = _knob(
-        0.80, "DRAM bandwidth utilisation at or above which decode is memory-bandwidth bound "
-        "(unless SM activity is clearly higher).", hi=1.0, lo_open=True)
+        0.80,
+        "DRAM bandwidth utilisation at or above which decode is memory-bandwidth bound "
+        "(unless SM activity is clearly higher).",
+        hi=1.0,
+        lo_open=True,
+    )
     sm_high_ratio: float = _knob(
-        0.80, "SM activity at or above which decode is compute bound (when bandwidth is not high, or "
-        "SM activity is clearly above it).", hi=1.0, lo_open=True)
+        0.80,
+        "SM activity at or above which decode is compute bound (when bandwidth is not high, or "
+        "SM activity is clearly above it).",
+        hi=1.0,
+        lo_open=True,
+    )
     clearly_above_margin: float = _knob(
-        0.15, "How far (in ratio points) SM activity must exceed DRAM bandwidth to call a GPU busy on "
-        "both compute bound rather than bandwidth bound.", hi=1.0)
+        0.15,
+        "How far (in ratio points) SM activity must exceed DRAM bandwidth to call a GPU busy on "
+        "both compute bound rather than bandwidth bound.",
+        hi=1.0,
+    )
     host_overhead_gpu_max: float = _knob(
-        0.5, "When both DRAM bandwidth and SM activity (any method, busiest GPU) stay below this while "
-        "decode is slow, the time goes to the host: scheduler, CPU, Python, locks.", hi=1.0, lo_open=True)
+        0.5,
+        "When both DRAM bandwidth and SM activity (any method, busiest GPU) stay below this while "
+        "decode is slow, the time goes to the host: scheduler, CPU, Python, locks.",
+        hi=1.0,
+        lo_open=True,
+    )
     prefill_heavy_ratio: float = _knob(
-        10.0, "Without GPU counters: prompt tokens per generated token at or above which a slow decode "
-        "is blamed on prefill compute rather than bandwidth.", lo_open=True)
+        10.0,
+        "Without GPU counters: prompt tokens per generated token at or above which a slow decode "
+        "is blamed on prefill compute rather than bandwidth.",
+        lo_open=True,
+    )
 
     # --- headline and knee
     prefix_hit_ratio_high: float = _knob(
-        0.5, "Prefix-cache hit ratio at or above which a slow verdict's headline says 'cache hit but "
-        "slow' (the confusion the on-call engineer arrives with).", hi=1.0)
-    knee_min_points: float = _knob(
-        10, "Intervals with tokens needed before knee detection says anything.", lo=3)
+        0.5,
+        "Prefix-cache hit ratio at or above which a slow verdict's headline says 'cache hit but "
+        "slow' (the confusion the on-call engineer arrives with).",
+        hi=1.0,
+    )
+    knee_min_points: float = _knob(10, "Intervals with tokens needed before knee detection says anything.", lo=3)
     knee_min_kv_span: float = _knob(
-        0.05, "KV usage must vary by at least this much over the window for a knee to be detected.", hi=1.0)
+        0.05, "KV usage must vary by at least this much over the window for a knee to be detected.", hi=1.0
+    )
     knee_jump_ratio: float = _knob(
-        1.5, "ITL above the knee at least this multiple of ITL below it: 'latency jumps at KV ~x%'.",
-        lo=1.0, lo_open=True)
+        1.5,
+        "ITL above the knee at least this multiple of ITL below it: 'latency jumps at KV ~x%'.",
+        lo=1.0,
+        lo_open=True,
+    )
     knee_rise_ratio: float = _knob(
-        1.2, "ITL at the top of the KV range at least this multiple of ITL at the bottom (fitted): "
-        "'latency rises together with KV'.", lo=1.0, lo_open=True)
+        1.2,
+        "ITL at the top of the KV range at least this multiple of ITL at the bottom (fitted): "
+        "'latency rises together with KV'.",
+        lo=1.0,
+        lo_open=True,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -131,12 +200,14 @@ class Thresholds:
 
     # ------------------------------------------------------------------------- construction
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str = "thresholds") -> "Thresholds":
+    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str = "thresholds") -> Thresholds:
         """Defaults overridden by ``mapping``; unknown keys or bad values raise one-line ``ValueError``."""
         if mapping is None:
             return cls()
         if not isinstance(mapping, Mapping):
-            raise ValueError(f"{source}: expected a mapping of threshold names to numbers, got {type(mapping).__name__}")
+            raise ValueError(
+                f"{source}: expected a mapping of threshold names to numbers, got {type(mapping).__name__}"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in mapping if k not in known)
         if unknown:
@@ -147,7 +218,7 @@ class Thresholds:
             raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Thresholds":
+    def from_yaml(cls, path: str | Path) -> Thresholds:
         """Defaults overridden by a YAML mapping in ``path`` (an empty file gives the defaults)."""
         import yaml
 
@@ -161,7 +232,7 @@ class Thresholds:
             raise ValueError(f"thresholds file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
         return cls.from_mapping(data, source=f"thresholds file {path}")
 
-    def with_overrides(self, **overrides: float) -> "Thresholds":
+    def with_overrides(self, **overrides: float) -> Thresholds:
         return replace(self, **overrides)
 
     def as_dict(self) -> dict[str, float]:

@@ -101,6 +101,7 @@ class Trace:
 
 # ------------------------------------------------------------------------------------- reading
 
+
 def parse_trace(text: str, normaliser: RawNormaliser | None = None, source: str = "trace") -> Trace:
     """The window a trace's text holds, its raw engine families normalised by ``normaliser``.
 
@@ -116,7 +117,9 @@ def parse_trace(text: str, normaliser: RawNormaliser | None = None, source: str 
     if not canonical_names and not raw_wanted:
         found = sorted(names)
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-        known = f"no family of a known engine ({normaliser.known})" if normaliser is not None else "no raw family read here"
+        known = (
+            f"no family of a known engine ({normaliser.known})" if normaliser is not None else "no raw family read here"
+        )
         raise TraceError(f"{source} holds no kvdoctor_* family and {known}{': only ' + shown if shown else ''}")
     wanted = canonical_names | raw_wanted
 
@@ -126,8 +129,9 @@ def parse_trace(text: str, normaliser: RawNormaliser | None = None, source: str 
     try:
         for key, labels, value, ts in _trace_samples(text, frozenset(wanted)):
             if ts is None:
-                raise TraceError(f"{source}: sample {format_series(key)} has no timestamp "
-                                 "(a trace needs one on every sample)")
+                raise TraceError(
+                    f"{source}: sample {format_series(key)} has no timestamp (a trace needs one on every sample)"
+                )
             if key[0].startswith(CANONICAL_PREFIX):
                 points = canonical.get(key)
                 if points is None:
@@ -223,7 +227,13 @@ def _trace_samples(text: str, wanted: frozenset[str]) -> Iterator[tuple[SeriesKe
             entry = (key, labels) if name in wanted else None
             # the shortcut is safe for this text once the parser read the same three fields from it
             # (not with a '#' on the line: an exemplar's value and time could pass for the sample's)
-            if len(parts) == 3 and "#" not in line and ts is not None and _same(parts[1], value) and _same(parts[2], ts):
+            if (
+                len(parts) == 3
+                and "#" not in line
+                and ts is not None
+                and _same(parts[1], value)
+                and _same(parts[2], ts)
+            ):
                 known[parts[0]] = entry
             if entry is not None:
                 yield key, labels, value, ts
@@ -262,17 +272,22 @@ def _check_timestamps(source: str, key: tuple[str, tuple], times: list[float]) -
     if bad.any():
         raise TraceError(f"{source}: sample {format_series(key)} has timestamp {ts[bad][0]}")
     if np.abs(ts).max() >= _MAX_SECONDS:
-        raise TraceError(f"{source}: sample {format_series(key)} has timestamp {np.abs(ts).max():.0f}, which looks "
-                         "like milliseconds; OpenMetrics traces use seconds")
+        raise TraceError(
+            f"{source}: sample {format_series(key)} has timestamp {np.abs(ts).max():.0f}, which looks "
+            "like milliseconds; OpenMetrics traces use seconds"
+        )
     steps = np.diff(ts)
     if len(steps) and steps.min() <= 0:
         i = int(np.argmax(steps <= 0))
         how = "repeats" if steps[i] == 0 else "goes back from"
-        raise TraceError(f"{source}: series {format_series(key)} {how} timestamp {ts[i]:.3f} to {ts[i + 1]:.3f} "
-                         "(timestamps must increase within each series)")
+        raise TraceError(
+            f"{source}: series {format_series(key)} {how} timestamp {ts[i]:.3f} to {ts[i + 1]:.3f} "
+            "(timestamps must increase within each series)"
+        )
 
 
 # ------------------------------------------------------------------------------------- writing
+
 
 def format_window(window: Window) -> str:
     """A window of canonical series as a trace (OpenMetrics text, ``# EOF`` terminated)."""
@@ -306,12 +321,13 @@ def format_window(window: Window) -> str:
     return "".join(out)
 
 
-def _write_histogram(out: list[str], family: str, keys: list[tuple[str, tuple]], window: Window,
-                     timestamps: list[str]) -> None:
+def _write_histogram(
+    out: list[str], family: str, keys: list[tuple[str, tuple]], window: Window, timestamps: list[str]
+) -> None:
     """One histogram family: per label set (without ``le``), per timestamp, buckets then count, sum."""
     groups: dict[tuple, list[tuple[tuple, str, tuple]]] = {}
     for name, labels in keys:
-        suffix = name[len(family):]
+        suffix = name[len(family) :]
         base = tuple(kv for kv in labels if kv[0] != "le")
         le = next((v for k, v in labels if k == "le"), "")
         order = (HISTOGRAM_OPENMETRICS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)
@@ -377,7 +393,7 @@ def format_raw_captures(captures: Iterable[tuple[float, str]]) -> str:
         if kind == "histogram":
             by_base: dict[tuple, list[tuple[tuple, tuple[str, tuple]]]] = {}
             for name, labels in keys:
-                suffix = name[len(declared):]
+                suffix = name[len(declared) :]
                 le = next((v for k, v in labels if k == "le"), "")
                 order = (HISTOGRAM_OPENMETRICS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)
                 by_base.setdefault(tuple(kv for kv in labels if kv[0] != "le"), []).append((order, (name, labels)))
@@ -412,6 +428,7 @@ def _read_metadata(text: str, meta: dict[str, dict[str, str]]) -> None:
 
 
 # ------------------------------------------------------------------------------------- helpers
+
 
 def _format_ts(ts: float) -> str:
     return f"{float(ts):.3f}"

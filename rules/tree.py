@@ -35,8 +35,9 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Union
+from typing import Union
 
 import numpy as np
 
@@ -73,6 +74,7 @@ DUTY_CYCLE_METHOD = "nvml_util"
 
 # ----------------------------------------------------------------------------------- selectors
 
+
 @dataclass(frozen=True)
 class Selector:
     """A canonical series name plus label matchers (``=`` or ``!=``), used by both halves."""
@@ -94,6 +96,7 @@ class Selector:
 
 # ------------------------------------------------------------------------- the Python half
 
+
 class WindowView:
     """A window prepared for feature evaluation: series grouped by name, the range and its parts.
 
@@ -106,8 +109,9 @@ class WindowView:
     a batch of its own. Arrays handed out are shared with the cache: read-only.
     """
 
-    def __init__(self, window: Window, recent_seconds: float | None = None,
-                 batches: tuple[tuple[str, ...], ...] | None = None):
+    def __init__(
+        self, window: Window, recent_seconds: float | None = None, batches: tuple[tuple[str, ...], ...] | None = None
+    ):
         self.window = window
         # the sub-window (the last ``recent_seconds``) over which state features are read
         self.recent_seconds = float(Thresholds().state_window_seconds if recent_seconds is None else recent_seconds)
@@ -125,7 +129,7 @@ class WindowView:
         # each batch: the names (present in the window) whose series are stacked together
         self._batch_names: list[tuple[str, ...]] = []
         seen: set[str] = set()
-        for names in (BATCHES if batches is None else batches):
+        for names in BATCHES if batches is None else batches:
             present = tuple(n for n in dict.fromkeys(names) if n in by_name and n not in seen)
             if present:
                 self._batch_names.append(present)
@@ -138,7 +142,7 @@ class WindowView:
         return len(self.ts)
 
     # ------------------------------------------------------------------ batches and ranges
-    def _batch(self, name: str) -> "_Batch":
+    def _batch(self, name: str) -> _Batch:
         batches = self._batches
         if batches is None:
             batches = self._batches = _Batch.stack(self._batch_names, self._by_name, len(self.ts))
@@ -311,7 +315,7 @@ class WindowView:
 class _Batch:
     """The series of some names, rows of one array, and what was computed on them per part."""
 
-    __slots__ = ("matrix", "offsets", "parts", "results", "_present", "_gaps")
+    __slots__ = ("_gaps", "_present", "matrix", "offsets", "parts", "results")
 
     def __init__(self, matrix: np.ndarray, offsets: dict[str, slice]):
         self.matrix = matrix
@@ -319,7 +323,7 @@ class _Batch:
         self.parts: dict[str, np.ndarray] = {}
         self.results: dict = {}
         self._present: dict[str, bool] | None = None
-        self._gaps: np.ndarray | None | bool = False  # not computed yet
+        self._gaps: np.ndarray | bool | None = False  # not computed yet
 
     def gaps(self) -> np.ndarray | None:
         """For each row, whether it lacks a sample somewhere; None when no row does."""
@@ -329,7 +333,7 @@ class _Batch:
         return self._gaps
 
     @staticmethod
-    def stack(batches: list[tuple[str, ...]], by_name: Mapping[str, list], n: int) -> dict[str, "_Batch"]:
+    def stack(batches: list[tuple[str, ...]], by_name: Mapping[str, list], n: int) -> dict[str, _Batch]:
         """Every batch's series in one array (one copy for all), each batch a band of its rows."""
         arrays = [values for names in batches for name in names for _, values in by_name[name]]
         matrix = np.array(arrays, dtype=float) if arrays else np.empty((0, n))
@@ -470,6 +474,7 @@ def _nanmax(values: np.ndarray) -> float:
 
 # ---------------------------------------------------------------------------- features
 
+
 def prom_number(value: float) -> str:
     """A float as PromQL reads it back exactly (repr), without a trailing ``.0``."""
     if math.isinf(value):
@@ -516,9 +521,11 @@ def _gpu_median_max(sel: Selector, part: str = "all") -> Callable[[WindowView, T
 
 
 def _gpu_median_max_promql(sel: Selector, part: str = "all") -> Callable[[PromContext, Thresholds], str]:
-    return lambda c, t: (f"max by ({c.gpu_keys}) "
-                         f"(quantile_over_time({prom_number(t.gpu_quantile)}, "
-                         f"{sel.promql()}[{_recent(c) if part == 'recent' else c.window}]))")
+    return lambda c, t: (
+        f"max by ({c.gpu_keys}) "
+        f"(quantile_over_time({prom_number(t.gpu_quantile)}, "
+        f"{sel.promql()}[{_recent(c) if part == 'recent' else c.window}]))"
+    )
 
 
 _PRECISE = (("method", "!=", DUTY_CYCLE_METHOD),)
@@ -540,10 +547,12 @@ def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
 
 
 def _gpu_busy(v: WindowView, t: Thresholds) -> float:
-    values = np.concatenate([
-        v.quantiles(Selector(GPU_DRAM_BANDWIDTH_UTILIZATION), t.gpu_quantile, "recent"),
-        v.quantiles(Selector(GPU_SM_ACTIVE), t.gpu_quantile, "recent"),
-    ])
+    values = np.concatenate(
+        [
+            v.quantiles(Selector(GPU_DRAM_BANDWIDTH_UTILIZATION), t.gpu_quantile, "recent"),
+            v.quantiles(Selector(GPU_SM_ACTIVE), t.gpu_quantile, "recent"),
+        ]
+    )
     return _nanmax(values)
 
 
@@ -561,100 +570,177 @@ def _itl_quantile(q: Callable[[Thresholds], float], part: str):
 
 def _itl_quantile_promql(q: Callable[[Thresholds], float], part: str):
     def render(c: PromContext, t: Thresholds) -> str:
-        rng = {"all": f"[{c.window}]", "recent": f"[{_recent(c)}]", "late": f"[{c.third}]",
-               "early": f"[{c.third}] offset {c.two_thirds}"}[part]
-        return (f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) "
-                f"(increase({INTER_TOKEN_LATENCY}_bucket{rng})))")
+        rng = {
+            "all": f"[{c.window}]",
+            "recent": f"[{_recent(c)}]",
+            "late": f"[{c.third}]",
+            "early": f"[{c.third}] offset {c.two_thirds}",
+        }[part]
+        return (
+            f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) "
+            f"(increase({INTER_TOKEN_LATENCY}_bucket{rng})))"
+        )
+
     return render
 
 
-FEATURES: dict[str, Feature] = {f.name: f for f in (
-    Feature(
-        "generation_tokens_per_second", ENGINE, "tokens/s", (GENERATION_TOKENS,),
-        "output tokens per second over the window (counter resets handled)",
-        lambda v, t: v.sum_rate(Selector(GENERATION_TOKENS)),
-        lambda c, t: f"sum by ({c.engine_keys}) (rate({GENERATION_TOKENS}[{c.window}]))"),
-    Feature(
-        "prompt_tokens_per_second", ENGINE, "tokens/s", (PROMPT_TOKENS,),
-        "prompt tokens per second over the window",
-        lambda v, t: v.sum_rate(Selector(PROMPT_TOKENS)),
-        lambda c, t: f"sum by ({c.engine_keys}) (rate({PROMPT_TOKENS}[{c.window}]))"),
-    Feature(
-        "requests_running", ENGINE, "requests", (REQUESTS_RUNNING,),
-        "median requests running over the state sub-window (the window's last state_window_seconds)",
-        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_RUNNING), 0.5, "recent")),
-        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_RUNNING}[{_recent(c)}]))"),
-    Feature(
-        "requests_waiting", ENGINE, "requests", (REQUESTS_WAITING,),
-        "median requests waiting over the state sub-window (the window's last state_window_seconds)",
-        lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_WAITING), 0.5, "recent")),
-        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_WAITING}[{_recent(c)}]))"),
-    Feature(
-        "preemptions_per_minute", ENGINE, "per minute", (PREEMPTIONS,),
-        "preemptions per minute over the window (counter history and resets handled)",
-        lambda v, t: v.sum_rate(Selector(PREEMPTIONS)) * 60,
-        lambda c, t: f"sum by ({c.engine_keys}) (rate({PREEMPTIONS}[{c.window}])) * 60"),
-    Feature(
-        "kv_usage", ENGINE, "ratio", (KV_CACHE_USAGE,),
-        "KV-cache usage, a high quantile over the state sub-window (robust to the oscillation under preemption)",
-        lambda v, t: _nanmax(v.quantiles(Selector(KV_CACHE_USAGE), t.kv_usage_quantile, "recent")),
-        lambda c, t: (f"max by ({c.engine_keys}) "
-                      f"(quantile_over_time({prom_number(t.kv_usage_quantile)}, {KV_CACHE_USAGE}[{_recent(c)}]))")),
-    Feature(
-        "kv_to_gpu_bytes_per_second", ENGINE, "bytes/s", (KV_TRANSFER_BYTES,),
-        "KV bytes per second moved into the GPU from another tier",
-        lambda v, t: v.sum_rate(_TO_GPU),
-        lambda c, t: f"sum by ({c.engine_keys}) (rate({_TO_GPU.promql()}[{c.window}]))"),
-    Feature(
-        "slow_tier_hit_fraction", ENGINE, "ratio", (PREFIX_CACHE_HITS_BY_TIER,),
-        "share of prefix-cache hit tokens served from a tier other than the GPU",
-        _slow_tier_fraction,
-        lambda c, t: (
-            f"(sum by ({c.engine_keys}) (increase({_TIER_SLOW.promql()}[{c.window}])) "
-            f"or on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}])) * 0) "
-            f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}]))")),
-    Feature(
-        "itl_p95_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
-        "inter-token latency quantile from the histogram's bucket increases over the state sub-window",
-        _itl_quantile(lambda t: t.itl_quantile, "recent"),
-        _itl_quantile_promql(lambda t: t.itl_quantile, "recent")),
-    Feature(
-        "itl_early_median_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
-        "median inter-token latency in the window's first third",
-        _itl_quantile(lambda t: 0.5, "early"),
-        _itl_quantile_promql(lambda t: 0.5, "early")),
-    Feature(
-        "itl_late_median_seconds", ENGINE, "seconds", (INTER_TOKEN_LATENCY,),
-        "median inter-token latency in the window's last third",
-        _itl_quantile(lambda t: 0.5, "late"),
-        _itl_quantile_promql(lambda t: 0.5, "late")),
-    Feature(
-        "pcie_receive_bytes_per_second", GPU, "bytes/s", (GPU_PCIE_RX,),
-        "PCIe receive bandwidth, median over the window, busiest GPU",
-        _gpu_median_max(Selector(GPU_PCIE_RX)),
-        _gpu_median_max_promql(Selector(GPU_PCIE_RX))),
-    Feature(
-        "dram_bandwidth_ratio", GPU, "ratio", (GPU_DRAM_BANDWIDTH_UTILIZATION,),
-        "DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
-        _gpu_median_max(_DRAM_PRECISE, "recent"),
-        _gpu_median_max_promql(_DRAM_PRECISE, "recent")),
-    Feature(
-        "sm_active_ratio", GPU, "ratio", (GPU_SM_ACTIVE,),
-        "SM activity (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
-        _gpu_median_max(_SM_PRECISE, "recent"),
-        _gpu_median_max_promql(_SM_PRECISE, "recent")),
-    Feature(
-        "gpu_busy_ratio", GPU, "ratio", (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE),
-        "the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median over the state sub-window, busiest GPU",
-        _gpu_busy,
-        _gpu_busy_promql),
-)}
+FEATURES: dict[str, Feature] = {
+    f.name: f
+    for f in (
+        Feature(
+            "generation_tokens_per_second",
+            ENGINE,
+            "tokens/s",
+            (GENERATION_TOKENS,),
+            "output tokens per second over the window (counter resets handled)",
+            lambda v, t: v.sum_rate(Selector(GENERATION_TOKENS)),
+            lambda c, t: f"sum by ({c.engine_keys}) (rate({GENERATION_TOKENS}[{c.window}]))",
+        ),
+        Feature(
+            "prompt_tokens_per_second",
+            ENGINE,
+            "tokens/s",
+            (PROMPT_TOKENS,),
+            "prompt tokens per second over the window",
+            lambda v, t: v.sum_rate(Selector(PROMPT_TOKENS)),
+            lambda c, t: f"sum by ({c.engine_keys}) (rate({PROMPT_TOKENS}[{c.window}]))",
+        ),
+        Feature(
+            "requests_running",
+            ENGINE,
+            "requests",
+            (REQUESTS_RUNNING,),
+            "median requests running over the state sub-window (the window's last state_window_seconds)",
+            lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_RUNNING), 0.5, "recent")),
+            lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_RUNNING}[{_recent(c)}]))",
+        ),
+        Feature(
+            "requests_waiting",
+            ENGINE,
+            "requests",
+            (REQUESTS_WAITING,),
+            "median requests waiting over the state sub-window (the window's last state_window_seconds)",
+            lambda v, t: _nansum(v.quantiles(Selector(REQUESTS_WAITING), 0.5, "recent")),
+            lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_WAITING}[{_recent(c)}]))",
+        ),
+        Feature(
+            "preemptions_per_minute",
+            ENGINE,
+            "per minute",
+            (PREEMPTIONS,),
+            "preemptions per minute over the window (counter history and resets handled)",
+            lambda v, t: v.sum_rate(Selector(PREEMPTIONS)) * 60,
+            lambda c, t: f"sum by ({c.engine_keys}) (rate({PREEMPTIONS}[{c.window}])) * 60",
+        ),
+        Feature(
+            "kv_usage",
+            ENGINE,
+            "ratio",
+            (KV_CACHE_USAGE,),
+            "KV-cache usage, a high quantile over the state sub-window (robust to the oscillation under preemption)",
+            lambda v, t: _nanmax(v.quantiles(Selector(KV_CACHE_USAGE), t.kv_usage_quantile, "recent")),
+            lambda c, t: (
+                f"max by ({c.engine_keys}) "
+                f"(quantile_over_time({prom_number(t.kv_usage_quantile)}, {KV_CACHE_USAGE}[{_recent(c)}]))"
+            ),
+        ),
+        Feature(
+            "kv_to_gpu_bytes_per_second",
+            ENGINE,
+            "bytes/s",
+            (KV_TRANSFER_BYTES,),
+            "KV bytes per second moved into the GPU from another tier",
+            lambda v, t: v.sum_rate(_TO_GPU),
+            lambda c, t: f"sum by ({c.engine_keys}) (rate({_TO_GPU.promql()}[{c.window}]))",
+        ),
+        Feature(
+            "slow_tier_hit_fraction",
+            ENGINE,
+            "ratio",
+            (PREFIX_CACHE_HITS_BY_TIER,),
+            "share of prefix-cache hit tokens served from a tier other than the GPU",
+            _slow_tier_fraction,
+            lambda c, t: (
+                f"(sum by ({c.engine_keys}) (increase({_TIER_SLOW.promql()}[{c.window}])) "
+                f"or on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}])) * 0) "
+                f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}]))"
+            ),
+        ),
+        Feature(
+            "itl_p95_seconds",
+            ENGINE,
+            "seconds",
+            (INTER_TOKEN_LATENCY,),
+            "inter-token latency quantile from the histogram's bucket increases over the state sub-window",
+            _itl_quantile(lambda t: t.itl_quantile, "recent"),
+            _itl_quantile_promql(lambda t: t.itl_quantile, "recent"),
+        ),
+        Feature(
+            "itl_early_median_seconds",
+            ENGINE,
+            "seconds",
+            (INTER_TOKEN_LATENCY,),
+            "median inter-token latency in the window's first third",
+            _itl_quantile(lambda t: 0.5, "early"),
+            _itl_quantile_promql(lambda t: 0.5, "early"),
+        ),
+        Feature(
+            "itl_late_median_seconds",
+            ENGINE,
+            "seconds",
+            (INTER_TOKEN_LATENCY,),
+            "median inter-token latency in the window's last third",
+            _itl_quantile(lambda t: 0.5, "late"),
+            _itl_quantile_promql(lambda t: 0.5, "late"),
+        ),
+        Feature(
+            "pcie_receive_bytes_per_second",
+            GPU,
+            "bytes/s",
+            (GPU_PCIE_RX,),
+            "PCIe receive bandwidth, median over the window, busiest GPU",
+            _gpu_median_max(Selector(GPU_PCIE_RX)),
+            _gpu_median_max_promql(Selector(GPU_PCIE_RX)),
+        ),
+        Feature(
+            "dram_bandwidth_ratio",
+            GPU,
+            "ratio",
+            (GPU_DRAM_BANDWIDTH_UTILIZATION,),
+            "DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
+            _gpu_median_max(_DRAM_PRECISE, "recent"),
+            _gpu_median_max_promql(_DRAM_PRECISE, "recent"),
+        ),
+        Feature(
+            "sm_active_ratio",
+            GPU,
+            "ratio",
+            (GPU_SM_ACTIVE,),
+            "SM activity (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
+            _gpu_median_max(_SM_PRECISE, "recent"),
+            _gpu_median_max_promql(_SM_PRECISE, "recent"),
+        ),
+        Feature(
+            "gpu_busy_ratio",
+            GPU,
+            "ratio",
+            (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE),
+            "the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median over the state sub-window, busiest GPU",
+            _gpu_busy,
+            _gpu_busy_promql,
+        ),
+    )
+}
 
 
 def _series_read(kinds: tuple[Kind, ...]) -> tuple[str, ...]:
     """The series names the features read from signals of ``kinds`` (a histogram: its buckets)."""
-    names = (s + "_bucket" if SIGNALS[s].kind is Kind.HISTOGRAM else s
-             for f in FEATURES.values() for s in f.signals if SIGNALS[s].kind in kinds)
+    names = (
+        s + "_bucket" if SIGNALS[s].kind is Kind.HISTOGRAM else s
+        for f in FEATURES.values()
+        for s in f.signals
+        if SIGNALS[s].kind in kinds
+    )
     return tuple(dict.fromkeys(names))
 
 
@@ -665,6 +751,7 @@ BATCHES: tuple[tuple[str, ...], ...] = (COUNTER_SERIES, GAUGE_SERIES)
 
 
 # --------------------------------------------------------------------------- predicates
+
 
 @dataclass(frozen=True)
 class Param:
@@ -736,7 +823,10 @@ Condition = Union[Cmp, CmpFeatures, Present, All, Any, Not, Named]
 Atom = Union[Cmp, CmpFeatures, Present]
 
 OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
 }
 
 
@@ -787,7 +877,7 @@ def atoms(cond: Condition) -> Iterator[Atom]:
 def features_of(cond: Condition) -> list[str]:
     out: list[str] = []
     for a in atoms(cond):
-        for name in ((a.left, a.right) if isinstance(a, CmpFeatures) else (a.feature,)):
+        for name in (a.left, a.right) if isinstance(a, CmpFeatures) else (a.feature,):
             if name not in out:
                 out.append(name)
     return out
@@ -795,30 +885,54 @@ def features_of(cond: Condition) -> list[str]:
 
 # ------------------------------------------------------------------------------ the tree
 
-ACTIVE = Named("engine_active", Any((
-    Cmp("generation_tokens_per_second", ">", Param("idle_tokens_per_second")),
-    # an engine without a token counter: requests in the batch are the next best sign of work
-    All((Cmp("requests_running", ">", Param("zero")), Not(Present("generation_tokens_per_second")))),
-)))
+ACTIVE = Named(
+    "engine_active",
+    Any(
+        (
+            Cmp("generation_tokens_per_second", ">", Param("idle_tokens_per_second")),
+            # an engine without a token counter: requests in the batch are the next best sign of work
+            All((Cmp("requests_running", ">", Param("zero")), Not(Present("generation_tokens_per_second")))),
+        )
+    ),
+)
 AT_CEILING = Cmp("kv_usage", ">=", Param("kv_ceiling_ratio"))
-TRANSFERS_SIGNIFICANT = Named("kv_transfers_significant", Any((
-    Cmp("kv_to_gpu_bytes_per_second", ">=", Param("kv_to_gpu_bytes_per_second_min")),
-    Cmp("pcie_receive_bytes_per_second", ">=", Param("pcie_receive_bytes_per_second_min")),
-    Cmp("slow_tier_hit_fraction", ">=", Param("slow_tier_hit_fraction_min")),
-)))
+TRANSFERS_SIGNIFICANT = Named(
+    "kv_transfers_significant",
+    Any(
+        (
+            Cmp("kv_to_gpu_bytes_per_second", ">=", Param("kv_to_gpu_bytes_per_second_min")),
+            Cmp("pcie_receive_bytes_per_second", ">=", Param("pcie_receive_bytes_per_second_min")),
+            Cmp("slow_tier_hit_fraction", ">=", Param("slow_tier_hit_fraction_min")),
+        )
+    ),
+)
 QUEUE_BACKED_UP = Cmp("requests_waiting", ">=", Param("queue_waiting_min"))
-SLOW = Named("itl_slow", Any((
-    Cmp("itl_p95_seconds", ">=", Param("slo_seconds")),
-    All((
-        CmpFeatures("itl_late_median_seconds", ">=", "itl_early_median_seconds", scale=Param("trend_ratio")),
-        Cmp("itl_late_median_seconds", ">=", Param("trend_min_slo_fraction", "slo_seconds")),
-    )),
-)))
+SLOW = Named(
+    "itl_slow",
+    Any(
+        (
+            Cmp("itl_p95_seconds", ">=", Param("slo_seconds")),
+            All(
+                (
+                    CmpFeatures(
+                        "itl_late_median_seconds", ">=", "itl_early_median_seconds", scale=Param("trend_ratio")
+                    ),
+                    Cmp("itl_late_median_seconds", ">=", Param("trend_min_slo_fraction", "slo_seconds")),
+                )
+            ),
+        )
+    ),
+)
 PRECISE_GPU = Named("gpu_counters_precise", Any((Present("dram_bandwidth_ratio"), Present("sm_active_ratio"))))
-BANDWIDTH_HIGH = Named("gpu_bandwidth_high", All((
-    Cmp("dram_bandwidth_ratio", ">=", Param("bandwidth_high_ratio")),
-    Not(CmpFeatures("sm_active_ratio", ">=", "dram_bandwidth_ratio", offset=Param("clearly_above_margin"))),
-)))
+BANDWIDTH_HIGH = Named(
+    "gpu_bandwidth_high",
+    All(
+        (
+            Cmp("dram_bandwidth_ratio", ">=", Param("bandwidth_high_ratio")),
+            Not(CmpFeatures("sm_active_ratio", ">=", "dram_bandwidth_ratio", offset=Param("clearly_above_margin"))),
+        )
+    ),
+)
 # Recorded by the PromQL half, in this order (later ones may use the earlier ones).
 NAMED_CONDITIONS: tuple[Named, ...] = (ACTIVE, TRANSFERS_SIGNIFICANT, SLOW, PRECISE_GPU, BANDWIDTH_HIGH)
 
@@ -838,28 +952,77 @@ TRUE = All(())
 
 BRANCHES: tuple[Branch, ...] = (
     Branch("idle", "idle", 1, Not(ACTIVE), "no tokens generated in the window"),
-    Branch("thrashing_preemptions", "kv_thrashing", 2,
-           Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
-           "the engine is preempting requests: the KV pool ran out"),
-    Branch("thrashing_reload", "kv_thrashing", 2, All((TRANSFERS_SIGNIFICANT, AT_CEILING)),
-           "KV moves into a GPU pool that sits at the ceiling"),
-    Branch("tier_miss", "kv_tier_miss", 2, TRANSFERS_SIGNIFICANT,
-           "prefix hits are served from a slower tier while the GPU pool has room"),
-    Branch("capacity_pressure", "kv_capacity_pressure", 2, All((AT_CEILING, QUEUE_BACKED_UP)),
-           "the KV pool is full and requests wait, no preemption yet"),
+    Branch(
+        "thrashing_preemptions",
+        "kv_thrashing",
+        2,
+        Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
+        "the engine is preempting requests: the KV pool ran out",
+    ),
+    Branch(
+        "thrashing_reload",
+        "kv_thrashing",
+        2,
+        All((TRANSFERS_SIGNIFICANT, AT_CEILING)),
+        "KV moves into a GPU pool that sits at the ceiling",
+    ),
+    Branch(
+        "tier_miss",
+        "kv_tier_miss",
+        2,
+        TRANSFERS_SIGNIFICANT,
+        "prefix hits are served from a slower tier while the GPU pool has room",
+    ),
+    Branch(
+        "capacity_pressure",
+        "kv_capacity_pressure",
+        2,
+        All((AT_CEILING, QUEUE_BACKED_UP)),
+        "the KV pool is full and requests wait, no preemption yet",
+    ),
     Branch("healthy", "healthy", 3, Not(SLOW), "ITL p95 under the SLO and not rising"),
-    Branch("bandwidth_high", "memory_bandwidth_bound", 4, BANDWIDTH_HIGH,
-           "DRAM bandwidth is high and SM activity is not clearly above it"),
-    Branch("sm_high", "compute_bound", 4, Cmp("sm_active_ratio", ">=", Param("sm_high_ratio")),
-           "SM activity is high and DRAM bandwidth is not"),
-    Branch("gpu_idle", "host_overhead_bound", 4, Cmp("gpu_busy_ratio", "<", Param("host_overhead_gpu_max")),
-           "the GPU is mostly idle while decode is slow: the time goes to the host"),
-    Branch("prefill_heavy_no_gpu", "compute_bound", 4,
-           All((Not(PRECISE_GPU), CmpFeatures("prompt_tokens_per_second", ">=", "generation_tokens_per_second",
-                                              scale=Param("prefill_heavy_ratio")))),
-           "no GPU counters; prefill-heavy traffic"),
-    Branch("decode_default", "memory_bandwidth_bound", 4, TRUE,
-           "slow decode without a clearer cause: most likely bandwidth (decode re-reads weights and KV every token)"),
+    Branch(
+        "bandwidth_high",
+        "memory_bandwidth_bound",
+        4,
+        BANDWIDTH_HIGH,
+        "DRAM bandwidth is high and SM activity is not clearly above it",
+    ),
+    Branch(
+        "sm_high",
+        "compute_bound",
+        4,
+        Cmp("sm_active_ratio", ">=", Param("sm_high_ratio")),
+        "SM activity is high and DRAM bandwidth is not",
+    ),
+    Branch(
+        "gpu_idle",
+        "host_overhead_bound",
+        4,
+        Cmp("gpu_busy_ratio", "<", Param("host_overhead_gpu_max")),
+        "the GPU is mostly idle while decode is slow: the time goes to the host",
+    ),
+    Branch(
+        "prefill_heavy_no_gpu",
+        "compute_bound",
+        4,
+        All(
+            (
+                Not(PRECISE_GPU),
+                CmpFeatures(
+                    "prompt_tokens_per_second", ">=", "generation_tokens_per_second", scale=Param("prefill_heavy_ratio")
+                ),
+            )
+        ),
+        "no GPU counters; prefill-heavy traffic",
+    ),
+    Branch(
+        "decode_default",
+        "memory_bandwidth_bound",
+        4,
+        TRUE,
+        "slow decode without a clearer cause: most likely bandwidth (decode re-reads weights and KV every token)",
+    ),
 )
 
 BRANCH_BY_ID = {b.id: b for b in BRANCHES}
@@ -902,10 +1065,19 @@ class TreeSignals:
     """Signals grouped by what is missing when they are absent (for ``Diagnosis.missing``)."""
 
     gpu: tuple[str, ...] = (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, GPU_PCIE_RX)
-    engine: tuple[str, ...] = field(default=(
-        GENERATION_TOKENS, PROMPT_TOKENS, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS, KV_CACHE_USAGE,
-        KV_TRANSFER_BYTES, PREFIX_CACHE_HITS_BY_TIER, INTER_TOKEN_LATENCY,
-    ))
+    engine: tuple[str, ...] = field(
+        default=(
+            GENERATION_TOKENS,
+            PROMPT_TOKENS,
+            REQUESTS_RUNNING,
+            REQUESTS_WAITING,
+            PREEMPTIONS,
+            KV_CACHE_USAGE,
+            KV_TRANSFER_BYTES,
+            PREFIX_CACHE_HITS_BY_TIER,
+            INTER_TOKEN_LATENCY,
+        )
+    )
 
 
 TREE_SIGNALS = TreeSignals()

@@ -10,8 +10,8 @@ evaluate and what ``GET /api/v1/window`` serves.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -57,21 +57,23 @@ class Snapshot:
 class Window:
     """Columnar run of snapshots: ``timestamps`` (n,) and one (n,) float array per series."""
 
-    __slots__ = ("timestamps", "series")
+    __slots__ = ("series", "timestamps")
 
     def __init__(self, timestamps: np.ndarray, series: dict[SeriesKey, np.ndarray]):
         self.timestamps = np.asarray(timestamps, dtype=float)
         self.series = series
         for key, values in series.items():
             if len(values) != len(self.timestamps):
-                raise ValueError(f"series {format_series(key)} has {len(values)} values for {len(self.timestamps)} timestamps")
+                raise ValueError(
+                    f"series {format_series(key)} has {len(values)} values for {len(self.timestamps)} timestamps"
+                )
 
     @classmethod
-    def empty(cls) -> "Window":
+    def empty(cls) -> Window:
         return cls(np.empty(0), {})
 
     @classmethod
-    def from_snapshots(cls, snapshots: Iterable[Snapshot]) -> "Window":
+    def from_snapshots(cls, snapshots: Iterable[Snapshot]) -> Window:
         snaps = sorted(snapshots, key=lambda s: s.ts)
         n = len(snaps)
         ts = np.fromiter((s.ts for s in snaps), dtype=float, count=n)
@@ -109,7 +111,7 @@ class Window:
             out[labels] = values
         return out
 
-    def slice(self, start: float, end: float) -> "Window":
+    def slice(self, start: float, end: float) -> Window:
         """The snapshots with ``start <= ts <= end``."""
         mask = (self.timestamps >= start) & (self.timestamps <= end)
         return Window(self.timestamps[mask], {k: v[mask] for k, v in self.series.items() if np.any(~np.isnan(v[mask]))})
@@ -138,7 +140,7 @@ class Window:
         }
 
     @classmethod
-    def from_json(cls, payload: dict) -> "Window":
+    def from_json(cls, payload: dict) -> Window:
         """Inverse of ``to_json``; raises ``ValueError`` on a malformed payload."""
         try:
             ts = np.asarray(payload["timestamps"], dtype=float)

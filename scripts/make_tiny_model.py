@@ -32,12 +32,9 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-             num_attention_heads=4, num_key_value_heads=2)
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 
-_WORDS = ("kv cache token decode prefill latency bandwidth memory block page preempt queue "
-          "request model layer head tensor batch prefix hit miss tier host device gpu cpu "
-          "the a of to and in is it that for on with as was at by this be from or are an").split()
+_WORDS = ["kv", "cache", "token", "decode", "prefill", "latency", "bandwidth", "memory", "block", "page", "preempt", "queue", "request", "model", "layer", "head", "tensor", "batch", "prefix", "hit", "miss", "tier", "host", "device", "gpu", "cpu", "the", "a", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "this", "be", "from", "or", "are", "an"]
 
 
 def generated_corpus(lines: int, seed: int) -> list[str]:
@@ -45,8 +42,9 @@ def generated_corpus(lines: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     out = []
     for _ in range(lines):
-        words = [rng.choice(_WORDS) if rng.random() < 0.85 else str(rng.randint(0, 9999))
-                 for _ in range(rng.randint(5, 25))]
+        words = [
+            rng.choice(_WORDS) if rng.random() < 0.85 else str(rng.randint(0, 9999)) for _ in range(rng.randint(5, 25))
+        ]
         out.append(" ".join(words).capitalize() + rng.choice(".?!:;,"))
     return out
 
@@ -59,15 +57,26 @@ def build_tokenizer(vocab_size: int, seed: int):
     # Byte-level: any prompt text (a load generator's, a user's) tokenizes without unknowns.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(generated_corpus(20000, seed), trainer=trainer)
     bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", bos)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>", chat_template=CHAT_TEMPLATE,
-                                   model_max_length=4096)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
 
 
 def build_model(tokenizer, max_positions: int, seed: int):
@@ -75,9 +84,15 @@ def build_model(tokenizer, max_positions: int, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=max_positions,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, **SHAPE)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        **SHAPE,
+    )
     config.dtype = torch.float32  # recorded in config.json; vLLM is told --dtype float32 anyway
     return LlamaForCausalLM(config).to(torch.float32)
 
@@ -100,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        print(f"make_tiny_model: needs torch, transformers and tokenizers ({exc.name} is missing); "
-              f"run it with .cache/vllm-venv/bin/python", file=sys.stderr)
+        print(
+            f"make_tiny_model: needs torch, transformers and tokenizers ({exc.name} is missing); "
+            f"run it with .cache/vllm-venv/bin/python",
+            file=sys.stderr,
+        )
         return 1
 
     started = time.monotonic()
@@ -114,9 +132,19 @@ def main(argv: list[str] | None = None) -> int:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         params = sum(p.numel() for p in model.parameters())
-        (staging / "kvdoctor-tiny-model.json").write_text(json.dumps(
-            {"built_by": "scripts/make_tiny_model.py", "seed": args.seed, "vocab_size": len(tokenizer),
-             "parameters": params, **SHAPE}, indent=2) + "\n")
+        (staging / "kvdoctor-tiny-model.json").write_text(
+            json.dumps(
+                {
+                    "built_by": "scripts/make_tiny_model.py",
+                    "seed": args.seed,
+                    "vocab_size": len(tokenizer),
+                    "parameters": params,
+                    **SHAPE,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         if out.exists():
             shutil.rmtree(out)
         try:
@@ -128,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    print(f"make_tiny_model: wrote {out} ({params / 1e6:.1f} M parameters, vocab {len(tokenizer)}, "
-          f"{time.monotonic() - started:.1f} s)")
+    print(
+        f"make_tiny_model: wrote {out} ({params / 1e6:.1f} M parameters, vocab {len(tokenizer)}, "
+        f"{time.monotonic() - started:.1f} s)"
+    )
     return 0
 
 

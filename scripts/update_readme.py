@@ -1,6 +1,6 @@
 """Regenerates the README's generated tables (metrics, collectors) in place.
 
-    .venv/bin/python scripts/update_readme.py
+.venv/bin/python scripts/update_readme.py
 """
 
 from __future__ import annotations

@@ -76,10 +76,16 @@ SLEEP_STATE_HELP = (
 CACHE_COUNTERS = (
     ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
-    ("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache "
-     "sharing, in terms of number of queried tokens."),
-    ("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache "
-     "sharing, in terms of number of cached tokens."),
+    (
+        "vllm:external_prefix_cache_queries",
+        "External prefix cache queries from KV connector cross-instance cache "
+        "sharing, in terms of number of queried tokens.",
+    ),
+    (
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache "
+        "sharing, in terms of number of cached tokens.",
+    ),
     ("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
     ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
     ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
@@ -106,8 +112,10 @@ HISTOGRAMS = (
     ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
     ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
     ("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted."),
-    ("vllm:request_prefill_kv_computed_tokens",
-     "Histogram of new KV tokens computed during prefill (excluding cached tokens)."),
+    (
+        "vllm:request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+    ),
 )
 OFFLOAD_COUNTERS = (
     ("vllm:kv_offload_total_bytes", "Number of bytes transferred by the KV offloading connector, by transfer type."),
@@ -203,19 +211,43 @@ class VllmMetrics:
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", state.kv_usage)
         for name, help_text in CACHE_COUNTERS:
             yield counter(name, help_text, stats.counters[name])
-        yield labelled_counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source",
-                               stats.labelled["vllm:prompt_tokens_by_source"], PROMPT_SOURCES)
-        yield counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
-                      stats.counters["vllm:prompt_tokens_cached"])
-        yield labelled_counter("vllm:prompt_tokens_cached_by_source", CACHED_BY_SOURCE_HELP, "source",
-                               stats.labelled["vllm:prompt_tokens_cached_by_source"], CACHE_TIERS)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                      stats.counters["vllm:generation_tokens"])
-        yield labelled_counter("vllm:request_success", "Count of successfully processed requests.", "finished_reason",
-                               stats.labelled["vllm:request_success"], FINISHED_REASONS)
-        yield labelled_counter("vllm:admission_rejections",
-                               "Number of admission attempts rejected by a queue limit, by reason.", "reason",
-                               stats.labelled["vllm:admission_rejections"], ADMISSION_REJECTION_REASONS, engine=False)
+        yield labelled_counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            "source",
+            stats.labelled["vllm:prompt_tokens_by_source"],
+            PROMPT_SOURCES,
+        )
+        yield counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            stats.counters["vllm:prompt_tokens_cached"],
+        )
+        yield labelled_counter(
+            "vllm:prompt_tokens_cached_by_source",
+            CACHED_BY_SOURCE_HELP,
+            "source",
+            stats.labelled["vllm:prompt_tokens_cached_by_source"],
+            CACHE_TIERS,
+        )
+        yield counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", stats.counters["vllm:generation_tokens"]
+        )
+        yield labelled_counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            "finished_reason",
+            stats.labelled["vllm:request_success"],
+            FINISHED_REASONS,
+        )
+        yield labelled_counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            "reason",
+            stats.labelled["vllm:admission_rejections"],
+            ADMISSION_REJECTION_REASONS,
+            engine=False,
+        )
         for name, help_text in HISTOGRAMS:
             hist = stats.histograms[name]
             fam = HistogramMetricFamily(name, help_text, labels=base)
@@ -224,8 +256,11 @@ class VllmMetrics:
             yield fam
         for name, help_text in OFFLOAD_COUNTERS:
             yield labelled_counter(name, help_text, "transfer_type", stats.labelled[name], TRANSFER_TYPES)
-        fam = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                labels=sorted(cache_config_labels(sim.config)) + ["engine"])
+        fam = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=sorted(cache_config_labels(sim.config)) + ["engine"],
+        )
         info = cache_config_labels(sim.config)
         fam.add_metric([info[k] for k in sorted(info)] + ["0"], 1.0)
         yield fam
@@ -277,7 +312,7 @@ def scenario_payload(sim: Simulation) -> dict:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format, *args):  # quiet: the demo prints its own status line
@@ -309,9 +344,20 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/gpu":
             self._json(200, gpu_payload(sim))
         elif path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": sim.config.model_name, "object": "model",
-                                                         "owned_by": "kvdoctor-simulator",
-                                                         "max_model_len": sim.config.max_model_len}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": sim.config.model_name,
+                            "object": "model",
+                            "owned_by": "kvdoctor-simulator",
+                            "max_model_len": sim.config.max_model_len,
+                        }
+                    ],
+                },
+            )
         else:
             self._json(404, {"error": f"no such endpoint {path!r}"})
 
@@ -328,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw)
                 name = body.get("scenario") if isinstance(body, dict) else None
             except ValueError:
-                self._json(400, {"error": "body is not JSON; send {\"scenario\": NAME}"})
+                self._json(400, {"error": 'body is not JSON; send {"scenario": NAME}'})
                 return
         if not isinstance(name, str) or name not in SCENARIO_CHOICES:
             self._json(400, {"error": f"unknown scenario {name!r}", "choices": list(SCENARIO_CHOICES)})
@@ -365,8 +411,12 @@ class EngineServer:
         self.sim = sim
         self._server = _Server((host, port), sim)
         self.host, self.port = self._server.server_address[:2]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name=f"kvdoctor-sim-engine-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"kvdoctor-sim-engine-{self.port}",
+            daemon=True,
+        )
 
     @property
     def url(self) -> str:
@@ -376,7 +426,7 @@ class EngineServer:
     def metrics_url(self) -> str:
         return self.url + "/metrics"
 
-    def start(self) -> "EngineServer":
+    def start(self) -> EngineServer:
         self._thread.start()
         return self
 
@@ -385,7 +435,7 @@ class EngineServer:
         self._server.server_close()
         self._thread.join(5)
 
-    def __enter__(self) -> "EngineServer":
+    def __enter__(self) -> EngineServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -393,8 +443,10 @@ class EngineServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvdoctor.simulator.engine_server",
-                                     description="Serve the simulated vLLM engine's /metrics on loopback.")
+    parser = argparse.ArgumentParser(
+        prog="python -m kvdoctor.simulator.engine_server",
+        description="Serve the simulated vLLM engine's /metrics on loopback.",
+    )
     parser.add_argument("--scenario", default="healthy", choices=SCENARIO_CHOICES)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

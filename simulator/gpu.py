@@ -41,7 +41,7 @@ class GpuSample:
     pcie_tx_bytes: float
 
     @classmethod
-    def from_payload(cls, p: dict) -> "GpuSample":
+    def from_payload(cls, p: dict) -> GpuSample:
         try:
             return cls(
                 name=str(p["name"]),
@@ -90,7 +90,7 @@ class HttpSource:
         self._client = httpx.Client(timeout=timeout)
 
     @classmethod
-    def for_engine(cls, engine_url: str, timeout: float = 2.0) -> "HttpSource":
+    def for_engine(cls, engine_url: str, timeout: float = 2.0) -> HttpSource:
         """The ``/gpu`` endpoint next to an engine's ``/metrics`` URL."""
         parts = urlsplit(engine_url)
         return cls(urlunsplit((parts.scheme, parts.netloc, "/gpu", "", "")), timeout)
@@ -142,7 +142,7 @@ class SimulatedGpuCollector:
         self._ratios: tuple[float, float, float, float] | None = None
 
     @classmethod
-    def for_simulation(cls, sim, count: int = 1) -> "SimulatedGpuCollector":
+    def for_simulation(cls, sim, count: int = 1) -> SimulatedGpuCollector:
         return cls(SimulationSource(sim), count)
 
     def collect(self) -> Collected:

@@ -35,8 +35,8 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
 from kvdoctor.rules.ledger import (
     DEFAULT_HOST_BANDWIDTH,
@@ -56,20 +56,95 @@ GIB = 1024**3
 
 # vLLM 0.32's bucket boundaries (tests/fixtures/vllm-0.32-cpu), by histogram family.
 _TOKENS_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
-_REQUEST_SECONDS_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0)
+_REQUEST_SECONDS_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+_ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
     "vllm:request_prompt_tokens": _TOKENS_BUCKETS,
     "vllm:request_generation_tokens": _TOKENS_BUCKETS,
-    "vllm:iteration_tokens_total": (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
-                                    8192.0, 16384.0),
+    "vllm:iteration_tokens_total": (
+        1.0,
+        8.0,
+        16.0,
+        32.0,
+        64.0,
+        128.0,
+        256.0,
+        512.0,
+        1024.0,
+        2048.0,
+        4096.0,
+        8192.0,
+        16384.0,
+    ),
     "vllm:request_max_num_generation_tokens": _TOKENS_BUCKETS,
     "vllm:request_params_n": (1.0, 2.0, 5.0, 10.0, 20.0),
     "vllm:request_params_max_tokens": _TOKENS_BUCKETS,
-    "vllm:time_to_first_token_seconds": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                                         2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "vllm:time_to_first_token_seconds": (
+        0.001,
+        0.005,
+        0.01,
+        0.02,
+        0.04,
+        0.06,
+        0.08,
+        0.1,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+        5.0,
+        7.5,
+        10.0,
+        20.0,
+        40.0,
+        80.0,
+        160.0,
+        640.0,
+        2560.0,
+    ),
     "vllm:inter_token_latency_seconds": _ITL_BUCKETS,
     "vllm:request_time_per_output_token_seconds": _ITL_BUCKETS,
     "vllm:e2e_request_latency_seconds": _REQUEST_SECONDS_BUCKETS,
@@ -246,13 +321,23 @@ class VllmStats:
     histograms: dict[str, Histogram] = field(default_factory=dict)
 
     @classmethod
-    def new(cls) -> "VllmStats":
+    def new(cls) -> VllmStats:
         stats = cls()
-        for name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
-                     "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
-                     "vllm:external_prefix_cache_hits", "vllm:mm_cache_queries", "vllm:mm_cache_hits",
-                     "vllm:prompt_tokens_cached", "vllm:estimated_flops_per_gpu", "vllm:estimated_read_bytes_per_gpu",
-                     "vllm:estimated_write_bytes_per_gpu"):
+        for name in (
+            "vllm:num_preemptions",
+            "vllm:prompt_tokens",
+            "vllm:generation_tokens",
+            "vllm:prefix_cache_queries",
+            "vllm:prefix_cache_hits",
+            "vllm:external_prefix_cache_queries",
+            "vllm:external_prefix_cache_hits",
+            "vllm:mm_cache_queries",
+            "vllm:mm_cache_hits",
+            "vllm:prompt_tokens_cached",
+            "vllm:estimated_flops_per_gpu",
+            "vllm:estimated_read_bytes_per_gpu",
+            "vllm:estimated_write_bytes_per_gpu",
+        ):
             stats.counters[name] = 0.0
         stats.labelled["vllm:request_success"] = dict.fromkeys(FINISHED_REASONS, 0.0)
         stats.labelled["vllm:prompt_tokens_by_source"] = dict.fromkeys(PROMPT_SOURCES, 0.0)
@@ -297,9 +382,25 @@ class EngineState:
 
 
 class Request:
-    __slots__ = ("id", "epoch", "arrival", "prompt", "output", "shared", "host", "computed", "target", "generated",
-                 "private_blocks", "holds_shared", "first_scheduled", "first_token", "last_token", "preemptions",
-                 "counted")
+    __slots__ = (
+        "arrival",
+        "computed",
+        "counted",
+        "epoch",
+        "first_scheduled",
+        "first_token",
+        "generated",
+        "holds_shared",
+        "host",
+        "id",
+        "last_token",
+        "output",
+        "preemptions",
+        "private_blocks",
+        "prompt",
+        "shared",
+        "target",
+    )
 
     def __init__(self, rid: int, epoch: int, arrival: float, prompt: int, output: int, shared: int, host: int):
         self.id = rid
@@ -332,9 +433,15 @@ class Simulation:
     shows the scenario's steady state (as if the engine had been serving for a while).
     """
 
-    def __init__(self, scenario: str = "healthy", seed: int = 0, config: EngineConfig | None = None,
-                 clock: Callable[[], float] = time.time, warmup: float = 20.0,
-                 cycle_period: float = CYCLE_PERIOD_SECONDS):
+    def __init__(
+        self,
+        scenario: str = "healthy",
+        seed: int = 0,
+        config: EngineConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        warmup: float = 20.0,
+        cycle_period: float = CYCLE_PERIOD_SECONDS,
+    ):
         self.config = config or EngineConfig()
         if self.config.num_gpu_blocks < 2:
             raise ValueError(f"{self.config.shape.name} leaves no room for a KV cache on {self.config.gpu.name}")
@@ -412,8 +519,9 @@ class Simulation:
     def state(self) -> EngineState:
         with self._lock:
             used = self._usable_blocks - self._free_blocks
-            return EngineState(self.now, self._active.name, len(self.running), len(self.waiting),
-                               used / self._usable_blocks, used)
+            return EngineState(
+                self.now, self._active.name, len(self.running), len(self.waiting), used / self._usable_blocks, used
+            )
 
     def gpu_reading(self) -> GpuCounters:
         """A copy of the cumulative GPU counters (advance first with ``sync``)."""
@@ -624,7 +732,9 @@ class Simulation:
         t_gpu = max(t_mem, t_compute) * jitter
         t_transfer = 0.0
         if load_bytes:
-            t_transfer = host_transfer_seconds(load_bytes, cfg.host_bandwidth, cfg.gpu.pcie_bandwidth * cfg.pcie_efficiency)
+            t_transfer = host_transfer_seconds(
+                load_bytes, cfg.host_bandwidth, cfg.gpu.pcie_bandwidth * cfg.pcie_efficiency
+            )
         stall = max(0.0, t_transfer - s.transfer_overlap * t_gpu)
         t_host = cfg.step_overhead_seconds
         if s.host_overhead_seconds:
@@ -727,7 +837,11 @@ class Simulation:
             # the offloading connector writes the request's new KV to the CPU tier (async, hidden)
             stored = (req.prompt + req.generated - req.host - req.shared) * self._kv_bytes
             st.add_labelled("vllm:kv_offload_total_bytes", "GPU_to_CPU", stored)
-            st.add_labelled("vllm:kv_offload_total_time", "GPU_to_CPU",
-                            host_transfer_seconds(stored, self.config.host_bandwidth,
-                                                  self.config.gpu.pcie_bandwidth * self.config.pcie_efficiency))
+            st.add_labelled(
+                "vllm:kv_offload_total_time",
+                "GPU_to_CPU",
+                host_transfer_seconds(
+                    stored, self.config.host_bandwidth, self.config.gpu.pcie_bandwidth * self.config.pcie_efficiency
+                ),
+            )
             self.gpu.pcie_tx_bytes += stored

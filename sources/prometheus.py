@@ -33,7 +33,14 @@ import numpy as np
 from kvdoctor.rules.signals import SIGNALS
 from kvdoctor.rules.window import SeriesKey, Window, labels_of
 
-__all__ = ["PrometheusSource", "PrometheusSourceError", "parse_selector", "default_step", "MAX_POINTS", "MAX_RAW_SECONDS"]
+__all__ = [
+    "MAX_POINTS",
+    "MAX_RAW_SECONDS",
+    "PrometheusSource",
+    "PrometheusSourceError",
+    "default_step",
+    "parse_selector",
+]
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_POINTS = 1000  # range queries: at most this many steps per series
@@ -68,8 +75,10 @@ def parse_selector(selector: str | None) -> str:
     while pos < len(text):
         m = _MATCHER_RE.match(text, pos)
         if m is None:
-            raise ValueError(f"bad selector {selector!r}: expected label matchers such as pod=\"vllm-0\" "
-                             f"(operators = != =~ !~, values in double quotes)")
+            raise ValueError(
+                f'bad selector {selector!r}: expected label matchers such as pod="vllm-0" '
+                f"(operators = != =~ !~, values in double quotes)"
+            )
         if m.group(1) == "__name__":
             raise ValueError(f"bad selector {selector!r}: do not match __name__, kvdoctor selects its own series")
         matchers.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
@@ -89,8 +98,13 @@ def default_step(seconds: float, interval: float | None = None) -> float:
 class PrometheusSource:
     """Canonical windows from one Prometheus (``url``) for the series matching ``selector``."""
 
-    def __init__(self, url: str, selector: str | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 client: httpx.Client | None = None):
+    def __init__(
+        self,
+        url: str,
+        selector: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        client: httpx.Client | None = None,
+    ):
         if not re.match(r"https?://[^/\s]+", url or ""):
             raise PrometheusSourceError(f"--prometheus needs an http(s) URL, got {url!r}")
         try:
@@ -117,12 +131,15 @@ class PrometheusSource:
         try:
             values = [float(r["value"][1]) for r in _vector(result)]
         except (KeyError, IndexError, TypeError, ValueError):
-            raise PrometheusSourceError(f"unexpected Prometheus answer from {self.url} to the newest-sample query: "
-                                        f"{' '.join(str(result).split())[:80]}") from None
+            raise PrometheusSourceError(
+                f"unexpected Prometheus answer from {self.url} to the newest-sample query: "
+                f"{' '.join(str(result).split())[:80]}"
+            ) from None
         if not values or math.isnan(values[0]):
             raise PrometheusSourceError(
                 f"no kvdoctor_* series match {self.selector} at {self.url} in the {LOOKBACK_SECONDS // 60} minutes "
-                f"before {_iso(at)} (for older data give --at)")
+                f"before {_iso(at)} (for older data give --at)"
+            )
         return values[0]
 
     def _newest_expression(self) -> str:
@@ -156,14 +173,19 @@ class PrometheusSource:
             if not step > 0:
                 raise PrometheusSourceError(f"the step must be positive, got {step!r} s")
             if seconds / step > 11000:  # Prometheus refuses more points per series than this
-                raise PrometheusSourceError(f"a {seconds:g} s window at a {step:g} s step is over Prometheus' "
-                                            "11,000 points per series: raise the step")
-            result = self._get("query_range", {"query": self.series_selector, "start": _ts(start),
-                                               "end": _ts(end), "step": f"{step:g}"})
+                raise PrometheusSourceError(
+                    f"a {seconds:g} s window at a {step:g} s step is over Prometheus' "
+                    "11,000 points per series: raise the step"
+                )
+            result = self._get(
+                "query_range",
+                {"query": self.series_selector, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"},
+            )
             window = _matrix_window(result, raw=False)
         if not len(window) or not window.series:
-            raise PrometheusSourceError(f"no kvdoctor_* samples match {self.selector} at {self.url} between "
-                                        f"{_iso(start)} and {_iso(end)}")
+            raise PrometheusSourceError(
+                f"no kvdoctor_* samples match {self.selector} at {self.url} between {_iso(start)} and {_iso(end)}"
+            )
         _check_one_target(window, self.selector)
         return window
 
@@ -180,13 +202,16 @@ class PrometheusSource:
                 for chunk in response.iter_bytes():
                     size += len(chunk)
                     if size > MAX_BODY_BYTES:
-                        raise PrometheusSourceError(f"Prometheus at {self.url} sent an answer over "
-                                                    f"{MAX_BODY_BYTES // (1024 * 1024)} MiB: narrow the selector "
-                                                    "or the window")
+                        raise PrometheusSourceError(
+                            f"Prometheus at {self.url} sent an answer over "
+                            f"{MAX_BODY_BYTES // (1024 * 1024)} MiB: narrow the selector "
+                            "or the window"
+                        )
                     chunks.append(chunk)
                     if time.monotonic() > deadline:
-                        raise PrometheusSourceError(f"Prometheus at {self.url} did not finish answering within "
-                                                    f"{self.timeout:g} s")
+                        raise PrometheusSourceError(
+                            f"Prometheus at {self.url} did not finish answering within {self.timeout:g} s"
+                        )
             raw = b"".join(chunks)
         except httpx.TimeoutException:
             raise PrometheusSourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s") from None
@@ -201,23 +226,27 @@ class PrometheusSource:
             body = None
         if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
             if response.status_code >= 400:
-                raise PrometheusSourceError(f"Prometheus at {self.url} answered HTTP {response.status_code} "
-                                            f"{response.reason_phrase}".rstrip())
-            raise PrometheusSourceError(f"{self.url} does not answer like a Prometheus HTTP API "
-                                        f"(GET /api/v1/{path} gave no Prometheus JSON)")
+                raise PrometheusSourceError(
+                    f"Prometheus at {self.url} answered HTTP {response.status_code} {response.reason_phrase}".rstrip()
+                )
+            raise PrometheusSourceError(
+                f"{self.url} does not answer like a Prometheus HTTP API (GET /api/v1/{path} gave no Prometheus JSON)"
+            )
         if body["status"] == "error":
             error = " ".join(str(body.get("error") or "").split())
             if body.get("errorType") == "bad_data" or response.status_code == 400:
                 raise PrometheusSourceError(f"Prometheus rejected the query for selector {self.selector}: {error}")
-            raise PrometheusSourceError(f"Prometheus at {self.url} answered HTTP {response.status_code}: "
-                                        f"{body.get('errorType') or 'error'}: {error}")
+            raise PrometheusSourceError(
+                f"Prometheus at {self.url} answered HTTP {response.status_code}: "
+                f"{body.get('errorType') or 'error'}: {error}"
+            )
         return body.get("data") or {}
 
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
 
-    def __enter__(self) -> "PrometheusSource":
+    def __enter__(self) -> PrometheusSource:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -268,7 +297,8 @@ def _check_one_target(window: Window, selector: str) -> None:
             shown = ", ".join(values[:4]) + (", ..." if len(values) > 4 else "")
             raise PrometheusSourceError(
                 f"selector {selector} matches {len(values)} {label}s ({shown}): narrow it to one, "
-                f"e.g. --selector '{{{label}=\"{values[0]}\"}}'")
+                f"e.g. --selector '{{{label}=\"{values[0]}\"}}'"
+            )
         if values:
             return
 

@@ -48,7 +48,9 @@ def write_raw_captures(captures: Iterable[tuple[float, str]], path: str | os.Pat
 def _write_atomically(path: str | os.PathLike[str], text: str) -> None:
     """Readers never see half a file: write a temporary file next to it, then rename."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent if str(target.parent) else ".")
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent if str(target.parent) else "."
+    )
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)

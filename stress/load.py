@@ -20,17 +20,26 @@ import collections
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvdoctor.stress.plan import RequestRecord
 from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.stress.plan import RequestRecord
 
-__all__ = ["EndpointError", "SignalsError", "Endpoint", "api_root", "discover", "make_prompt", "LoadRunner",
-           "ExporterSignals", "LocalSignals"]
+__all__ = [
+    "Endpoint",
+    "EndpointError",
+    "ExporterSignals",
+    "LoadRunner",
+    "LocalSignals",
+    "SignalsError",
+    "api_root",
+    "discover",
+    "make_prompt",
+]
 
 CONNECT_TIMEOUT = 10.0
 PROBE_TIMEOUT = 120.0  # a probe's prefill may queue behind other traffic on a busy engine
@@ -40,12 +49,7 @@ CALIBRATION_WORDS = 200
 RECENT_GAPS = 4096
 
 # The fixed text: plain words, cycled with a stride so byte-pair merges stay near one token a word.
-_WORDS = (
-    "memory bandwidth decode cache block token prefix layer head value key batch queue engine model "
-    "latency throughput request server worker tensor kernel page pool tier host device scheduler "
-    "stream prompt window signal sample metric counter gauge ratio budget limit river mountain forest "
-    "window garden market harbor bridge castle planet ocean desert valley meadow island canyon glacier"
-).split()
+_WORDS = ["memory", "bandwidth", "decode", "cache", "block", "token", "prefix", "layer", "head", "value", "key", "batch", "queue", "engine", "model", "latency", "throughput", "request", "server", "worker", "tensor", "kernel", "page", "pool", "tier", "host", "device", "scheduler", "stream", "prompt", "window", "signal", "sample", "metric", "counter", "gauge", "ratio", "budget", "limit", "river", "mountain", "forest", "window", "garden", "market", "harbor", "bridge", "castle", "planet", "ocean", "desert", "valley", "meadow", "island", "canyon", "glacier"]
 
 
 class EndpointError(Exception):
@@ -147,9 +151,16 @@ class Endpoint:
         return body
 
     def describe(self) -> dict:
-        return {"api_base": self.api_base, "api": self.url, "kind": self.kind, "model": self.model,
-                "extensions": sorted(self.extras) + (["stream_options"] if self.stream_options else []),
-                "prompt_words": self.prompt_words, "prompt_tokens": self.prompt_tokens, "notes": list(self.notes)}
+        return {
+            "api_base": self.api_base,
+            "api": self.url,
+            "kind": self.kind,
+            "model": self.model,
+            "extensions": sorted(self.extras) + (["stream_options"] if self.stream_options else []),
+            "prompt_words": self.prompt_words,
+            "prompt_tokens": self.prompt_tokens,
+            "notes": list(self.notes),
+        }
 
 
 async def _post(client: httpx.AsyncClient, url: str, body: dict) -> httpx.Response:
@@ -201,8 +212,9 @@ async def _probe(client: httpx.AsyncClient, ep: Endpoint, words: int) -> httpx.R
         return response
 
 
-async def discover(api_base: str, model: str | None, prompt_tokens: int, max_tokens: int,
-                   client: httpx.AsyncClient) -> Endpoint:
+async def discover(
+    api_base: str, model: str | None, prompt_tokens: int, max_tokens: int, client: httpx.AsyncClient
+) -> Endpoint:
     """The usable endpoint with a calibrated prompt; ``EndpointError`` (one line) otherwise."""
     names = await _models(client, api_base)
     if model is None:
@@ -219,7 +231,9 @@ async def discover(api_base: str, model: str | None, prompt_tokens: int, max_tok
         ep.notes.append("no /v1/completions here: using /v1/chat/completions (the prompt includes the chat template)")
         response = await _probe(client, ep, CALIBRATION_WORDS)
     if response.status_code != 200:
-        raise EndpointError(f"{ep.url} answered HTTP {response.status_code} to a test request: {_error_message(response)}")
+        raise EndpointError(
+            f"{ep.url} answered HTTP {response.status_code} to a test request: {_error_message(response)}"
+        )
 
     # Calibrate: scale the word count by the tokens the server counted, until within 2 % (3 tries).
     words = CALIBRATION_WORDS
@@ -250,15 +264,23 @@ async def discover(api_base: str, model: str | None, prompt_tokens: int, max_tok
             ep.stream_options = {"include_usage": True} if "continuous_usage_stats" in lowered else None
             continue
         break
-    raise EndpointError(f"{ep.url} refused a streamed request of {prompt_tokens} prompt + {max_tokens} generated tokens "
-                        f"(HTTP {status}): {message}")
+    raise EndpointError(
+        f"{ep.url} refused a streamed request of {prompt_tokens} prompt + {max_tokens} generated tokens "
+        f"(HTTP {status}): {message}"
+    )
 
 
-async def _first_streamed_token(client: httpx.AsyncClient, ep: Endpoint, prompt: str, max_tokens: int) -> tuple[int, str]:
+async def _first_streamed_token(
+    client: httpx.AsyncClient, ep: Endpoint, prompt: str, max_tokens: int
+) -> tuple[int, str]:
     """(status, error message) of a streamed request, closed after its first token."""
     try:
-        async with client.stream("POST", ep.url, json=ep.payload(prompt, max_tokens, stream=True),
-                                 timeout=httpx.Timeout(PROBE_TIMEOUT, connect=CONNECT_TIMEOUT)) as response:
+        async with client.stream(
+            "POST",
+            ep.url,
+            json=ep.payload(prompt, max_tokens, stream=True),
+            timeout=httpx.Timeout(PROBE_TIMEOUT, connect=CONNECT_TIMEOUT),
+        ) as response:
             if response.status_code != 200:
                 await response.aread()
                 return response.status_code, _error_message(response)
@@ -298,8 +320,9 @@ def _chunk_tokens(data: str, kind: str) -> tuple[int | None, int | None]:
 class LoadRunner:
     """Keeps ``concurrency`` streamed requests in flight; records every token's arrival time."""
 
-    def __init__(self, endpoint: Endpoint, max_tokens: int, client: httpx.AsyncClient,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self, endpoint: Endpoint, max_tokens: int, client: httpx.AsyncClient, clock: Callable[[], float] = time.time
+    ):
         self.endpoint = endpoint
         self.max_tokens = max_tokens
         self.client = client
@@ -364,8 +387,9 @@ class LoadRunner:
         ep = self.endpoint
         timeout = httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)
         seen = 0  # tokens the server said it has generated so far
-        async with self.client.stream("POST", ep.url, json=ep.payload(prompt, self.max_tokens, stream=True),
-                                      timeout=timeout) as response:
+        async with self.client.stream(
+            "POST", ep.url, json=ep.payload(prompt, self.max_tokens, stream=True), timeout=timeout
+        ) as response:
             if response.status_code != 200:
                 await response.aread()
                 record.status, record.ended = "failed", self.clock()
@@ -401,6 +425,7 @@ class LoadRunner:
 
 
 # ---------------------------------------------------------------------------------- signal sources
+
 
 class ExporterSignals:
     """A running kvdoctor exporter: its window polled every second and merged by timestamp."""
@@ -465,9 +490,12 @@ class LocalSignals:
         from kvdoctor.exporter.assembly import build_exporter
         from kvdoctor.exporter.settings import load_settings
 
-        settings = load_settings(engine_url=self.metrics_url, interval=self.interval,
-                                 retention_seconds=self.retention_seconds,
-                                 max_snapshots=int(self.retention_seconds / self.interval) + 10)
+        settings = load_settings(
+            engine_url=self.metrics_url,
+            interval=self.interval,
+            retention_seconds=self.retention_seconds,
+            max_snapshots=int(self.retention_seconds / self.interval) + 10,
+        )
         self.exporter = build_exporter(settings)
         self.exporter.start()
 

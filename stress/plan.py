@@ -32,20 +32,20 @@ from kvdoctor.rules.window import Window
 
 __all__ = [
     "DEFAULT_KV_SATURATION",
-    "StressSettings",
-    "RequestRecord",
-    "StepRecord",
     "Bins",
     "EngineLatency",
-    "StepSummary",
+    "RequestRecord",
     "Saturation",
+    "StepRecord",
+    "StepSummary",
+    "StressSettings",
     "Verdict",
-    "step_schedule",
     "bin_run",
-    "summarise_steps",
     "find_saturation",
-    "stress_verdict",
     "kv_signals",
+    "step_schedule",
+    "stress_verdict",
+    "summarise_steps",
     "summary_json",
 ]
 
@@ -75,12 +75,15 @@ class StressSettings:
         if self.prompt_tokens < 1:
             raise ValueError(f"--prompt-tokens must be at least 1, got {self.prompt_tokens}")
         if self.max_tokens < 2:
-            raise ValueError(f"--max-tokens must be at least 2 (per-token latency needs two tokens), got {self.max_tokens}")
+            raise ValueError(
+                f"--max-tokens must be at least 2 (per-token latency needs two tokens), got {self.max_tokens}"
+            )
         if self.start_concurrency < 1:
             raise ValueError(f"--start-concurrency must be at least 1, got {self.start_concurrency}")
         if self.max_concurrency < self.start_concurrency:
-            raise ValueError(f"--max-concurrency ({self.max_concurrency}) is below --start-concurrency "
-                             f"({self.start_concurrency})")
+            raise ValueError(
+                f"--max-concurrency ({self.max_concurrency}) is below --start-concurrency ({self.start_concurrency})"
+            )
         if not (self.step_seconds > 0 and math.isfinite(self.step_seconds)):
             raise ValueError(f"--step-seconds must be a positive number, got {self.step_seconds:g}")
         if not 0 < self.kv_saturation <= 1:
@@ -109,6 +112,7 @@ def step_schedule(start: int, maximum: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ what was recorded
+
 
 @dataclass
 class RequestRecord:
@@ -215,7 +219,7 @@ class EngineLatency:
         self.counts = counts  # (m,)
 
     @classmethod
-    def from_window(cls, window: Window | None) -> "EngineLatency | None":
+    def from_window(cls, window: Window | None) -> EngineLatency | None:
         if window is None or len(window) < 2:
             return None
         by_le: dict[float, list[np.ndarray]] = {}
@@ -231,8 +235,13 @@ class EngineLatency:
             return None
         bounds = np.array(sorted(by_le))
         buckets = np.vstack([stats.counter_deltas(np.vstack(by_le[le])).sum(axis=0) for le in bounds])
-        return cls(window.timestamps[1:], bounds, buckets, stats.counter_deltas(np.vstack(sums)).sum(axis=0),
-                   stats.counter_deltas(np.vstack(counts)).sum(axis=0))
+        return cls(
+            window.timestamps[1:],
+            bounds,
+            buckets,
+            stats.counter_deltas(np.vstack(sums)).sum(axis=0),
+            stats.counter_deltas(np.vstack(counts)).sum(axis=0),
+        )
 
     def over(self, mask: np.ndarray) -> tuple[float, float, float, float]:
         """(p50, p95, mean, tokens) over the intervals selected by ``mask``; NaN without tokens."""
@@ -276,13 +285,19 @@ def _grid(window: Window | None, start: float, end: float, bin_seconds: float) -
         last = int(np.searchsorted(ts, end, side="right")) - 1  # the last snapshot before the load stopped
         first, last = max(first, 1), min(last, len(ts) - 1)
         if last > first:
-            return ts[first - 1:last + 1].astype(float)
+            return ts[first - 1 : last + 1].astype(float)
     n = max(1, int(math.ceil((end - start) / bin_seconds - 1e-9)))
     return start + bin_seconds * np.arange(n + 1)
 
 
-def bin_run(requests: list[RequestRecord], steps: list[StepRecord], window: Window | None,
-            start: float, end: float, bin_seconds: float = 1.0) -> Bins:
+def bin_run(
+    requests: list[RequestRecord],
+    steps: list[StepRecord],
+    window: Window | None,
+    start: float,
+    end: float,
+    bin_seconds: float = 1.0,
+) -> Bins:
     """The run on one grid (the exporter's collection intervals when it recorded the run): its KV
     usage, preemptions and queue, and the per-token latency -- the engine's own (the exporter's ITL
     histogram) when recorded, else the gaps between streamed tokens at the client (which carry the
@@ -342,6 +357,7 @@ def bin_run(requests: list[RequestRecord], steps: list[StepRecord], window: Wind
 
 # ------------------------------------------------------------------------------- what it means
 
+
 @dataclass(frozen=True)
 class StepSummary:
     index: int
@@ -376,8 +392,9 @@ def _ms(v: float) -> float | None:
     return None if v is None or math.isnan(v) else float(v) * 1000.0
 
 
-def summarise_steps(requests: list[RequestRecord], steps: list[StepRecord], bins: Bins,
-                    window: Window | None = None) -> list[StepSummary]:
+def summarise_steps(
+    requests: list[RequestRecord], steps: list[StepRecord], bins: Bins, window: Window | None = None
+) -> list[StepSummary]:
     """One line per concurrency step: the load and what the client saw (tokens/s, TTFT), the per-token
     latency (the engine's histogram when ``window`` has it, else the client's), the exporter's KV,
     preemptions and queue."""
@@ -394,7 +411,9 @@ def summarise_steps(requests: list[RequestRecord], steps: list[StepRecord], bins
         else:
             g = gaps[in_step]
             p50, p95 = np.quantile(g, [0.5, 0.95]) if len(g) else (math.nan, math.nan)
-        streamed = int(in_step.sum()) + sum(1 for r in requests if r.token_times and s.started < r.token_times[0] <= stop)
+        streamed = int(in_step.sum()) + sum(
+            1 for r in requests if r.token_times and s.started < r.token_times[0] <= stop
+        )
         ttfts = [r.ttft for r in mine if r.ttft is not None]
         in_bins = bins.step == s.index
         kv = bins.kv_usage[in_bins]
@@ -402,23 +421,25 @@ def summarise_steps(requests: list[RequestRecord], steps: list[StepRecord], bins
         pre = bins.preemptions[in_bins]
         waiting = bins.waiting[in_bins]
         waiting = waiting[~np.isnan(waiting)]
-        out.append(StepSummary(
-            index=s.index,
-            concurrency=s.concurrency,
-            seconds=seconds,
-            requests_started=len(mine),
-            requests_completed=sum(1 for r in mine if r.status == "ok"),
-            requests_failed=sum(1 for r in mine if r.status == "failed"),
-            tokens=streamed,
-            tokens_per_second=streamed / seconds,
-            itl_p50_ms=_ms(p50),
-            itl_p95_ms=_ms(p95),
-            ttft_p50_ms=_ms(float(np.median(ttfts))) if ttfts else None,
-            kv_usage_max=float(kv.max()) if len(kv) else None,
-            kv_usage_median=float(np.median(kv)) if len(kv) else None,
-            preemptions=None if not len(pre) or np.isnan(pre).all() else float(np.nansum(pre)),
-            waiting_max=float(waiting.max()) if len(waiting) else None,
-        ))
+        out.append(
+            StepSummary(
+                index=s.index,
+                concurrency=s.concurrency,
+                seconds=seconds,
+                requests_started=len(mine),
+                requests_completed=sum(1 for r in mine if r.status == "ok"),
+                requests_failed=sum(1 for r in mine if r.status == "failed"),
+                tokens=streamed,
+                tokens_per_second=streamed / seconds,
+                itl_p50_ms=_ms(p50),
+                itl_p95_ms=_ms(p95),
+                ttft_p50_ms=_ms(float(np.median(ttfts))) if ttfts else None,
+                kv_usage_max=float(kv.max()) if len(kv) else None,
+                kv_usage_median=float(np.median(kv)) if len(kv) else None,
+                preemptions=None if not len(pre) or np.isnan(pre).all() else float(np.nansum(pre)),
+                waiting_max=float(waiting.max()) if len(waiting) else None,
+            )
+        )
     return out
 
 
@@ -465,8 +486,12 @@ class Verdict:
     knee_time: float | None = None  # when KV usage first reached the knee's level
 
     def to_json(self) -> dict:
-        return {"pattern": self.pattern, "headline": self.headline, "knee": self.knee.to_json(),
-                "knee_time": _num(self.knee_time)}
+        return {
+            "pattern": self.pattern,
+            "headline": self.headline,
+            "knee": self.knee.to_json(),
+            "knee_time": _num(self.knee_time),
+        }
 
 
 def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | None = None) -> Verdict:
@@ -474,12 +499,12 @@ def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | 
     t = thresholds or Thresholds()
     has_kv = not np.isnan(bins.kv_usage).all()
     total_pre = float(np.nansum(bins.preemptions)) if not np.isnan(bins.preemptions).all() else None
-    pre_text = (f"; the engine preempted {total_pre:.0f} time{'s' if total_pre != 1 else ''}"
-                if total_pre else "")
+    pre_text = f"; the engine preempted {total_pre:.0f} time{'s' if total_pre != 1 else ''}" if total_pre else ""
     if not has_kv:
         knee = Knee(note="no KV usage recorded")
-        return Verdict(UNKNOWN, "KV usage unknown (no exporter signals): latency is reported against "
-                                "concurrency only", knee)
+        return Verdict(
+            UNKNOWN, "KV usage unknown (no exporter signals): latency is reported against concurrency only", knee
+        )
     knee = detect_knee(bins.kv_usage, bins.itl_mean, bins.tokens, t)
     knee_time = None
     if knee.kv_level is not None:
@@ -487,27 +512,44 @@ def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | 
             reached = np.flatnonzero(bins.kv_usage >= knee.kv_level)
         knee_time = float(bins.centres[reached[0]]) if len(reached) else None
     if knee.kind == JUMP:
-        cause = "preemption onset: the KV pool ran out" if total_pre else \
-            "paging onset: KV no longer fits where it is read fastest"
-        headline = (f"Per-token latency jumps x{knee.ratio:.1f} once KV usage passes ~{knee.kv_level:.0%}: "
-                    f"{cause}{pre_text}")
+        cause = (
+            "preemption onset: the KV pool ran out"
+            if total_pre
+            else "paging onset: KV no longer fits where it is read fastest"
+        )
+        headline = (
+            f"Per-token latency jumps x{knee.ratio:.1f} once KV usage passes ~{knee.kv_level:.0%}: {cause}{pre_text}"
+        )
         return Verdict(PREEMPTION_ONSET, headline, knee, knee_time)
     if knee.kind == RISES_WITH_KV:
         with np.errstate(invalid="ignore"):
             paired = bins.kv_usage[~np.isnan(bins.kv_usage) & ~np.isnan(bins.itl_mean) & (bins.tokens > 0)]
         kv = paired if len(paired) else bins.kv_usage[~np.isnan(bins.kv_usage)]
-        headline = (f"Per-token latency rises in step with KV usage (x{knee.ratio:.2f} as it goes "
-                    f"{kv.min():.0%} -> {kv.max():.0%}): decode is memory-bandwidth bound, every token "
-                    f"re-reads the batch's KV{pre_text}")
+        headline = (
+            f"Per-token latency rises in step with KV usage (x{knee.ratio:.2f} as it goes "
+            f"{kv.min():.0%} -> {kv.max():.0%}): decode is memory-bandwidth bound, every token "
+            f"re-reads the batch's KV{pre_text}"
+        )
         return Verdict(BANDWIDTH, headline, knee, knee_time)
-    reach = (f"; KV saturated at concurrency {saturation.concurrency}" if saturation.reached and saturation.concurrency
-             else "; KV did not saturate")
+    reach = (
+        f"; KV saturated at concurrency {saturation.concurrency}"
+        if saturation.reached and saturation.concurrency
+        else "; KV did not saturate"
+    )
     why = knee.note.removeprefix("no knee: ")
     return Verdict(NO_KNEE, f"No knee: {why}{reach}{pre_text}", knee, knee_time)
 
 
-def summary_json(settings: StressSettings, info: dict, steps: list[StepSummary], saturation: Saturation,
-                 verdict: Verdict, started: float, ended: float, extra: dict | None = None) -> dict:
+def summary_json(
+    settings: StressSettings,
+    info: dict,
+    steps: list[StepSummary],
+    saturation: Saturation,
+    verdict: Verdict,
+    started: float,
+    ended: float,
+    extra: dict | None = None,
+) -> dict:
     """summary.json: what was asked, what the endpoint was, each step, saturation and the verdict."""
     return {
         "kind": "kvdoctor-stress",

@@ -44,8 +44,15 @@ def _latency_scale(values: np.ndarray) -> str:
     return "linear"
 
 
-def render_figure(bins: Bins, steps: list[StepSummary], step_starts: list[float], saturation: Saturation,
-                  verdict: Verdict, path: str | os.PathLike, title: str = "") -> Path:
+def render_figure(
+    bins: Bins,
+    steps: list[StepSummary],
+    step_starts: list[float],
+    saturation: Saturation,
+    verdict: Verdict,
+    path: str | os.PathLike,
+    title: str = "",
+) -> Path:
     """Draws the figure into ``path`` (PNG) and returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -74,8 +81,9 @@ def render_figure(bins: Bins, steps: list[StepSummary], step_starts: list[float]
             ax.axvspan(a, b, color=STEP_SHADE, zorder=0)
         if i:
             ax.axvline(a, color="#999999", lw=0.8, ls=":", zorder=1)
-        ax.text((a + b) / 2, 0.985, f"×{s.concurrency}", transform=top, ha="center", va="top", fontsize=9,
-                color="#555555")
+        ax.text(
+            (a + b) / 2, 0.985, f"×{s.concurrency}", transform=top, ha="center", va="top", fontsize=9, color="#555555"
+        )
 
     # KV usage
     has_kv = not np.isnan(kv).all()
@@ -83,8 +91,14 @@ def render_figure(bins: Bins, steps: list[StepSummary], step_starts: list[float]
         ax.fill_between(x, 0, np.nan_to_num(kv), step="mid", color=KV_COLOUR, alpha=0.18, lw=0)
         ax.plot(x, kv, drawstyle="steps-mid", color=KV_COLOUR, lw=1.6)
     else:
-        ax.text(0.5, 0.5, "KV usage not recorded (no exporter signals)", transform=ax.transAxes, ha="center",
-                color=KV_COLOUR)
+        ax.text(
+            0.5,
+            0.5,
+            "KV usage not recorded (no exporter signals)",
+            transform=ax.transAxes,
+            ha="center",
+            color=KV_COLOUR,
+        )
     ax.set_ylim(0, 108)
     ax.set_ylabel("KV-cache usage (%)", color=KV_COLOUR)
     ax.tick_params(axis="y", colors=KV_COLOUR)
@@ -120,13 +134,22 @@ def render_figure(bins: Bins, steps: list[StepSummary], step_starts: list[float]
         if verdict.knee_time is not None:
             kx = verdict.knee_time - start
             ax.axvline(kx, color=KNEE_COLOUR, lw=1.6, zorder=2)
-            ax.annotate(f"knee: KV ≈ {level:.0f}%", (kx, level), xytext=(8, -18), textcoords="offset points",
-                        color=KNEE_COLOUR, fontsize=9, fontweight="bold")
+            ax.annotate(
+                f"knee: KV ≈ {level:.0f}%",
+                (kx, level),
+                xytext=(8, -18),
+                textcoords="offset points",
+                color=KNEE_COLOUR,
+                fontsize=9,
+                fontweight="bold",
+            )
 
-    handles = [Patch(color=KV_COLOUR, alpha=0.4, label="KV usage (%)"),
-               Line2D([], [], color=P50_COLOUR, lw=1.5, label="per-token latency p50"),
-               Line2D([], [], color=P95_COLOUR, lw=1.0, ls="--", label="per-token latency p95"),
-               Line2D([], [], color=MEAN_COLOUR, lw=1.0, ls=":", label="per-token latency mean (the knee's input)")]
+    handles = [
+        Patch(color=KV_COLOUR, alpha=0.4, label="KV usage (%)"),
+        Line2D([], [], color=P50_COLOUR, lw=1.5, label="per-token latency p50"),
+        Line2D([], [], color=P95_COLOUR, lw=1.0, ls="--", label="per-token latency p95"),
+        Line2D([], [], color=MEAN_COLOUR, lw=1.0, ls=":", label="per-token latency mean (the knee's input)"),
+    ]
     if pre.any():
         handles.append(Line2D([], [], color=P95_COLOUR, marker="v", ls="", label="preemption"))
     if jump:
@@ -142,8 +165,15 @@ def render_figure(bins: Bins, steps: list[StepSummary], step_starts: list[float]
             mine = ok & (bins.step == s.index)
             if mine.any():
                 sizes = 10 + 40 * bins.tokens[mine] / max(bins.tokens[ok].max(), 1)
-                side.scatter(kv[mine], bins.itl_mean[mine] * 1000, s=sizes, color=cmap[i], alpha=0.85,
-                             edgecolors="none", label=f"×{s.concurrency}")
+                side.scatter(
+                    kv[mine],
+                    bins.itl_mean[mine] * 1000,
+                    s=sizes,
+                    color=cmap[i],
+                    alpha=0.85,
+                    edgecolors="none",
+                    label=f"×{s.concurrency}",
+                )
         side.set_yscale(_latency_scale(bins.itl_mean[ok] * 1000))
         if jump:
             side.axvline(verdict.knee.kv_level * 100, color=KNEE_COLOUR, lw=1.4)
@@ -207,51 +237,65 @@ def render_html(summary: dict, png_path: str | os.PathLike, path: str | os.PathL
             f"<td>{_fmt(s['tokens_per_second'], '', 1)}</td><td>{_fmt(s['itl_p50_ms'], 'ms')}</td>"
             f"<td>{_fmt(s['itl_p95_ms'], 'ms')}</td><td>{_fmt(s['ttft_p50_ms'], 'ms', 0)}</td>"
             f"<td>{_fmt(s['kv_usage_median'], '%')}</td><td>{_fmt(s['kv_usage_max'], '%')}</td>"
-            f"<td>{_fmt(s['preemptions'], '', 0)}</td><td>{_fmt(s['waiting_max'], '', 0)}</td></tr>")
+            f"<td>{_fmt(s['preemptions'], '', 0)}</td><td>{_fmt(s['waiting_max'], '', 0)}</td></tr>"
+        )
     knee = verdict["knee"]
     if saturation.get("reached"):
         why = {"preemptions": "the engine preempted", "kv_ceiling": f"KV usage reached {settings['kv_saturation']:.0%}"}
-        sat_text = (f"Saturated at concurrency ×{saturation.get('concurrency')}: "
-                    f"{why.get(saturation.get('reason'), saturation.get('reason'))}"
-                    + (f" (KV usage up to {saturation['kv_usage']:.0%})" if saturation.get("kv_usage") is not None else "") + ".")
+        sat_text = (
+            f"Saturated at concurrency ×{saturation.get('concurrency')}: "
+            f"{why.get(saturation.get('reason'), saturation.get('reason'))}"
+            + (f" (KV usage up to {saturation['kv_usage']:.0%})" if saturation.get("kv_usage") is not None else "")
+            + "."
+        )
     else:
         sat_text = f"KV did not saturate up to concurrency ×{settings['max_concurrency']}."
     diag = summary.get("diagnosis") or {}
-    diag_text = (f"<p>The exporter's decision tree on the last {e(str(diag.get('window_seconds', '')))} s: "
-                 f"<b>{e(str(diag.get('verdict')))}</b> — {e(str(diag.get('headline', '')))}</p>") if diag else ""
+    diag_text = (
+        (
+            f"<p>The exporter's decision tree on the last {e(str(diag.get('window_seconds', '')))} s: "
+            f"<b>{e(str(diag.get('verdict')))}</b> — {e(str(diag.get('headline', '')))}</p>"
+        )
+        if diag
+        else ""
+    )
     notes = "".join(f"<li>{e(n)}</li>" for n in endpoint.get("notes", []))
     signals = summary.get("signals", {})
     if summary.get("latency_source") == "client":
-        latency_text = ("Per-token latency: the time between two streamed tokens of one request, at the client "
-                        "(the exporter recorded no ITL histogram), per exporter interval; p50 and p95 over its tokens.")
+        latency_text = (
+            "Per-token latency: the time between two streamed tokens of one request, at the client "
+            "(the exporter recorded no ITL histogram), per exporter interval; p50 and p95 over its tokens."
+        )
     else:
-        latency_text = ("Per-token latency: the engine's own inter-token latency histogram (via the exporter), per "
-                        "collection interval; p50 and p95 from the buckets' increases, the mean from sum / count. "
-                        "TTFT and tokens/s are measured at the client.")
+        latency_text = (
+            "Per-token latency: the engine's own inter-token latency histogram (via the exporter), per "
+            "collection interval; p50 and p95 from the buckets' increases, the mean from sum / count. "
+            "TTFT and tokens/s are measured at the client."
+        )
     page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>kvdoctor stress — {e(endpoint.get('model', ''))}</title>
+<html lang="en"><head><meta charset="utf-8"><title>kvdoctor stress — {e(endpoint.get("model", ""))}</title>
 <meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head><body>
 <h1>KV-cache pressure test</h1>
-<p class="sub">{e(endpoint.get('model', ''))} at {e(endpoint.get('api', ''))} ·
-{settings['prompt_tokens']}-token prompt (server counted {e(str(endpoint.get('prompt_tokens')))}),
-{settings['max_tokens']} generated tokens per request · {summary['seconds']:.0f} s</p>
-<div class="verdict {e(verdict['pattern'])}"><b>{e(verdict['headline'])}</b></div>
-<p>{e(sat_text)} Knee: {e(knee.get('note') or '–')}.</p>
+<p class="sub">{e(endpoint.get("model", ""))} at {e(endpoint.get("api", ""))} ·
+{settings["prompt_tokens"]}-token prompt (server counted {e(str(endpoint.get("prompt_tokens")))}),
+{settings["max_tokens"]} generated tokens per request · {summary["seconds"]:.0f} s</p>
+<div class="verdict {e(verdict["pattern"])}"><b>{e(verdict["headline"])}</b></div>
+<p>{e(sat_text)} Knee: {e(knee.get("note") or "–")}.</p>
 {diag_text}
 <img alt="KV usage and per-token latency over the run" src="data:image/png;base64,{png}">
 <h2>Steps</h2>
 <table><tr><th>concurrency</th><th>time</th><th>started</th><th>completed</th><th>failed</th><th>tokens/s</th>
 <th>ITL p50</th><th>ITL p95</th><th>TTFT p50</th><th>KV median</th><th>KV max</th><th>preemptions</th>
 <th>waiting max</th></tr>
-{''.join(rows)}</table>
+{"".join(rows)}</table>
 <h2>How this was measured</h2>
 <ul class="notes">
 <li>{latency_text}</li>
-<li>KV usage, preemptions and the queue: {e(signals.get('source', 'not recorded'))}
-({signals.get('snapshots', 0)} snapshots, in <span class="kv">trace.om</span>).</li>
+<li>KV usage, preemptions and the queue: {e(signals.get("source", "not recorded"))}
+({signals.get("snapshots", 0)} snapshots, in <span class="kv">trace.om</span>).</li>
 <li>Each request starts with its own tag, then the same fixed text, so prefix caching cannot share KV between
-requests; concurrency doubles every {settings['step_seconds']:g} s until KV usage reaches
-{settings['kv_saturation']:.0%} or the engine preempts, or ×{settings['max_concurrency']}.</li>
+requests; concurrency doubles every {settings["step_seconds"]:g} s until KV usage reaches
+{settings["kv_saturation"]:.0%} or the engine preempts, or ×{settings["max_concurrency"]}.</li>
 <li>The knee: a straight line and a two-level step fitted to log(latency) against KV usage
 (<span class="kv">kvdoctor.rules.knee</span>).</li>
 {notes}</ul>

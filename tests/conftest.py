@@ -11,8 +11,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -31,7 +32,8 @@ from tests.tools import free_port as _free_port  # noqa: E402
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "requires(*tools): skip unless each named tool of tests/tools.py TOOLS is installed")
+        "markers", "requires(*tools): skip unless each named tool of tests/tools.py TOOLS is installed"
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -48,6 +50,7 @@ def free_port() -> int:
 
 # --------------------------------------------------------------------------------------------- CLI
 
+
 class CliResult(NamedTuple):
     rc: int
     stdout: str
@@ -59,12 +62,22 @@ def run_cli() -> Callable[..., CliResult]:
     """run_cli("diagnose", "--window", path, timeout=60, env={...}, input="...") runs
     ``python -m kvdoctor ...`` in a subprocess and returns (rc, stdout, stderr)."""
 
-    def run(*args: Any, timeout: float = 60, env: Mapping[str, str] | None = None,
-            input: str | None = None, cwd: str | os.PathLike | None = None) -> CliResult:
+    def run(
+        *args: Any,
+        timeout: float = 60,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+        cwd: str | os.PathLike | None = None,
+    ) -> CliResult:
         full_env = {**os.environ, **(env or {})}
         proc = subprocess.run(
             [sys.executable, "-m", "kvdoctor", *map(str, args)],
-            capture_output=True, text=True, timeout=timeout, env=full_env, input=input, cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+            input=input,
+            cwd=cwd,
             stdin=None if input is not None else subprocess.DEVNULL,
         )
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
@@ -73,6 +86,7 @@ def run_cli() -> Callable[..., CliResult]:
 
 
 # -------------------------------------------------------------------------------------- Prometheus
+
 
 class PrometheusError(RuntimeError):
     """The Prometheus server could not be started or answered a query with an error."""
@@ -85,8 +99,14 @@ class PrometheusServer:
     # The first scraped sample reaches the query API ~6 s after start, even at a 1 s interval.
     POLL_TIMEOUT = 20.0
 
-    def __init__(self, binary: str, workdir: Path, config_path: Path, extra_args: Iterable[str] = (),
-                 tsdb_blocks: Path | None = None):
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        config_path: Path,
+        extra_args: Iterable[str] = (),
+        tsdb_blocks: Path | None = None,
+    ):
         self.binary = binary
         self.extra_args = list(extra_args)
         self.tsdb_blocks = tsdb_blocks
@@ -101,7 +121,7 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     # -- lifecycle
-    def start(self, attempts: int = 3) -> "PrometheusServer":
+    def start(self, attempts: int = 3) -> PrometheusServer:
         for _ in range(attempts):
             self.port = _free_port()
             data = self.workdir / f"data-{self.port}"
@@ -109,10 +129,18 @@ class PrometheusServer:
                 shutil.copytree(self.tsdb_blocks, data, dirs_exist_ok=True)
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
-                    [self.binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={data}",
-                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-                     *self.extra_args],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    [
+                        self.binary,
+                        f"--config.file={self.config_path}",
+                        f"--storage.tsdb.path={data}",
+                        f"--web.listen-address=127.0.0.1:{self.port}",
+                        "--web.enable-lifecycle",
+                        *self.extra_args,
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
             try:
                 tools.wait_until(self._ready, timeout=self.READY_TIMEOUT, interval=0.1, what="prometheus /-/ready")
@@ -165,20 +193,25 @@ class PrometheusServer:
     def query_values(self, expr: str) -> list[float]:
         return [float(r["value"][1]) for r in self.query(expr)]
 
-    def wait_for(self, expr: str, predicate: Callable[[list[dict]], bool] = bool,
-                 timeout: float | None = None) -> list[dict]:
+    def wait_for(
+        self, expr: str, predicate: Callable[[list[dict]], bool] = bool, timeout: float | None = None
+    ) -> list[dict]:
         """Polls ``expr`` until ``predicate(result)`` (default: non-empty) and returns the result."""
+
         def probe():
             result = self.query(expr)
             return result if predicate(result) else None
-        return tools.wait_until(probe, timeout=timeout or self.POLL_TIMEOUT, interval=0.5,
-                                what=f"prometheus query {expr!r} matching")
 
-    def wait_for_value(self, expr: str, predicate: Callable[[float], bool],
-                       timeout: float | None = None) -> float:
+        return tools.wait_until(
+            probe, timeout=timeout or self.POLL_TIMEOUT, interval=0.5, what=f"prometheus query {expr!r} matching"
+        )
+
+    def wait_for_value(self, expr: str, predicate: Callable[[float], bool], timeout: float | None = None) -> float:
         """Polls until some series of ``expr`` has a value satisfying ``predicate``; returns it."""
+
         def matching(result: list[dict]) -> bool:
             return any(predicate(float(r["value"][1])) for r in result)
+
         result = self.wait_for(expr, matching, timeout)
         return next(float(r["value"][1]) for r in result if predicate(float(r["value"][1])))
 
@@ -187,12 +220,15 @@ class PrometheusServer:
 
     def wait_for_targets_up(self, timeout: float | None = None) -> list[dict]:
         """Waits until every configured scrape target has been scraped successfully."""
+
         def probe():
             active = self.targets()
             return active if active and all(t["health"] == "up" for t in active) else None
+
         try:
-            return tools.wait_until(probe, timeout=timeout or self.POLL_TIMEOUT, interval=0.5,
-                                    what="all prometheus targets up")
+            return tools.wait_until(
+                probe, timeout=timeout or self.POLL_TIMEOUT, interval=0.5, what="all prometheus targets up"
+            )
         except TimeoutError as exc:
             detail = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in self.targets()]
             raise TimeoutError(f"{exc}: {detail}") from None
@@ -202,10 +238,11 @@ class PrometheusServer:
 
     def wait_for_alert(self, name: str, state: str = "firing", timeout: float | None = None) -> dict:
         def probe():
-            return next((a for a in self.alerts() if a["labels"].get("alertname") == name
-                         and a["state"] == state), None)
-        return tools.wait_until(probe, timeout=timeout or self.POLL_TIMEOUT, interval=0.5,
-                                what=f"alert {name} {state}")
+            return next(
+                (a for a in self.alerts() if a["labels"].get("alertname") == name and a["state"] == state), None
+            )
+
+        return tools.wait_until(probe, timeout=timeout or self.POLL_TIMEOUT, interval=0.5, what=f"alert {name} {state}")
 
     def rule_groups(self) -> list[dict]:
         return self.api("rules")["groups"]
@@ -233,17 +270,28 @@ def prometheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Call
     tools.require("prometheus")
     started: list[PrometheusServer] = []
 
-    def start(config: str | Mapping | None = None, *, targets: Iterable[str] = (),
-              rule_files: Mapping[str, str | Mapping] | Iterable[str | os.PathLike] = (),
-              scrape_interval: str = "1s", evaluation_interval: str = "1s",
-              metrics_path: str = "/metrics", tsdb_blocks: str | os.PathLike | None = None,
-              extra_args: Iterable[str] = ()) -> PrometheusServer:
+    def start(
+        config: str | Mapping | None = None,
+        *,
+        targets: Iterable[str] = (),
+        rule_files: Mapping[str, str | Mapping] | Iterable[str | os.PathLike] = (),
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+        metrics_path: str = "/metrics",
+        tsdb_blocks: str | os.PathLike | None = None,
+        extra_args: Iterable[str] = (),
+    ) -> PrometheusServer:
         workdir = tmp_path_factory.mktemp("prometheus")
         if config is None:
             cfg: dict = {
                 "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
-                "scrape_configs": [{"job_name": "kvdoctor", "metrics_path": metrics_path,
-                                    "static_configs": [{"targets": list(targets)}]}],
+                "scrape_configs": [
+                    {
+                        "job_name": "kvdoctor",
+                        "metrics_path": metrics_path,
+                        "static_configs": [{"targets": list(targets)}],
+                    }
+                ],
             }
         else:
             cfg = dict(yaml.safe_load(config) if isinstance(config, str) else config)
@@ -263,8 +311,13 @@ def prometheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Call
             cfg["rule_files"] = list(cfg.get("rule_files") or []) + written
         config_path = workdir / "prometheus.yml"
         config_path.write_text(_as_yaml(cfg))
-        server = PrometheusServer(tools.require("prometheus"), workdir, config_path, extra_args,
-                                  Path(tsdb_blocks) if tsdb_blocks is not None else None)
+        server = PrometheusServer(
+            tools.require("prometheus"),
+            workdir,
+            config_path,
+            extra_args,
+            Path(tsdb_blocks) if tsdb_blocks is not None else None,
+        )
         started.append(server)
         return server.start()
 

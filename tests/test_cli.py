@@ -26,7 +26,10 @@ def test_kvdoctor_debug_shows_the_traceback(monkeypatch, capsys):
     assert cli.main(["version"]) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "_boom" in err
-    assert err.strip().splitlines()[-1] == "kvdoctor version: internal error: RuntimeError: something broke across two lines"
+    assert (
+        err.strip().splitlines()[-1]
+        == "kvdoctor version: internal error: RuntimeError: something broke across two lines"
+    )
 
 
 def test_usage_error_still_exits_2(monkeypatch, capsys):

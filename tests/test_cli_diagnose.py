@@ -12,22 +12,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import parse_qs
-from typing import Callable, NamedTuple
 
 import numpy as np
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusSource, parse_selector
-from kvdoctor.rules.trace import format_raw_captures
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.sources.traces import load_trace, write_window
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.trace import format_raw_captures
 from kvdoctor.rules.window import Window
-
+from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusSource, parse_selector
+from kvdoctor.sources.traces import load_trace, write_window
 from tests.rules.scenarios import SCENARIO_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +37,7 @@ ANSI = "\x1b["
 
 
 # ------------------------------------------------------------------------------------- helpers
+
 
 def scenario_trace(path: Path, name: str, start: float = T0, keep: float = 150.0) -> Path:
     """The last ``keep`` seconds of a scenario of tests/rules/scenarios.py as a canonical trace."""
@@ -152,6 +153,7 @@ def closed_port_url(free_port: int) -> str:
 
 # ------------------------------------------------------------------------------ diagnose: replay
 
+
 def test_replay_of_a_real_vllm_recording_prints_the_report_and_exits_1(run_cli, fill_trace):
     result = run_cli("diagnose", "--replay", fill_trace)
     assert result.rc == 1, result.stderr
@@ -159,7 +161,7 @@ def test_replay_of_a_real_vllm_recording_prints_the_report_and_exits_1(run_cli, 
     assert lines[0].startswith("kv_capacity_pressure  (confidence ")
     assert lines[1].startswith("KV capacity pressure")
     assert "16 snapshots" in result.stdout and "raw vllm families through the vllm adapter" in result.stdout
-    table = lines[lines.index("evidence") + 1:]
+    table = lines[lines.index("evidence") + 1 :]
     assert table[0].split() == ["signal", "value", "threshold", "holds", "status"]
     kv = next(line for line in table if line.split()[0] == "kv_usage")
     assert kv.split()[1:] == ["0.968", ">=", "0.900", "yes", "measured"]
@@ -179,11 +181,14 @@ def test_json_is_one_object_with_the_diagnosis(cli, fill_trace):
     assert all({"signal", "value", "threshold", "measured"} <= set(e) for e in payload["evidence"])
 
 
-@pytest.mark.parametrize("name, verdict, rc", [
-    ("baseline", "healthy", 0),
-    ("idle_stale_kv", "idle", 0),
-    ("high_hit_ratio_bandwidth_bound", "memory_bandwidth_bound", 1),
-])
+@pytest.mark.parametrize(
+    "name, verdict, rc",
+    [
+        ("baseline", "healthy", 0),
+        ("idle_stale_kv", "idle", 0),
+        ("high_hit_ratio_bandwidth_bound", "memory_bandwidth_bound", 1),
+    ],
+)
 def test_exit_status_follows_the_verdict(cli, tmp_path, name, verdict, rc):
     result = cli("diagnose", "--replay", scenario_trace(tmp_path / "s.om", name), "--json")
     assert (result.rc, json.loads(result.stdout)["verdict"]) == (rc, verdict)
@@ -214,8 +219,13 @@ def test_colour_only_on_a_terminal(tmp_path):
     leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env["TERM"] = "xterm"
-    proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "diagnose", "--replay", str(trace)],
-                            stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvdoctor", "diagnose", "--replay", str(trace)],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -263,9 +273,19 @@ def test_slo_and_thresholds_change_the_verdict(cli, tmp_path, fill_trace):
 
 def test_model_config_and_gpu_give_predicted_effects(cli, tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-                                  "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-                                  "torch_dtype": "bfloat16"}))
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 32,
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "intermediate_size": 14336,
+                "vocab_size": 128256,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     trace = scenario_trace(tmp_path / "s.om", "high_hit_ratio_bandwidth_bound")
     plain = json.loads(cli("diagnose", "--replay", trace, "--json").stdout)
     ledger = json.loads(cli("diagnose", "--replay", trace, "--json", "--model-config", config, "--gpu", "H100").stdout)
@@ -288,8 +308,10 @@ BAD_TRACE_TEXTS = {
     "truncated": '# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running{engine="vllm"} 1 1700000000\n',
     "not OpenMetrics": "<html><body>404</body></html>\n",
     "no timestamps": '# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running{engine="vllm"} 1\n# EOF\n',
-    "non-monotonic": ('# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running 1 1700000002\n'
-                      'kvdoctor_requests_running 1 1700000001\n# EOF\n'),
+    "non-monotonic": (
+        "# TYPE kvdoctor_requests_running gauge\nkvdoctor_requests_running 1 1700000002\n"
+        "kvdoctor_requests_running 1 1700000001\n# EOF\n"
+    ),
 }
 
 
@@ -300,32 +322,35 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
     one_error_line(cli("diagnose", "--replay", path), "kvdoctor diagnose: error:", str(path))
 
 
-@pytest.mark.parametrize("args, phrase", [
-    (["--replay", "/nonexistent/trace.om"], "cannot read"),
-    (["--replay", "{fill}", "--at", "yesterday"], "RFC 3339"),
-    (["--replay", "{fill}", "--at", "2023-11-14T22:13:22"], "no time zone"),
-    (["--replay", "{fill}", "--at", "1700000000000"], "milliseconds"),
-    (["--replay", "{fill}", "--at", "1600000000"], "no samples in the 60 s before"),
-    (["--replay", "{fill}", "--window", "0"], "--window"),
-    (["--replay", "{fill}", "--slo-ms", "0"], "--slo-ms"),
-    (["--replay", "{fill}", "--gpu", "X100"], "unknown GPU"),
-    (["--replay", "{fill}", "--gpu", "H100", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
-    (["--replay", "{fill}", "--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
-    (["--replay", "{fill}", "--model-config", "/nonexistent/config.json"], "no such file"),
-    (["--replay", "{fill}", "--model-config", "{notjson}"], "not JSON"),
-    (["--replay", "{fill}", "--thresholds", "/nonexistent/t.yaml"], "cannot read thresholds"),
-    (["--replay", "{fill}", "--thresholds", "{badyaml}"], "unknown threshold"),
-    (["--replay", "{fill}", "--engine", "nope"], "unknown engine"),
-    (["--replay", "{fill}", "--selector", '{pod="x"}'], "--selector goes with --prometheus"),
-    (["--exporter", "http://127.0.0.1:9", "--engine", "vllm"], "--engine goes with --replay"),
-    (["--replay", "{fill}", "--exporter", "http://127.0.0.1:9"], "not allowed with"),
-    ([], "one of the arguments"),
-    (["--exporter", "ftp://x"], "http(s) URL"),
-    (["--prometheus", "not a url"], "http(s) URL"),
-    (["--prometheus", "http://127.0.0.1:9", "--selector", "kvdoctor_x{pod=\"a\"}"], "label matchers only"),
-    (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
-    (["--replay", "{fill}", "--timeout", "0"], "--timeout"),
-])
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        (["--replay", "/nonexistent/trace.om"], "cannot read"),
+        (["--replay", "{fill}", "--at", "yesterday"], "RFC 3339"),
+        (["--replay", "{fill}", "--at", "2023-11-14T22:13:22"], "no time zone"),
+        (["--replay", "{fill}", "--at", "1700000000000"], "milliseconds"),
+        (["--replay", "{fill}", "--at", "1600000000"], "no samples in the 60 s before"),
+        (["--replay", "{fill}", "--window", "0"], "--window"),
+        (["--replay", "{fill}", "--slo-ms", "0"], "--slo-ms"),
+        (["--replay", "{fill}", "--gpu", "X100"], "unknown GPU"),
+        (["--replay", "{fill}", "--gpu", "H100", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
+        (["--replay", "{fill}", "--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
+        (["--replay", "{fill}", "--model-config", "/nonexistent/config.json"], "no such file"),
+        (["--replay", "{fill}", "--model-config", "{notjson}"], "not JSON"),
+        (["--replay", "{fill}", "--thresholds", "/nonexistent/t.yaml"], "cannot read thresholds"),
+        (["--replay", "{fill}", "--thresholds", "{badyaml}"], "unknown threshold"),
+        (["--replay", "{fill}", "--engine", "nope"], "unknown engine"),
+        (["--replay", "{fill}", "--selector", '{pod="x"}'], "--selector goes with --prometheus"),
+        (["--exporter", "http://127.0.0.1:9", "--engine", "vllm"], "--engine goes with --replay"),
+        (["--replay", "{fill}", "--exporter", "http://127.0.0.1:9"], "not allowed with"),
+        ([], "one of the arguments"),
+        (["--exporter", "ftp://x"], "http(s) URL"),
+        (["--prometheus", "not a url"], "http(s) URL"),
+        (["--prometheus", "http://127.0.0.1:9", "--selector", 'kvdoctor_x{pod="a"}'], "label matchers only"),
+        (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
+        (["--replay", "{fill}", "--timeout", "0"], "--timeout"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(cli, tmp_path, fill_trace, args, phrase):
     notjson = tmp_path / "config.json"
     notjson.write_text("{nope")
@@ -343,8 +368,9 @@ def test_unreachable_sources_exit_2_with_one_line(cli, run_cli, free_port, tmp_p
     truncated = tmp_path / "t.om"
     truncated.write_text(BAD_TRACE_TEXTS["truncated"])
     one_error_line(run_cli("diagnose", "--replay", truncated), "does not end with a '# EOF' line")
-    one_error_line(cli("diagnose", "--prometheus", url, "--selector", '{pod="x"}'),
-                   "cannot reach Prometheus", "connection refused")
+    one_error_line(
+        cli("diagnose", "--prometheus", url, "--selector", '{pod="x"}'), "cannot reach Prometheus", "connection refused"
+    )
 
 
 def test_slow_sources_time_out_with_one_line(cli, fake_http):
@@ -353,25 +379,45 @@ def test_slow_sources_time_out_with_one_line(cli, fake_http):
     one_error_line(cli("diagnose", "--prometheus", slow.url, "--timeout", "0.5"), "did not answer within 0.5 s")
 
 
-@pytest.mark.parametrize("status, ctype, body, phrase", [
-    (500, "application/json", b'{"status":"error","errorType":"internal","error":"tsdb broke"}', "HTTP 500: internal: tsdb broke"),
-    (503, "text/html", b"<html>down</html>", "answered HTTP 503"),
-    (400, "application/json", b'{"status":"error","errorType":"bad_data","error":"parse error: bad matcher"}',
-     "rejected the query"),
-    (200, "text/html", b"<html>a login page</html>", "does not answer like a Prometheus HTTP API"),
-    (200, "application/json", b'{"status":"success","data":{"resultType":"vector","result":[]}}', "no kvdoctor_* series match"),
-])
+@pytest.mark.parametrize(
+    "status, ctype, body, phrase",
+    [
+        (
+            500,
+            "application/json",
+            b'{"status":"error","errorType":"internal","error":"tsdb broke"}',
+            "HTTP 500: internal: tsdb broke",
+        ),
+        (503, "text/html", b"<html>down</html>", "answered HTTP 503"),
+        (
+            400,
+            "application/json",
+            b'{"status":"error","errorType":"bad_data","error":"parse error: bad matcher"}',
+            "rejected the query",
+        ),
+        (200, "text/html", b"<html>a login page</html>", "does not answer like a Prometheus HTTP API"),
+        (
+            200,
+            "application/json",
+            b'{"status":"success","data":{"resultType":"vector","result":[]}}',
+            "no kvdoctor_* series match",
+        ),
+    ],
+)
 def test_prometheus_errors_exit_2_with_one_line(cli, fake_http, status, ctype, body, phrase):
     server = fake_http(lambda path: (status, ctype, body))
     one_error_line(cli("diagnose", "--prometheus", server.url, "--selector", '{pod="x"}'), phrase)
 
 
-@pytest.mark.parametrize("route, phrase", [
-    (lambda path: (404, "text/plain", b"not found"), "no /api/v1/window"),
-    (lambda path: (500, "text/plain", b"boom"), "answered HTTP 500"),
-    (lambda path: (200, "text/html", b"<html></html>"), "did not return a kvdoctor window"),
-    (lambda path: (200, "application/json", b'{"timestamps": [], "series": []}'), "holds no samples"),
-])
+@pytest.mark.parametrize(
+    "route, phrase",
+    [
+        (lambda path: (404, "text/plain", b"not found"), "no /api/v1/window"),
+        (lambda path: (500, "text/plain", b"boom"), "answered HTTP 500"),
+        (lambda path: (200, "text/html", b"<html></html>"), "did not return a kvdoctor window"),
+        (lambda path: (200, "application/json", b'{"timestamps": [], "series": []}'), "holds no samples"),
+    ],
+)
 def test_exporter_errors_exit_2_with_one_line(cli, fake_http, route, phrase):
     one_error_line(cli("diagnose", "--exporter", fake_http(route).url), phrase)
 
@@ -382,37 +428,52 @@ def test_a_prometheus_selector_matching_two_pods_is_refused(cli, fake_http):
 
     def route(path):
         if "query" in path:
-            return 200, "application/json", json.dumps({"status": "success", "data": {
-                "resultType": "matrix", "result": [series("a"), series("b")]}}).encode()
+            return (
+                200,
+                "application/json",
+                json.dumps(
+                    {"status": "success", "data": {"resultType": "matrix", "result": [series("a"), series("b")]}}
+                ).encode(),
+            )
         return 404, "text/plain", b""
 
     server = fake_http(route)
-    one_error_line(cli("diagnose", "--prometheus", server.url, "--at", str(T0 + 1)),
-                   "matches 2 pods (a, b)", "--selector '{pod=\"a\"}'")
+    one_error_line(
+        cli("diagnose", "--prometheus", server.url, "--at", str(T0 + 1)),
+        "matches 2 pods (a, b)",
+        "--selector '{pod=\"a\"}'",
+    )
 
 
 # ------------------------------------------------------------------------- the Prometheus source
 
-@pytest.mark.parametrize("selector, matchers", [
-    ('{pod="vllm-0"}', 'pod="vllm-0"'),
-    ('pod="vllm-0"', 'pod="vllm-0"'),
-    ('{ pod = "a" , namespace=~"team-.*" }', 'pod="a",namespace=~"team-.*"'),
-    ('{model_name!="x \\"y\\""}', 'model_name!="x \\"y\\""'),
-    ("{}", ""),
-    ("", ""),
-    (None, ""),
-])
+
+@pytest.mark.parametrize(
+    "selector, matchers",
+    [
+        ('{pod="vllm-0"}', 'pod="vllm-0"'),
+        ('pod="vllm-0"', 'pod="vllm-0"'),
+        ('{ pod = "a" , namespace=~"team-.*" }', 'pod="a",namespace=~"team-.*"'),
+        ('{model_name!="x \\"y\\""}', 'model_name!="x \\"y\\""'),
+        ("{}", ""),
+        ("", ""),
+        (None, ""),
+    ],
+)
 def test_selectors_are_label_matchers(selector, matchers):
     assert parse_selector(selector) == matchers
 
 
-@pytest.mark.parametrize("selector, phrase", [
-    ("{pod=vllm-0}", "label matchers such as"),
-    ('kvdoctor_kv_cache_usage_ratio{pod="a"}', "label matchers only"),
-    ('{__name__="x"}', "do not match __name__"),
-    ('{pod="a" namespace="b"}', "separated by commas"),
-    ('{pod="a"', "label matchers only"),
-])
+@pytest.mark.parametrize(
+    "selector, phrase",
+    [
+        ("{pod=vllm-0}", "label matchers such as"),
+        ('kvdoctor_kv_cache_usage_ratio{pod="a"}', "label matchers only"),
+        ('{__name__="x"}', "do not match __name__"),
+        ('{pod="a" namespace="b"}', "separated by commas"),
+        ('{pod="a"', "label matchers only"),
+    ],
+)
 def test_bad_selectors_are_refused_before_asking(selector, phrase):
     with pytest.raises(ValueError, match=phrase):
         parse_selector(selector)
@@ -423,10 +484,14 @@ def _matrix(*series) -> bytes:
 
 
 def test_raw_samples_of_series_scraped_at_different_times_line_up_in_one_window(fake_http):
-    engine = {"metric": {"__name__": S.REQUESTS_RUNNING, "pod": "a", "instance": "x:1", "job": "j"},
-              "values": [[T0 + 0.0, "1"], [T0 + 1.0, "2"], [T0 + 2.0, "3"]]}
-    gpu = {"metric": {"__name__": S.GPU_SM_ACTIVE, "pod": "a", "gpu": "0"},
-           "values": [[T0 + 0.5, "0.5"], [T0 + 2.0, "0.7"]]}
+    engine = {
+        "metric": {"__name__": S.REQUESTS_RUNNING, "pod": "a", "instance": "x:1", "job": "j"},
+        "values": [[T0 + 0.0, "1"], [T0 + 1.0, "2"], [T0 + 2.0, "3"]],
+    }
+    gpu = {
+        "metric": {"__name__": S.GPU_SM_ACTIVE, "pod": "a", "gpu": "0"},
+        "values": [[T0 + 0.5, "0.5"], [T0 + 2.0, "0.7"]],
+    }
     server = fake_http(lambda path: (200, "application/json", _matrix(engine, gpu)))
     with PrometheusSource(server.url, '{pod="a"}') as source:
         window = source.window(60, at=T0 + 2)
@@ -452,8 +517,16 @@ def test_long_windows_use_a_range_query_at_window_over_n(fake_http):
 
 def test_the_newest_sample_is_found_without_colliding_series(fake_http):
     def route(path):
-        return 200, "application/json", json.dumps({"status": "success", "data": {
-            "resultType": "vector", "result": [{"metric": {}, "value": [T0 + 99, str(T0 + 42)]}]}}).encode()
+        return (
+            200,
+            "application/json",
+            json.dumps(
+                {
+                    "status": "success",
+                    "data": {"resultType": "vector", "result": [{"metric": {}, "value": [T0 + 99, str(T0 + 42)]}]},
+                }
+            ).encode(),
+        )
 
     server = fake_http(route)
     with PrometheusSource(server.url, '{pod="a"}') as source:
@@ -465,14 +538,15 @@ def test_the_newest_sample_is_found_without_colliding_series(fake_http):
 
 # --------------------------------------------------------------------------- a real exporter
 
+
 @pytest.fixture
 def live_exporter():
     """A real exporter scraping the simulated vLLM engine over HTTP, serving its API on a free port."""
     from kvdoctor.exporter.app import create_app
     from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.exporter.settings import ExporterSettings
     from kvdoctor.exporter.runtime import Exporter
     from kvdoctor.exporter.server import serve_in_thread
+    from kvdoctor.exporter.settings import ExporterSettings
     from kvdoctor.simulator.engine_server import EngineServer
     from kvdoctor.simulator.physics import Simulation
 
@@ -509,6 +583,7 @@ def test_diagnose_reads_a_live_exporter(cli, live_exporter):
 
 # ------------------------------------------------------------------------------------- record
 
+
 @pytest.mark.slow
 def test_record_writes_a_trace_that_replays(run_cli, cli, live_exporter, tmp_path):
     out = tmp_path / "rec.om"
@@ -529,9 +604,26 @@ def test_record_writes_a_trace_that_replays(run_cli, cli, live_exporter, tmp_pat
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_stopping_record_early_keeps_what_was_collected(live_exporter, tmp_path, sig):
     out = tmp_path / "rec.om"
-    proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "record", "--exporter", live_exporter.url,
-                             "--seconds", "120", "--interval", "0.25", "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvdoctor",
+            "record",
+            "--exporter",
+            live_exporter.url,
+            "--seconds",
+            "120",
+            "--interval",
+            "0.25",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     first = proc.stderr.readline()  # "recording ... into FILE": the first poll is done
     assert "recording" in first, first
     time.sleep(1.5)
@@ -552,10 +644,12 @@ def test_record_falls_back_to_metrics_without_the_window_api(cli, fake_http, tmp
     def route(path):
         if path.startswith("/metrics"):
             count["n"] += 1
-            page = (f"# TYPE {S.GENERATION_TOKENS} counter\n"
-                    f'{S.GENERATION_TOKENS}{{engine="vllm",model_name="m"}} {100 * count["n"]}\n'
-                    f'# TYPE {S.KV_CACHE_USAGE} gauge\n{S.KV_CACHE_USAGE}{{engine="vllm",model_name="m"}} 0.5\n'
-                    '# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3\n')
+            page = (
+                f"# TYPE {S.GENERATION_TOKENS} counter\n"
+                f'{S.GENERATION_TOKENS}{{engine="vllm",model_name="m"}} {100 * count["n"]}\n'
+                f'# TYPE {S.KV_CACHE_USAGE} gauge\n{S.KV_CACHE_USAGE}{{engine="vllm",model_name="m"}} 0.5\n'
+                "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3\n"
+            )
             return 200, "text/plain", page.encode()
         return 404, "application/json", b'{"detail":"Not Found"}'
 
@@ -588,18 +682,21 @@ def test_record_engine_url_writes_a_raw_trace_of_the_real_pages(cli, fake_http, 
     assert trace.engine == "vllm" and len(trace.window) >= 4
 
 
-@pytest.mark.parametrize("args, phrase", [
-    (["--exporter", "{closed}", "--seconds", "5", "-o", "{out}"], "cannot reach the exporter"),
-    (["--engine-url", "{closed}/metrics", "--seconds", "5", "-o", "{out}"], "GET"),
-    (["--exporter", "{closed}", "--seconds", "0", "-o", "{out}"], "--seconds"),
-    (["--exporter", "{closed}", "--seconds", "5", "--interval", "-1", "-o", "{out}"], "--interval"),
-    (["--exporter", "{closed}", "--seconds", "5", "-o", "/nonexistent/dir/x.om"], "does not exist"),
-    (["--exporter", "{closed}", "--seconds", "5", "-o", "{tmp}"], "is a directory"),
-    (["--exporter", "{closed}", "--engine-url", "{closed}", "--seconds", "5", "-o", "{out}"], "not allowed with"),
-    (["--seconds", "5", "-o", "{out}"], "one of the arguments"),
-    (["--exporter", "{closed}", "-o", "{out}"], "--seconds"),
-    (["--exporter", "ftp://x", "--seconds", "5", "-o", "{out}"], "http(s) URL"),
-])
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        (["--exporter", "{closed}", "--seconds", "5", "-o", "{out}"], "cannot reach the exporter"),
+        (["--engine-url", "{closed}/metrics", "--seconds", "5", "-o", "{out}"], "GET"),
+        (["--exporter", "{closed}", "--seconds", "0", "-o", "{out}"], "--seconds"),
+        (["--exporter", "{closed}", "--seconds", "5", "--interval", "-1", "-o", "{out}"], "--interval"),
+        (["--exporter", "{closed}", "--seconds", "5", "-o", "/nonexistent/dir/x.om"], "does not exist"),
+        (["--exporter", "{closed}", "--seconds", "5", "-o", "{tmp}"], "is a directory"),
+        (["--exporter", "{closed}", "--engine-url", "{closed}", "--seconds", "5", "-o", "{out}"], "not allowed with"),
+        (["--seconds", "5", "-o", "{out}"], "one of the arguments"),
+        (["--exporter", "{closed}", "-o", "{out}"], "--seconds"),
+        (["--exporter", "ftp://x", "--seconds", "5", "-o", "{out}"], "http(s) URL"),
+    ],
+)
 def test_record_bad_input_exits_2_with_one_line(cli, tmp_path, free_port, args, phrase):
     closed = closed_port_url(free_port)
     fills = {"{out}": str(tmp_path / "x.om"), "{tmp}": str(tmp_path)}
@@ -610,5 +707,6 @@ def test_record_bad_input_exits_2_with_one_line(cli, tmp_path, free_port, args, 
 
 def test_record_refuses_a_page_no_engine_adapter_knows(cli, fake_http, tmp_path):
     server = fake_http(lambda path: (200, "text/plain", b"# TYPE foo gauge\nfoo 1\n"))
-    one_error_line(cli("record", "--engine-url", server.url, "--seconds", "1", "-o", tmp_path / "x.om"),
-                   "no engine adapter")
+    one_error_line(
+        cli("record", "--engine-url", server.url, "--seconds", "1", "-o", tmp_path / "x.om"), "no engine adapter"
+    )

@@ -82,8 +82,9 @@ def test_port_in_use_is_one_line_and_exit_2(capsys):
         port = taken.getsockname()[1]
         rc, out, err = run_demo(capsys, "--port", port, "--no-dashboard", "--status-every", "0")
     assert rc == 2
-    assert err.strip().splitlines() == [f"kvdoctor demo: error: exporter: port {port} on 127.0.0.1 is already in use "
-                                        "(choose another with --port)"]
+    assert err.strip().splitlines() == [
+        f"kvdoctor demo: error: exporter: port {port} on 127.0.0.1 is already in use (choose another with --port)"
+    ]
 
 
 def test_dashboard_port_in_use_is_one_line_and_exit_2(capsys):
@@ -105,7 +106,9 @@ def test_bad_dashboard_users_are_one_line_and_exit_2(capsys, monkeypatch):
     assert line.startswith("kvdoctor demo: error: dashboard:") and "KVDOCTOR_DASHBOARD_USERS" in line
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread for signals")
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread for signals"
+)
 def test_a_short_run_serves_and_stops_on_sigint(capsys):
     """The demo in-process: URLs first, a status line with a verdict, /metrics with the canonical
     signals, a scenario switch over HTTP, then SIGINT ends it with 0."""
@@ -149,6 +152,11 @@ def test_a_short_run_serves_and_stops_on_sigint(capsys):
     assert re.search(r"verdict (healthy|kv_tier_miss) \(", seen["out"])
     assert lines[-1] == "kvdoctor demo: stopping"
     assert seen["switch"]["active"] == "tier_miss"
-    for name in (S.KV_CACHE_USAGE, S.INTER_TOKEN_LATENCY + "_bucket", S.GPU_DRAM_BANDWIDTH_UTILIZATION,
-                 S.DECODE_STEP_FLOOR, S.DIAGNOSIS_VERDICT):
+    for name in (
+        S.KV_CACHE_USAGE,
+        S.INTER_TOKEN_LATENCY + "_bucket",
+        S.GPU_DRAM_BANDWIDTH_UTILIZATION,
+        S.DECODE_STEP_FLOOR,
+        S.DIAGNOSIS_VERDICT,
+    ):
         assert f"\n{name}" in seen["metrics"], name

@@ -48,13 +48,17 @@ def test_run_cli_returns_exit_code_and_streams(run_cli):
 
 
 def test_install_script_rejects_an_unknown_step():
-    proc = subprocess.run(["bash", str(tools.ROOT / "scripts/install-test-deps.sh"), "--only", "nosuch"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", str(tools.ROOT / "scripts/install-test-deps.sh"), "--only", "nosuch"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2 and "unknown step 'nosuch'" in proc.stderr
 
 
 class _Metrics(BaseHTTPRequestHandler):
-    body = b"# TYPE harness_probe_value gauge\nharness_probe_value{kind=\"real\"} 42\n"
+    body = b'# TYPE harness_probe_value gauge\nharness_probe_value{kind="real"} 42\n'
 
     def do_GET(self):
         self.send_response(200)
@@ -72,10 +76,21 @@ def test_prometheus_server_scrapes_a_target_and_evaluates_rule_files(prometheus_
     target = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     threading.Thread(target=target.serve_forever, daemon=True).start()
     try:
-        rules = {"groups": [{"name": "harness", "rules": [
-            {"record": "harness:probe_doubled", "expr": "harness_probe_value * 2"},
-            {"alert": "HarnessProbeHigh", "expr": "harness_probe_value > 40", "labels": {"severity": "info"}},
-        ]}]}
+        rules = {
+            "groups": [
+                {
+                    "name": "harness",
+                    "rules": [
+                        {"record": "harness:probe_doubled", "expr": "harness_probe_value * 2"},
+                        {
+                            "alert": "HarnessProbeHigh",
+                            "expr": "harness_probe_value > 40",
+                            "labels": {"severity": "info"},
+                        },
+                    ],
+                }
+            ]
+        }
         prom = prometheus_server(targets=[f"127.0.0.1:{target.server_port}"], rule_files={"harness.yml": rules})
         prom.wait_for_targets_up()
         assert prom.wait_for_value('harness_probe_value{kind="real"}', lambda v: v == 42) == 42

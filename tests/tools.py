@@ -23,8 +23,9 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -76,7 +77,7 @@ def chromedriver() -> str | None:
     return shutil.which("chromedriver")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vllm_python() -> str | None:
     """The python of the vLLM CPU venv (.cache/vllm-venv, or KVDOCTOR_VLLM_PYTHON) if vllm is
     importable there. Checked with find_spec, not a full import, to keep this under a second."""
@@ -86,7 +87,8 @@ def vllm_python() -> str | None:
     try:
         probe = subprocess.run(
             [candidate, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-            capture_output=True, timeout=30,
+            capture_output=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -157,8 +159,7 @@ def free_port() -> int:
 T = TypeVar("T")
 
 
-def wait_until(probe: Callable[[], T], timeout: float = 20.0, interval: float = 0.25,
-               what: str = "condition") -> T:
+def wait_until(probe: Callable[[], T], timeout: float = 20.0, interval: float = 0.25, what: str = "condition") -> T:
     """Calls ``probe`` until it returns something truthy and returns that; raises TimeoutError
     naming ``what`` (and the last exception the probe raised, if any) after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

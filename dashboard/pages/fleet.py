@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
-from kvdoctor.dashboard import components, figures, ids, promql
+from kvdoctor.dashboard import components, figures, ids
 from kvdoctor.dashboard.derive import FleetRow
 from kvdoctor.dashboard.sources import SourceError, backend, fetch_fleet, now
 
@@ -49,31 +49,58 @@ def layout(**params) -> html.Div:
     """``?range=SECONDS&end=YYYY-MM-DD HH:MM`` preselect the incident window (a shareable link)."""
     if backend().prometheus is None:
         return html.Div(
-            [html.H3("Fleet needs Prometheus"),
-             html.P(["This dashboard reads one exporter. Start it with ", html.Code("--prometheus URL"),
-                     " (a Prometheus that scrapes the kvdoctor exporters) to see every engine here."])],
+            [
+                html.H3("Fleet needs Prometheus"),
+                html.P(
+                    [
+                        "This dashboard reads one exporter. Start it with ",
+                        html.Code("--prometheus URL"),
+                        " (a Prometheus that scrapes the kvdoctor exporters) to see every engine here.",
+                    ]
+                ),
+            ],
             className="page page-fleet",
         )
     return html.Div(
         [
             html.Div(
                 [
-                    html.Label(["range", dcc.Dropdown(id=ids.FLEET_RANGE, value=_range_param(params.get("range")),
-                                                      clearable=False,
-                                                      className="picker",
-                                                      options=[{"label": f"last {t}", "value": s} for t, s in RANGES])]),
-                    html.Label(["ending at (UTC)", dcc.Input(id=FLEET_END, type="text", debounce=True,
-                                                             placeholder="now, or YYYY-MM-DD HH:MM",
-                                                             value=_end_param(params.get("end")),
-                                                             className="end-time", style={"width": "210px"})]),
+                    html.Label(
+                        [
+                            "range",
+                            dcc.Dropdown(
+                                id=ids.FLEET_RANGE,
+                                value=_range_param(params.get("range")),
+                                clearable=False,
+                                className="picker",
+                                options=[{"label": f"last {t}", "value": s} for t, s in RANGES],
+                            ),
+                        ]
+                    ),
+                    html.Label(
+                        [
+                            "ending at (UTC)",
+                            dcc.Input(
+                                id=FLEET_END,
+                                type="text",
+                                debounce=True,
+                                placeholder="now, or YYYY-MM-DD HH:MM",
+                                value=_end_param(params.get("end")),
+                                className="end-time",
+                                style={"width": "210px"},
+                            ),
+                        ]
+                    ),
                     html.Div(id=ids.FLEET_STATUS, className="badge-slot"),
                 ],
                 className="controls",
             ),
             html.Div(id=ids.FLEET_TABLE),
             html.Div(
-                [dcc.Graph(id=ids.FLEET_GRAPH_ITL, figure=figures.placeholder_figure("loading…"), className="chart"),
-                 dcc.Graph(id=ids.FLEET_GRAPH_KV, figure=figures.placeholder_figure("loading…"), className="chart")],
+                [
+                    dcc.Graph(id=ids.FLEET_GRAPH_ITL, figure=figures.placeholder_figure("loading…"), className="chart"),
+                    dcc.Graph(id=ids.FLEET_GRAPH_KV, figure=figures.placeholder_figure("loading…"), className="chart"),
+                ],
                 className="charts",
             ),
             dcc.Interval(id=ids.FLEET_REFRESH, interval=REFRESH_SECONDS * 1000),
@@ -122,8 +149,9 @@ def fetch(_n, range_seconds, end_text, previous):
         return no_update, components.badge({"ok": False, "error": str(exc)})
     end = fixed_end if fixed_end is not None else now()
     try:
-        got = fetch_fleet(b.prometheus, end, span, b.settings.max_points, b.settings.rate_window_seconds,
-                          b.settings.oversampling)
+        got = fetch_fleet(
+            b.prometheus, end, span, b.settings.max_points, b.settings.rate_window_seconds, b.settings.oversampling
+        )
     except SourceError as exc:
         newest = (previous or {}).get("end")
         return no_update, components.badge({"ok": False, "error": str(exc), "newest": newest})
@@ -131,8 +159,10 @@ def fetch(_n, range_seconds, end_text, previous):
         "end": end,
         "span": span,
         "fixed": fixed_end is not None,
-        "rows": [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in vars(r).items()}
-                 for r in got.rows],
+        "rows": [
+            {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in vars(r).items()}
+            for r in got.rows
+        ],
         "history": got.history,
     }
     state = {"ok": True, "newest": end, "history": fixed_end is not None}
@@ -159,24 +189,32 @@ def fleet_table(rows: list[FleetRow], start: float, end: float, fixed: bool):
         return html.P("Prometheus has no kvdoctor exporter in this range.", className="empty")
     body = []
     for r in rows:
-        links = [dcc.Link(r.instance, href=live_href(r, start, end) if fixed else live_href(r), className="target-link")]
+        links = [
+            dcc.Link(r.instance, href=live_href(r, start, end) if fixed else live_href(r), className="target-link")
+        ]
         if not fixed:
             links += [" ", dcc.Link("(review range)", href=live_href(r, start, end), className="review-link")]
-        body.append(html.Tr(
-            [
-                html.Td(links),
-                html.Td(r.pod or "–"),
-                html.Td(" · ".join(x for x in (r.engine, r.model_name) if x) or "–"),
-                html.Td(html.Span(components.verdict_title(r.verdict or None),
-                                  className=f"pill {components.verdict_class(r.verdict or None)}"),
-                        **{"data-verdict": r.verdict}),
-                html.Td(components.verdict_title(r.worst_verdict or None) if r.worst_verdict else "–"),
-                html.Td(_pct(r.kv_usage)),
-                html.Td(_ms(r.itl_p95)),
-                html.Td("–" if not math.isfinite(r.preemption_rate) else f"{r.preemption_rate:.2f}/s"),
-            ],
-            className="fleet-row",
-        ))
+        body.append(
+            html.Tr(
+                [
+                    html.Td(links),
+                    html.Td(r.pod or "–"),
+                    html.Td(" · ".join(x for x in (r.engine, r.model_name) if x) or "–"),
+                    html.Td(
+                        html.Span(
+                            components.verdict_title(r.verdict or None),
+                            className=f"pill {components.verdict_class(r.verdict or None)}",
+                        ),
+                        **{"data-verdict": r.verdict},
+                    ),
+                    html.Td(components.verdict_title(r.worst_verdict or None) if r.worst_verdict else "–"),
+                    html.Td(_pct(r.kv_usage)),
+                    html.Td(_ms(r.itl_p95)),
+                    html.Td("–" if not math.isfinite(r.preemption_rate) else f"{r.preemption_rate:.2f}/s"),
+                ],
+                className="fleet-row",
+            )
+        )
     head = ["target", "pod", "engine · model", "verdict", "worst in range", "KV usage", "ITL p95", "preemptions"]
     return html.Table([html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(body)], className="data-table fleet")
 
@@ -189,6 +227,7 @@ def render(data):
     return (
         fleet_table(rows, start, end, data["fixed"]),
         figures.fleet_history_figure("ITL p95 per target", "ms", data["history"].get("itl_p95", []), (start, end)),
-        figures.fleet_history_figure("KV cache usage per target", "%", data["history"].get("kv_usage", []),
-                                     (start, end)),
+        figures.fleet_history_figure(
+            "KV cache usage per target", "%", data["history"].get("kv_usage", []), (start, end)
+        ),
     )

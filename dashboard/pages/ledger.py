@@ -66,36 +66,86 @@ def _model_options() -> list[dict]:
 
 def layout(**_params) -> html.Div:
     def field(label, control, hint=""):
-        return html.Label([html.Span(label, className="field-label"), control,
-                           html.Span(hint, className="field-hint") if hint else None], className="field")
+        return html.Label(
+            [
+                html.Span(label, className="field-label"),
+                control,
+                html.Span(hint, className="field-hint") if hint else None,
+            ],
+            className="field",
+        )
 
     form = html.Div(
         [
             html.H3("Model, GPU and load"),
-            field("model", dcc.Dropdown(id=ids.LEDGER_MODEL, options=_model_options(), value=DEFAULT_MODEL,
-                                        clearable=False)),
-            dcc.Upload(id=ids.LEDGER_UPLOAD, children=html.Div(["or drop a Hugging Face ", html.Code("config.json"),
-                                                                " here / click to choose one"]),
-                       className="upload", max_size=MAX_UPLOAD_BYTES, accept=".json,application/json"),
+            field(
+                "model",
+                dcc.Dropdown(id=ids.LEDGER_MODEL, options=_model_options(), value=DEFAULT_MODEL, clearable=False),
+            ),
+            dcc.Upload(
+                id=ids.LEDGER_UPLOAD,
+                children=html.Div(["or drop a Hugging Face ", html.Code("config.json"), " here / click to choose one"]),
+                className="upload",
+                max_size=MAX_UPLOAD_BYTES,
+                accept=".json,application/json",
+            ),
             html.Div(id=ids.LEDGER_UPLOAD_STATUS, className="upload-status"),
-            field("GPU", dcc.Dropdown(id=ids.LEDGER_GPU, value=DEFAULT_GPU, clearable=False,
-                                      options=[{"label": f"{g.name} ({g.peak_bandwidth / 1e9:,.0f} GB/s, "
-                                                         f"{g.memory_bytes / 1e9:.0f} GB)", "value": g.name}
-                                               for g in GPU_CATALOGUE.values()])),
-            field("context (tokens per sequence)", dcc.Input(id=ids.LEDGER_CONTEXT, type="number", min=1, step=1,
-                                                             value=8192, debounce=True)),
-            field("batch (concurrent sequences)", dcc.Input(id=ids.LEDGER_BATCH, type="number", min=1, step=1,
-                                                            value=16, debounce=True)),
-            field("KV cache dtype", dcc.Dropdown(id=ids.LEDGER_KV_DTYPE, value="auto", clearable=False,
-                                                 options=[{"label": "model dtype" if d == "auto" else d, "value": d}
-                                                          for d in ledger_view.KV_DTYPES])),
-            field("host memory bandwidth (GB/s)", dcc.Input(id=ids.LEDGER_HOST_BANDWIDTH, type="number", min=1,
-                                                            value=round(DEFAULT_HOST_BANDWIDTH / 1e9, 1),
-                                                            debounce=True), "8 channels of DDR5-4800"),
-            field("GPU memory utilisation", dcc.Input(id=ids.LEDGER_GPU_MEMORY_UTILIZATION, type="number", min=0.05,
-                                                      max=1, step=0.01, debounce=True,
-                                                      value=DEFAULT_GPU_MEMORY_UTILIZATION),
-                  "vLLM --gpu-memory-utilization"),
+            field(
+                "GPU",
+                dcc.Dropdown(
+                    id=ids.LEDGER_GPU,
+                    value=DEFAULT_GPU,
+                    clearable=False,
+                    options=[
+                        {
+                            "label": f"{g.name} ({g.peak_bandwidth / 1e9:,.0f} GB/s, {g.memory_bytes / 1e9:.0f} GB)",
+                            "value": g.name,
+                        }
+                        for g in GPU_CATALOGUE.values()
+                    ],
+                ),
+            ),
+            field(
+                "context (tokens per sequence)",
+                dcc.Input(id=ids.LEDGER_CONTEXT, type="number", min=1, step=1, value=8192, debounce=True),
+            ),
+            field(
+                "batch (concurrent sequences)",
+                dcc.Input(id=ids.LEDGER_BATCH, type="number", min=1, step=1, value=16, debounce=True),
+            ),
+            field(
+                "KV cache dtype",
+                dcc.Dropdown(
+                    id=ids.LEDGER_KV_DTYPE,
+                    value="auto",
+                    clearable=False,
+                    options=[{"label": "model dtype" if d == "auto" else d, "value": d} for d in ledger_view.KV_DTYPES],
+                ),
+            ),
+            field(
+                "host memory bandwidth (GB/s)",
+                dcc.Input(
+                    id=ids.LEDGER_HOST_BANDWIDTH,
+                    type="number",
+                    min=1,
+                    value=round(DEFAULT_HOST_BANDWIDTH / 1e9, 1),
+                    debounce=True,
+                ),
+                "8 channels of DDR5-4800",
+            ),
+            field(
+                "GPU memory utilisation",
+                dcc.Input(
+                    id=ids.LEDGER_GPU_MEMORY_UTILIZATION,
+                    type="number",
+                    min=0.05,
+                    max=1,
+                    step=0.01,
+                    debounce=True,
+                    value=DEFAULT_GPU_MEMORY_UTILIZATION,
+                ),
+                "vLLM --gpu-memory-utilization",
+            ),
             dcc.Store(id=ids.LEDGER_UPLOADED_SHAPE),
         ],
         className="ledger-form",
@@ -142,10 +192,16 @@ def read_upload(contents, filename, options):
     try:
         shape = shape_from_upload(contents, filename)
     except ValueError as exc:
-        return no_update, html.Span(f"could not read {filename or 'the file'}: {exc}", className="form-error"), \
-            no_update, no_update
-    status = (f"read {shape.name}: {shape.num_layers} layers, {shape.num_attention_heads} heads, "
-              f"{shape.num_kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype}")
+        return (
+            no_update,
+            html.Span(f"could not read {filename or 'the file'}: {exc}", className="form-error"),
+            no_update,
+            no_update,
+        )
+    status = (
+        f"read {shape.name}: {shape.num_layers} layers, {shape.num_attention_heads} heads, "
+        f"{shape.num_kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype}"
+    )
     if shape.num_parameters is None:
         status += " (no vocab/intermediate size: weights unknown, counted as 0)"
     options = [o for o in (options or _model_options()) if o["value"] != UPLOADED]
@@ -181,40 +237,67 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
             raise ValueError("pick a GPU")
         if context is None or batch is None or host_gbps is None or memory_utilization is None:
             raise ValueError("fill in every field")
-        r = ledger_view.report(shape, GPU_CATALOGUE[gpu_name], int(context), int(batch), kv_dtype or "auto",
-                               float(host_gbps) * 1e9, float(memory_utilization))
+        r = ledger_view.report(
+            shape,
+            GPU_CATALOGUE[gpu_name],
+            int(context),
+            int(batch),
+            kv_dtype or "auto",
+            float(host_gbps) * 1e9,
+            float(memory_utilization),
+        )
     except (ValueError, TypeError) as exc:
         return None, None, None, str(exc)
 
     b = r.baseline
     led = b.ledger
-    result = components.key_value_table([
-        ("model", f"{r.model.name}: {r.model.num_layers} layers, {r.model.num_kv_heads} KV heads x head dim "
-                  f"{r.model.head_dim}, {r.model.dtype}"),
-        ("weights", _bytes(led.weight_bytes)),
-        ("KV bytes per token", _bytes(led.kv_bytes_per_token)),
-        ("total KV (context x batch)", _bytes(led.live_kv_bytes)),
-        ("KV pool on this GPU", f"{_bytes(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
-                                f"room for {b.max_batch:,} sequences of this context)"),
-        ("decode step floor", _ms(led.step_floor_seconds)),
-        ("tokens/s ceiling per sequence", _rate(led.tokens_per_second_per_sequence)),
-        ("tokens/s ceiling, whole batch", _rate(led.tokens_per_second_total)),
-    ], class_name="kv-table ledger-table")
+    result = components.key_value_table(
+        [
+            (
+                "model",
+                f"{r.model.name}: {r.model.num_layers} layers, {r.model.num_kv_heads} KV heads x head dim "
+                f"{r.model.head_dim}, {r.model.dtype}",
+            ),
+            ("weights", _bytes(led.weight_bytes)),
+            ("KV bytes per token", _bytes(led.kv_bytes_per_token)),
+            ("total KV (context x batch)", _bytes(led.live_kv_bytes)),
+            (
+                "KV pool on this GPU",
+                f"{_bytes(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
+                f"room for {b.max_batch:,} sequences of this context)",
+            ),
+            ("decode step floor", _ms(led.step_floor_seconds)),
+            ("tokens/s ceiling per sequence", _rate(led.tokens_per_second_per_sequence)),
+            ("tokens/s ceiling, whole batch", _rate(led.tokens_per_second_total)),
+        ],
+        class_name="kv-table ledger-table",
+    )
 
     what_if = components.table(
         ["case", "how", "KV/token", "total KV", "fits", "step floor", "tokens/s per seq", "vs now"],
-        [[c.label, html.Code(c.flag) if c.flag else "–", _bytes(c.ledger.kv_bytes_per_token),
-          _bytes(c.ledger.live_kv_bytes), "yes" if c.fits else "no", _ms(c.ledger.step_floor_seconds),
-          _rate(c.ledger.tokens_per_second_per_sequence),
-          "–" if c is b else f"{c.tokens_per_second_ratio:.2f}x tokens/s"] for c in [b, *r.what_if]],
+        [
+            [
+                c.label,
+                html.Code(c.flag) if c.flag else "–",
+                _bytes(c.ledger.kv_bytes_per_token),
+                _bytes(c.ledger.live_kv_bytes),
+                "yes" if c.fits else "no",
+                _ms(c.ledger.step_floor_seconds),
+                _rate(c.ledger.tokens_per_second_per_sequence),
+                "–" if c is b else f"{c.tokens_per_second_ratio:.2f}x tokens/s",
+            ]
+            for c in [b, *r.what_if]
+        ],
         class_name="data-table what-if",
     )
 
     o = r.offload
     rows = [
         ("bandwidth host -> GPU", f"{o.link_bandwidth / 1e9:,.1f} GB/s (min of host memory and PCIe)"),
-        ("loading one sequence's context from the host", f"{_ms(o.prefix_load_seconds)} "
-                                                         f"({o.prefix_load_steps:,.1f} decode steps)"),
+        (
+            "loading one sequence's context from the host",
+            f"{_ms(o.prefix_load_seconds)} ({o.prefix_load_steps:,.1f} decode steps)",
+        ),
     ]
     if o.overflow_bytes <= 0:
         verdict = html.P("The KV fits in the GPU's pool: nothing needs to live on the host.", className="offload-ok")
@@ -225,10 +308,17 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
             ("decode step (floor)", _ms(o.step_seconds)),
             ("prefetch hit rate needed", f"{o.prefetch_hit_rate_needed:.1%}"),
         ] + rows
-        verdict = (html.P("Offload can hide behind the step: the transfer takes less than one decode step.",
-                          className="offload-ok") if o.hideable else
-                   html.P(f"Offload cannot hide behind the step: at least {o.prefetch_hit_rate_needed:.0%} of "
-                          f"the offloaded KV must already be on the GPU (prefetched or reused) when each step starts.",
-                          className="offload-bad"))
+        verdict = (
+            html.P(
+                "Offload can hide behind the step: the transfer takes less than one decode step.",
+                className="offload-ok",
+            )
+            if o.hideable
+            else html.P(
+                f"Offload cannot hide behind the step: at least {o.prefetch_hit_rate_needed:.0%} of "
+                f"the offloaded KV must already be on the GPU (prefetched or reused) when each step starts.",
+                className="offload-bad",
+            )
+        )
     offload = html.Div([components.key_value_table(rows, class_name="kv-table offload-table"), verdict])
     return result, what_if, offload, None

@@ -69,7 +69,13 @@ def range_options(live_seconds: int, with_prometheus: bool) -> list[dict]:
 
 
 def _span_text(seconds: int) -> str:
-    return f"{seconds // 3600} h" if seconds % 3600 == 0 else f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+    return (
+        f"{seconds // 3600} h"
+        if seconds % 3600 == 0
+        else f"{seconds // 60} min"
+        if seconds % 60 == 0
+        else f"{seconds} s"
+    )
 
 
 def parse_range(value: str | None, live_seconds: int) -> tuple[bool, float]:
@@ -107,7 +113,9 @@ def layout(**params) -> html.Div:
     instance_options, instance_error = [], ""
     if b.prometheus is not None:
         try:
-            found = sorted({m.get(promql.TARGET_LABEL, "") for m, _ in b.prometheus.query(promql.instances_query())} - {""})
+            found = sorted(
+                {m.get(promql.TARGET_LABEL, "") for m, _ in b.prometheus.query(promql.instances_query())} - {""}
+            )
         except SourceError as exc:
             found, instance_error = [], str(exc)
         if b.exporter is not None:
@@ -127,19 +135,49 @@ def layout(**params) -> html.Div:
         default_range = "fixed"
 
     controls = [
-        html.Label(["target", dcc.Dropdown(id=ids.LIVE_TARGET, options=[{"label": "All engines and GPUs", "value": ""}],
-                                           value=derive.format_target(derive.parse_target(params.get("target"))),
-                                           clearable=False, className="picker")]),
+        html.Label(
+            [
+                "target",
+                dcc.Dropdown(
+                    id=ids.LIVE_TARGET,
+                    options=[{"label": "All engines and GPUs", "value": ""}],
+                    value=derive.format_target(derive.parse_target(params.get("target"))),
+                    clearable=False,
+                    className="picker",
+                ),
+            ]
+        ),
     ]
     if b.prometheus is not None:
-        controls.append(html.Label(["exporter", dcc.Dropdown(id=ids.LIVE_INSTANCE, options=instance_options,
-                                                             value=instance, clearable=False, className="picker wide",
-                                                             placeholder=instance_error or "no exporter found")]))
+        controls.append(
+            html.Label(
+                [
+                    "exporter",
+                    dcc.Dropdown(
+                        id=ids.LIVE_INSTANCE,
+                        options=instance_options,
+                        value=instance,
+                        clearable=False,
+                        className="picker wide",
+                        placeholder=instance_error or "no exporter found",
+                    ),
+                ]
+            )
+        )
     else:  # exporter only: nothing to pick, but the callback reads the value
-        controls.append(html.Div(dcc.Dropdown(id=ids.LIVE_INSTANCE, options=[], value=EXPORTER_INSTANCE),
-                                 style={"display": "none"}))
-    controls.append(html.Label(["range", dcc.Dropdown(id=ids.LIVE_RANGE, options=ranges, value=default_range,
-                                                      clearable=False, className="picker")]))
+        controls.append(
+            html.Div(dcc.Dropdown(id=ids.LIVE_INSTANCE, options=[], value=EXPORTER_INSTANCE), style={"display": "none"})
+        )
+    controls.append(
+        html.Label(
+            [
+                "range",
+                dcc.Dropdown(
+                    id=ids.LIVE_RANGE, options=ranges, value=default_range, clearable=False, className="picker"
+                ),
+            ]
+        )
+    )
     controls.append(html.Div(components.badge(None), id=ids.LIVE_BADGE, className="badge-slot"))
 
     # The verdict is what on-call came for: put it in the first paint instead of waiting for the
@@ -158,12 +196,20 @@ def layout(**params) -> html.Div:
             html.Div(controls, className="controls"),
             html.Div(components.banner(first_diagnosis, notes), id=ids.LIVE_BANNER),
             html.Div(
-                [dcc.Graph(id=graph_id, figure=figures.placeholder_figure("loading…"),
-                           config={"displaylogo": False}, className="chart") for _, graph_id in GRAPHS],
+                [
+                    dcc.Graph(
+                        id=graph_id,
+                        figure=figures.placeholder_figure("loading…"),
+                        config={"displaylogo": False},
+                        className="chart",
+                    )
+                    for _, graph_id in GRAPHS
+                ],
                 className="charts",
             ),
-            dcc.Interval(id=ids.LIVE_INTERVAL, interval=int(s.refresh_seconds * 1000), n_intervals=0,
-                         disabled=bool(history)),
+            dcc.Interval(
+                id=ids.LIVE_INTERVAL, interval=int(s.refresh_seconds * 1000), n_intervals=0, disabled=bool(history)
+            ),
             dcc.Store(id=ids.LIVE_TICK, data=0),
             dcc.Store(id=ids.LIVE_GATE, data={}),
             dcc.Store(id=ids.LIVE_DATA),
@@ -207,7 +253,11 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
 
     def get(full_fetch: bool):
         if not from_prometheus:
-            seconds = span if full_fetch else min(span, clock - cursor["last"] + s.rate_window_seconds + 3 * s.refresh_seconds)
+            seconds = (
+                span
+                if full_fetch
+                else min(span, clock - cursor["last"] + s.rate_window_seconds + 3 * s.refresh_seconds)
+            )
             return fetch_live_from_exporter(b.exporter, seconds, target, s.rate_window_seconds)
         if b.prometheus is None:
             raise SourceError("history and other exporters need --prometheus")
@@ -225,8 +275,10 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
         start = math.floor(start / step) * step  # a stable grid, so appended points line up
         got = fetch_live_from_prometheus(b.prometheus, instance, target, start, end, step, s.rate_window_seconds)
         if is_history:
-            got.notes.append(f"Diagnosis of the minute before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(end))} UTC, "
-                             "the end of the range shown.")
+            got.notes.append(
+                f"Diagnosis of the minute before {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(end))} UTC, "
+                "the end of the range shown."
+            )
         return got
 
     previous_newest = (cursor or {}).get("newest")
@@ -249,8 +301,13 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
                 sigs = {c: figures.signature(d) for c, d in charts.items()}
             else:  # nothing new to append, but the knee or the sources may have changed
                 charts = None
-                probe = figures.live_charts(derive.slice_frame(got.frame, got.frame.ts >= got.frame.ts.max()),
-                                            chart_diagnosis) if len(got.frame) else None
+                probe = (
+                    figures.live_charts(
+                        derive.slice_frame(got.frame, got.frame.ts >= got.frame.ts.max()), chart_diagnosis
+                    )
+                    if len(got.frame)
+                    else None
+                )
                 sigs = {c: figures.signature(d) for c, d in probe.items()} if probe else cursor.get("sigs")
             if sigs != cursor.get("sigs"):
                 full = True  # something new to draw (a GPU, the knee, the floor): rebuild, do not append
@@ -285,7 +342,11 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
         "diag": diag_digest,
         "newest": newest,
     }
-    stale = newest is None or not math.isfinite(newest) or (not is_history and clock - newest > _stale_after(s, from_prometheus))
+    stale = (
+        newest is None
+        or not math.isfinite(newest)
+        or (not is_history and clock - newest > _stale_after(s, from_prometheus))
+    )
     health = {
         "ok": True,
         "newest": newest,
@@ -317,10 +378,18 @@ def chart_payload(charts: dict, full: bool, cap: int, tick: int) -> dict:
     ``tick`` goes back to the browser's gate once the charts have taken the points (LIVE_ROUTED).
     """
     if full:
-        return {"mode": "full", "order": CHART_ORDER, "tick": tick,
-                "figures": {c: figures.build(c, charts[c]) for c in CHART_ORDER}}
-    return {"mode": "extend", "order": CHART_ORDER, "tick": tick,
-            "extend": {c: figures.extension(charts[c], cap) for c in CHART_ORDER}}
+        return {
+            "mode": "full",
+            "order": CHART_ORDER,
+            "tick": tick,
+            "figures": {c: figures.build(c, charts[c]) for c in CHART_ORDER},
+        }
+    return {
+        "mode": "extend",
+        "order": CHART_ORDER,
+        "tick": tick,
+        "extend": {c: figures.extension(charts[c], cap) for c in CHART_ORDER},
+    }
 
 
 def _no_points(tick: int) -> dict:
@@ -378,4 +447,3 @@ def _register_callbacks(app: dash.Dash) -> None:
     )
     app.callback(Output(ids.LIVE_BANNER, "children"), Input(ids.LIVE_DIAGNOSIS, "data"))(render_banner)
     app.callback(Output(ids.LIVE_BADGE, "children"), Input(ids.LIVE_HEALTH, "data"))(render_badge)
-

@@ -8,7 +8,7 @@ share the engine's /metrics or have their own endpoint) land in ``TIER_ADAPTERS`
 from __future__ import annotations
 
 import importlib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from kvdoctor.rules.window import SeriesKey
 
@@ -42,7 +42,9 @@ def detect(names: Iterable[str]) -> EngineAdapter | None:
     return None
 
 
-def normalise_page(adapter: EngineAdapter, raw, extra_labels: Mapping[str, str] | None = None) -> dict[SeriesKey, float]:
+def normalise_page(
+    adapter: EngineAdapter, raw, extra_labels: Mapping[str, str] | None = None
+) -> dict[SeriesKey, float]:
     """One scrape's raw samples -> canonical samples, live or replayed: every KV-tier adapter
     (with the engine's name in its ``engine`` label), then the engine adapter, whose value wins
     where both produce the same series."""

@@ -8,8 +8,8 @@ the old and the new name during a deprecation window is not counted twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
 from kvdoctor.rules.signals import SIGNALS, Kind
 from kvdoctor.rules.window import Labels, SeriesKey
@@ -66,8 +66,7 @@ class MetricMap:
     def source_list(self) -> tuple[Source, ...]:
         """``sources`` as (name, labels to match) pairs, newest first; ``match`` applies to all."""
         return tuple(
-            (src, self.match) if isinstance(src, str) else (src[0], {**self.match, **src[1]})
-            for src in self.sources
+            (src, self.match) if isinstance(src, str) else (src[0], {**self.match, **src[1]}) for src in self.sources
         )
 
 
@@ -98,7 +97,9 @@ class EngineAdapter:
         plan = []
         for m in self.maps:
             kind = SIGNALS[m.target].kind
-            plan.append((m, kind is Kind.GAUGE, HISTOGRAM_SUFFIXES if kind is Kind.HISTOGRAM else ("",), m.source_list()))
+            plan.append(
+                (m, kind is Kind.GAUGE, HISTOGRAM_SUFFIXES if kind is Kind.HISTOGRAM else ("",), m.source_list())
+            )
         object.__setattr__(self, "_plan", tuple(plan))
         object.__setattr__(self, "_keys", {})
 
@@ -117,7 +118,9 @@ class EngineAdapter:
                     names.add(src)
         return frozenset(names)
 
-    def normalise(self, samples: Iterable[RawSample], extra_labels: Mapping[str, str] | None = None) -> dict[SeriesKey, float]:
+    def normalise(
+        self, samples: Iterable[RawSample], extra_labels: Mapping[str, str] | None = None
+    ) -> dict[SeriesKey, float]:
         """Apply the table to parsed samples; returns canonical series -> value."""
         by_name: dict[str, list[tuple[Mapping[str, str], float]]] = {}
         for name, labels, value in samples:
@@ -161,8 +164,9 @@ class EngineAdapter:
                 break  # newest present name wins
         return out
 
-    def _output_key(self, m: MetricMap, suffix: str, labels: Mapping[str, str],
-                    extra_labels: Mapping[str, str] | None) -> SeriesKey:
+    def _output_key(
+        self, m: MetricMap, suffix: str, labels: Mapping[str, str], extra_labels: Mapping[str, str] | None
+    ) -> SeriesKey:
         out_labels = {"engine": self.name, **(extra_labels or {})}
         for k in self.keep_labels:
             if k in labels:

@@ -38,9 +38,7 @@ ADAPTER = EngineAdapter(
     ),
     maps=(
         MetricMap(("trtllm_kv_cache_utilization",), S.KV_CACHE_USAGE),
-        MetricMap(
-            ("trtllm_kv_cache_max_blocks",), S.KV_CACHE_CAPACITY, times=("trtllm_kv_cache_tokens_per_block", {})
-        ),
+        MetricMap(("trtllm_kv_cache_max_blocks",), S.KV_CACHE_CAPACITY, times=("trtllm_kv_cache_tokens_per_block", {})),
         MetricMap(("trtllm_num_requests_running",), S.REQUESTS_RUNNING),
         MetricMap(("trtllm_num_requests_waiting",), S.REQUESTS_WAITING),
         MetricMap(("trtllm_prompt_tokens_total",), S.PREFIX_CACHE_QUERIES),

@@ -30,7 +30,7 @@ but no ``model_name`` label in vLLM, so the capacity sample has ``dp_rank`` but 
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from kvdoctor.rules import signals as S
 
@@ -83,9 +83,7 @@ ADAPTER = EngineAdapter(
             S.PREFIX_CACHE_HITS_BY_TIER,
             rename_labels={"source": "tier"},
         ),
-        MetricMap(
-            ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), S.INTER_TOKEN_LATENCY
-        ),
+        MetricMap(("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), S.INTER_TOKEN_LATENCY),
         MetricMap(("vllm:time_to_first_token_seconds",), S.TIME_TO_FIRST_TOKEN),
         MetricMap(("vllm:num_requests_running",), S.REQUESTS_RUNNING),
         MetricMap(("vllm:num_requests_waiting",), S.REQUESTS_WAITING),

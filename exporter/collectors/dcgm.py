@@ -23,13 +23,13 @@ PCIe fields are off in dcgm-exporter's default counter list; missing fields are 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import SeriesKey
+from collections.abc import Iterable, Mapping
 
 from kvdoctor.exporter.collectors.base import register
+from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
+from kvdoctor.rules.window import SeriesKey
+
 from .engine import labels_from_settings, parse_exposition
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
@@ -48,8 +48,9 @@ WANTED = frozenset(FIELDS)
 GPU_LABELS = {"gpu": "gpu", "UUID": "uuid", "modelName": "model"}
 
 
-def normalise_dcgm(samples: Iterable[tuple[str, Mapping[str, str], float]],
-                   extra_labels: Mapping[str, str] | None = None) -> dict[SeriesKey, float]:
+def normalise_dcgm(
+    samples: Iterable[tuple[str, Mapping[str, str], float]], extra_labels: Mapping[str, str] | None = None
+) -> dict[SeriesKey, float]:
     """dcgm-exporter samples -> canonical GPU samples (the pure half of the collector)."""
     out: dict[SeriesKey, float] = {}
     for name, labels, value in samples:
@@ -70,9 +71,14 @@ class DcgmCollector:
 
     name = "dcgm"
 
-    def __init__(self, url: str | None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, extra_labels: Mapping[str, str] | None = None,
-                 gpu_filter=None):
+    def __init__(
+        self,
+        url: str | None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        extra_labels: Mapping[str, str] | None = None,
+        gpu_filter=None,
+    ):
         self.url = url or None
         self.extra_labels = dict(extra_labels or {})
         self._filter = gpu_filter  # same policy as NVML's: dcgm-exporter reports every GPU of the node

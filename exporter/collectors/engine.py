@@ -20,20 +20,22 @@ recognises the page).
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
 from kvdoctor.exporter.adapters.base import EngineAdapter
-from kvdoctor.rules.textparse import ExpositionError, iter_samples_streamed
-from kvdoctor.rules.signals import Kind, signal_for_series
-from kvdoctor.rules.window import SeriesKey
-
 from kvdoctor.exporter.collectors.base import register
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
+from kvdoctor.rules.signals import Kind, signal_for_series
+from kvdoctor.rules.textparse import ExpositionError, iter_samples_streamed
+from kvdoctor.rules.window import SeriesKey
+
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
-def parse_exposition(page: str | Iterable[str], wanted: frozenset[str] | None = None,
-                     names: set[str] | None = None) -> list[tuple[str, dict, float]]:
+
+def parse_exposition(
+    page: str | Iterable[str], wanted: frozenset[str] | None = None, names: set[str] | None = None
+) -> list[tuple[str, dict, float]]:
     """``(name, labels, value)`` for the wanted samples of a page; ``SourceError("parse_error")``.
 
     ``page``: the whole text, or its pieces as they arrive (``HttpExposition.iter_text()``; it is
@@ -53,8 +55,10 @@ def parse_exposition(page: str | Iterable[str], wanted: frozenset[str] | None = 
 @functools.cache
 def _any_adapter_wanted() -> frozenset[str]:
     """Every family any engine or KV-tier adapter reads or recognises an engine by."""
-    return frozenset().union(*(a.wanted_names() | frozenset(a.detect) for a in ADAPTERS.values()),
-                             *(tier.wanted_names() for tier in TIER_ADAPTERS.values()))
+    return frozenset().union(
+        *(a.wanted_names() | frozenset(a.detect) for a in ADAPTERS.values()),
+        *(tier.wanted_names() for tier in TIER_ADAPTERS.values()),
+    )
 
 
 def _clean_raw(raw: list[tuple[str, dict, float]], errors: list[str]) -> list[tuple[str, dict, float]]:
@@ -94,8 +98,14 @@ class EngineCollector:
 
     name = "engine"
 
-    def __init__(self, url: str | None, engine: str = "auto", timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, extra_labels: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        url: str | None,
+        engine: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        extra_labels: Mapping[str, str] | None = None,
+    ):
         if engine != "auto" and engine not in ADAPTERS:
             raise ValueError(f"unknown engine {engine!r} (choose from auto, {', '.join(sorted(ADAPTERS))})")
         self.url = url or None
@@ -137,7 +147,9 @@ class EngineCollector:
         """
         return self._normalise(lambda: (text,), partial_errors)
 
-    def _normalise(self, open_page: Callable[[], Iterable[str]], partial_errors: list[str] | None) -> dict[SeriesKey, float]:
+    def _normalise(
+        self, open_page: Callable[[], Iterable[str]], partial_errors: list[str] | None
+    ) -> dict[SeriesKey, float]:
         """``normalise`` of the page ``open_page()`` yields in pieces (called again, i.e. the page
         fetched again, only when the engine it showed must be recognised anew)."""
         adapter = self._adapter
@@ -183,7 +195,9 @@ class EngineCollector:
         raw = parse_exposition(pieces, _any_adapter_wanted(), names)
         adapter = detect(names)
         if adapter is None:
-            raise SourceError("unknown_engine", f"no engine adapter ({', '.join(ADAPTERS)}) recognises the page at {self.url}")
+            raise SourceError(
+                "unknown_engine", f"no engine adapter ({', '.join(ADAPTERS)}) recognises the page at {self.url}"
+            )
         self._use(adapter)
         wanted = self._wanted
         return adapter, [sample for sample in raw if sample[0] in wanted]

@@ -20,12 +20,11 @@ import socket
 import ssl
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 from urllib.parse import urljoin, urlsplit
 
 from kvdoctor.rules.collection import SourceError
-
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # vLLM's page is ~50 KB; this only stops a runaway body
@@ -74,8 +73,9 @@ class HttpExposition:
     cheaply), and a page under the cap too slow to parse as ``timeout``.
     """
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    def __init__(
+        self, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ):
         self.url = url
         self.timeout = float(timeout)
         self.max_body_bytes = int(max_body_bytes)
@@ -332,7 +332,9 @@ class HttpExposition:
 
     def _body(self, head: _Head, url: str, deadline: float) -> Iterator[str]:
         if head.transfer_encoding_unknown:
-            raise SourceError("unsupported_encoding", f"GET {url}: Transfer-Encoding {head.headers['transfer-encoding']!r}")
+            raise SourceError(
+                "unsupported_encoding", f"GET {url}: Transfer-Encoding {head.headers['transfer-encoding']!r}"
+            )
         content_encoding = head.headers.get("content-encoding", "").lower()
         if content_encoding in GZIP_ENCODINGS:
             inflater = zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, 32 KiB window
@@ -380,8 +382,10 @@ class HttpExposition:
                 if not inflater.eof:
                     raise zlib.error("the gzip stream ends early")
             if not parsing:
-                raise SourceError("timeout", f"GET {url}: parsing the page took over {parse_budget:g} s "
-                                             f"({PARSE_SHARE:.0%} of the timeout)")
+                raise SourceError(
+                    "timeout",
+                    f"GET {url}: parsing the page took over {parse_budget:g} s ({PARSE_SHARE:.0%} of the timeout)",
+                )
             text = decode(last, True)
             if text:
                 yield text
@@ -395,7 +399,9 @@ class HttpExposition:
             raise SourceError("parse_error", f"GET {url}: the body is not {charset} text") from None
 
     def _too_large(self, url: str, size: int) -> SourceError:
-        return SourceError("body_too_large", f"GET {url}: body of {size}+ bytes exceeds the cap of {self.max_body_bytes}")
+        return SourceError(
+            "body_too_large", f"GET {url}: body of {size}+ bytes exceeds the cap of {self.max_body_bytes}"
+        )
 
 
 class _BadHttp(Exception):
@@ -423,7 +429,7 @@ class _Head:
     charset: str
 
     @classmethod
-    def of(cls, status: int, version: str, headers: dict[str, str]) -> "_Head":
+    def of(cls, status: int, version: str, headers: dict[str, str]) -> _Head:
         tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
         keep_alive = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
         transfer = headers.get("transfer-encoding", "").lower()

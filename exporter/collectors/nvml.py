@@ -34,14 +34,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
-
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import SeriesKey
+from typing import Any
 
 from kvdoctor.exporter.collectors.base import register
+from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
+from kvdoctor.rules.window import SeriesKey
 
 GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
 GpuFilter = Callable[[Sequence[GpuIdentity]], Sequence[GpuIdentity]]
@@ -106,10 +106,16 @@ class NvmlCollector:
 
     name = "nvml"
 
-    def __init__(self, pynvml_module: Any = None, gpu_filter: GpuFilter | None = None,
-                 peak_bandwidth_override: float | None = None, extra_labels: Mapping[str, str] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 backoff_initial: float = BACKOFF_INITIAL, backoff_max: float = BACKOFF_MAX):
+    def __init__(
+        self,
+        pynvml_module: Any = None,
+        gpu_filter: GpuFilter | None = None,
+        peak_bandwidth_override: float | None = None,
+        extra_labels: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        backoff_initial: float = BACKOFF_INITIAL,
+        backoff_max: float = BACKOFF_MAX,
+    ):
         if pynvml_module is None:
             import pynvml as pynvml_module  # nvidia-ml-py; loading libnvidia-ml waits for nvmlInit
         self._nv = pynvml_module
@@ -199,7 +205,7 @@ class NvmlCollector:
         for sample in gpu.gpm_samples:
             try:
                 self._nv.nvmlGpmSampleFree(sample)
-            except Exception:  # noqa: BLE001 - freeing during teardown of a lost GPU may fail
+            except Exception:
                 pass
         gpu.gpm_samples, gpu.gpm_prev = [], None
 
@@ -208,7 +214,7 @@ class NvmlCollector:
             self._free_gpm(gpu)
         try:
             self._nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutting down a broken NVML is best effort
+        except Exception:
             pass
         self._initialised = False
 
@@ -271,8 +277,11 @@ class NvmlCollector:
         if not any(g.lost for g in self.gpus):
             self._backoff, self._reinit_at = self._backoff_initial, None
         if not out.samples and out.partial_errors:
-            raise SourceError(out.partial_errors[0], "no GPU could be read: " + "; ".join(
-                f"GPU {g.index}: {g.last_error or 'lost'}" for g in self.gpus if g.last_error or g.lost))
+            raise SourceError(
+                out.partial_errors[0],
+                "no GPU could be read: "
+                + "; ".join(f"GPU {g.index}: {g.last_error or 'lost'}" for g in self.gpus if g.last_error or g.lost),
+            )
         return out
 
     def _selected(self) -> list[GpuState]:
@@ -314,7 +323,10 @@ class NvmlCollector:
         if rates is not None:
             out[key(S.GPU_DRAM_BANDWIDTH_UTILIZATION, method="nvml_util")] = rates.memory / 100.0
             out[key(S.GPU_SM_ACTIVE, method="nvml_util")] = rates.gpu / 100.0
-        for counter, signal in ((nv.NVML_PCIE_UTIL_TX_BYTES, S.GPU_PCIE_TX), (nv.NVML_PCIE_UTIL_RX_BYTES, S.GPU_PCIE_RX)):
+        for counter, signal in (
+            (nv.NVML_PCIE_UTIL_TX_BYTES, S.GPU_PCIE_TX),
+            (nv.NVML_PCIE_UTIL_RX_BYTES, S.GPU_PCIE_RX),
+        ):
             kib_per_s = self._optional(nv.nvmlDeviceGetPcieThroughput, gpu.handle, counter)
             if kib_per_s is not None:
                 out[key(signal)] = float(kib_per_s) * KIB
@@ -338,9 +350,12 @@ class NvmlCollector:
                 return nv.nvmlDeviceGetMemoryInfo(gpu.handle, version=version)
             except nv.NVMLError as exc:
                 # an older driver refuses the v2 structure: ask with v1
-                if self._error_value(exc) not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND,
-                                                  nv.NVML_ERROR_INVALID_ARGUMENT,
-                                                  getattr(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None)):
+                if self._error_value(exc) not in (
+                    nv.NVML_ERROR_NOT_SUPPORTED,
+                    nv.NVML_ERROR_FUNCTION_NOT_FOUND,
+                    nv.NVML_ERROR_INVALID_ARGUMENT,
+                    getattr(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None),
+                ):
                     raise
         return nv.nvmlDeviceGetMemoryInfo(gpu.handle)
 
@@ -422,7 +437,9 @@ def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
     try:
         for gpu in collector.gpus:
             print(f"GPU {gpu.index}: {gpu.name} {gpu.uuid}", file=out)
-            print(f"  GPM supported: {'yes' if gpu.gpm else 'no'} (method={'gpm' if gpu.gpm else 'nvml_util'})", file=out)
+            print(
+                f"  GPM supported: {'yes' if gpu.gpm else 'no'} (method={'gpm' if gpu.gpm else 'nvml_util'})", file=out
+            )
             if gpu.lost or gpu.last_error:
                 print(f"  ERROR: {gpu.last_error or 'lost'}", file=out)
                 continue
@@ -443,8 +460,11 @@ def _print_peak(collector: NvmlCollector, gpu: GpuState, out) -> None:
     try:
         width = nv.nvmlDeviceGetMemoryBusWidth(gpu.handle)
         mhz = nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM)
-        print(f"  memory bus {width} bit x max memory clock {mhz} MHz x {DATA_RATE} / 8 = "
-              f"{peak_bandwidth(width, mhz) / 1e9:.0f} GB/s", file=out)
+        print(
+            f"  memory bus {width} bit x max memory clock {mhz} MHz x {DATA_RATE} / 8 = "
+            f"{peak_bandwidth(width, mhz) / 1e9:.0f} GB/s",
+            file=out,
+        )
     except (nv.NVMLError, AttributeError) as exc:
         print(f"  memory bus width / max memory clock: not available ({exc})", file=out)
     figure = catalogue_peak_bandwidth(gpu.name)
@@ -457,8 +477,9 @@ def _print_peak(collector: NvmlCollector, gpu: GpuState, out) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh",
-                                     description="Read the GPUs through NVML once and print what was read.")
+    parser = argparse.ArgumentParser(
+        prog="scripts/gpu_check.sh", description="Read the GPUs through NVML once and print what was read."
+    )
     parser.add_argument("--check", action="store_true", required=True, help="run the check (the only mode)")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between the two readings (GPM)")
     args = parser.parse_args(argv)

@@ -23,16 +23,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090")
     parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to bind (default 8050; 0: any free port)")
-    parser.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
-                        help="seconds between live updates (default 1)")
+    parser.add_argument(
+        "--refresh", type=float, default=None, metavar="SECONDS", help="seconds between live updates (default 1)"
+    )
 
 
 def run(args) -> int:
     import os
     import threading
 
-    from kvdoctor.errors import UsageError
     from kvdoctor.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, create_app, serve_in_thread
+    from kvdoctor.errors import UsageError
 
     exporter = args.exporter or os.environ.get("KVDOCTOR_DASHBOARD_EXPORTER_URL")
     prometheus = args.prometheus or os.environ.get("KVDOCTOR_DASHBOARD_PROMETHEUS_URL")

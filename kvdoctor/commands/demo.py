@@ -65,25 +65,44 @@ def _port(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
 
-    parser.add_argument("--scenario", default="healthy", choices=SCENARIO_CHOICES,
-                        help="the simulated workload (default: healthy)")
-    parser.add_argument("--port", type=_port, default=9745, help="the exporter's port (default: 9745; 0: any free port)")
-    parser.add_argument("--dashboard-port", type=_port, default=8050,
-                        help="the dashboard's port (default: 8050; 0: any free port)")
+    parser.add_argument(
+        "--scenario", default="healthy", choices=SCENARIO_CHOICES, help="the simulated workload (default: healthy)"
+    )
+    parser.add_argument(
+        "--port", type=_port, default=9745, help="the exporter's port (default: 9745; 0: any free port)"
+    )
+    parser.add_argument(
+        "--dashboard-port", type=_port, default=8050, help="the dashboard's port (default: 8050; 0: any free port)"
+    )
     parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (default: 0)")
-    parser.add_argument("--interval", type=_positive_float, default=1.0,
-                        help="seconds between the exporter's collections (default: 1)")
-    parser.add_argument("--slo-ms", type=_positive_float, default=DEFAULT_SLO_MS,
-                        help=f"inter-token latency SLO the diagnosis compares with (default: {DEFAULT_SLO_MS:g} ms)")
-    parser.add_argument("--cycle-period", type=_positive_float, default=CYCLE_PERIOD_SECONDS,
-                        help=f"seconds per scenario with --scenario cycle (default: {CYCLE_PERIOD_SECONDS:g}; the "
-                             "diagnosis reads the last 60 s, so shorter phases mostly show the previous verdict)")
-    parser.add_argument("--status-every", type=float, default=DEFAULT_STATUS_EVERY, metavar="S",
-                        help=f"seconds between status lines (default: {DEFAULT_STATUS_EVERY:g}; 0: none)")
+    parser.add_argument(
+        "--interval", type=_positive_float, default=1.0, help="seconds between the exporter's collections (default: 1)"
+    )
+    parser.add_argument(
+        "--slo-ms",
+        type=_positive_float,
+        default=DEFAULT_SLO_MS,
+        help=f"inter-token latency SLO the diagnosis compares with (default: {DEFAULT_SLO_MS:g} ms)",
+    )
+    parser.add_argument(
+        "--cycle-period",
+        type=_positive_float,
+        default=CYCLE_PERIOD_SECONDS,
+        help=f"seconds per scenario with --scenario cycle (default: {CYCLE_PERIOD_SECONDS:g}; the "
+        "diagnosis reads the last 60 s, so shorter phases mostly show the previous verdict)",
+    )
+    parser.add_argument(
+        "--status-every",
+        type=float,
+        default=DEFAULT_STATUS_EVERY,
+        metavar="S",
+        help=f"seconds between status lines (default: {DEFAULT_STATUS_EVERY:g}; 0: none)",
+    )
 
 
 # ------------------------------------------------------------------------------------ status line
+
 
 def _latest(window, name: str) -> float:
     """The newest value of series ``name``, the highest one if there are several (NaN if absent)."""
@@ -146,22 +165,25 @@ def status_line(window, diagnosis: dict | None, now: float | None = None) -> str
     if diagnosis:
         verdict = f"{diagnosis.get('verdict', '--')} ({float(diagnosis.get('confidence') or 0):.2f})"
     clock = time.strftime("%H:%M:%S", time.localtime(now if now is not None else time.time()))
-    return (f"[{clock}] KV {pct(_latest(window, S.KV_CACHE_USAGE))} | ITL p50 {ms(p50)} ms p95 {ms(p95)} ms | "
-            f"DRAM BW {pct(_latest(window, S.GPU_DRAM_BANDWIDTH_UTILIZATION))} | "
-            f"SM {pct(_latest(window, S.GPU_SM_ACTIVE))} | "
-            f"preemptions {'--' if math.isnan(preempt) else f'{preempt:.1f}'}/s | verdict {verdict}")
+    return (
+        f"[{clock}] KV {pct(_latest(window, S.KV_CACHE_USAGE))} | ITL p50 {ms(p50)} ms p95 {ms(p95)} ms | "
+        f"DRAM BW {pct(_latest(window, S.GPU_DRAM_BANDWIDTH_UTILIZATION))} | "
+        f"SM {pct(_latest(window, S.GPU_SM_ACTIVE))} | "
+        f"preemptions {'--' if math.isnan(preempt) else f'{preempt:.1f}'}/s | verdict {verdict}"
+    )
 
 
 # ------------------------------------------------------------------------------------ wiring
+
 
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from kvdoctor.errors import UsageError
-    from kvdoctor.exporter.assembly import ConfigError, build_exporter
     from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.settings import error_line, load_settings
+    from kvdoctor.exporter.assembly import ConfigError, build_exporter
     from kvdoctor.exporter.server import ServerError, serve_in_thread
+    from kvdoctor.exporter.settings import error_line, load_settings
     from kvdoctor.simulator import gpu as simulated_gpu
     from kvdoctor.simulator.engine_server import EngineServer
     from kvdoctor.simulator.physics import Simulation
@@ -189,16 +211,23 @@ def run(args: argparse.Namespace) -> int:
             model_config.write_text(json.dumps(dict(sim.config.model_config)))
         try:
             settings = load_settings(
-                engine_url=engine.metrics_url, engine="vllm", nvml=False,
-                interval=args.interval, host="127.0.0.1", port=args.port,
+                engine_url=engine.metrics_url,
+                engine="vllm",
+                nvml=False,
+                interval=args.interval,
+                host="127.0.0.1",
+                port=args.port,
                 model_config_path=str(model_config) if model_config else None,
-                gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth, slo_ms=args.slo_ms,
+                gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth,
+                slo_ms=args.slo_ms,
             )
         except ValidationError as exc:
             raise UsageError(error_line(exc)) from None
         try:
-            exporter = build_exporter(settings, extra_collectors=[simulated_gpu.for_engine_url(
-                engine.metrics_url, settings.scrape_timeout or 2.0)])
+            exporter = build_exporter(
+                settings,
+                extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url, settings.scrape_timeout or 2.0)],
+            )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         stack.callback(exporter.stop)
@@ -221,22 +250,30 @@ def run(args: argparse.Namespace) -> int:
             try:
                 dashboard_http = serve_dashboard(dashboard, "127.0.0.1", args.dashboard_port)
             except OSError as exc:
-                raise UsageError(f"{exc.strerror or exc} (choose another with --dashboard-port, or --no-dashboard)") from None
+                raise UsageError(
+                    f"{exc.strerror or exc} (choose another with --dashboard-port, or --no-dashboard)"
+                ) from None
             stack.callback(dashboard_http.stop)
             dashboard_url = dashboard_http.url
 
         exporter.start()
         cfg = sim.config
-        print(f"kvdoctor demo: simulated vLLM engine serving {cfg.model_name} on a simulated {cfg.gpu_name}; "
-              f"scenario {args.scenario}; ITL SLO {args.slo_ms:g} ms", flush=True)
+        print(
+            f"kvdoctor demo: simulated vLLM engine serving {cfg.model_name} on a simulated {cfg.gpu_name}; "
+            f"scenario {args.scenario}; ITL SLO {args.slo_ms:g} ms",
+            flush=True,
+        )
         if dashboard_url:
             print(f"  dashboard   {dashboard_url}", flush=True)
         elif not args.no_dashboard:
             print("  dashboard   (not installed in this build)", flush=True)
         print(f"  metrics     {exporter_http.url}/metrics", flush=True)
         print(f"  diagnosis   {exporter_http.url}/api/v1/diagnosis", flush=True)
-        print(f"  engine      {engine.metrics_url}   (switch: curl -X POST {engine.url}/scenario "
-              f"-d '{{\"scenario\": \"kv_thrashing\"}}')", flush=True)
+        print(
+            f"  engine      {engine.metrics_url}   (switch: curl -X POST {engine.url}/scenario "
+            f'-d \'{{"scenario": "kv_thrashing"}}\')',
+            flush=True,
+        )
         print("Ctrl-C to stop.", flush=True)
 
         every = args.status_every

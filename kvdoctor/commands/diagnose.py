@@ -9,7 +9,7 @@ import math
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 NAME = "diagnose"
 HELP = "say why decode is slow: verdict, evidence and actions for a window of samples"
@@ -44,26 +44,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--exporter", metavar="URL", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
     source.add_argument("--prometheus", metavar="URL", help="a Prometheus server, e.g. http://prometheus:9090")
     source.add_argument("--replay", metavar="FILE", help="a trace file (OpenMetrics with timestamps)")
-    parser.add_argument("--selector", metavar="SEL",
-                        help="with --prometheus: label matchers picking one pod, e.g. '{pod=\"vllm-0\"}'")
-    parser.add_argument("--at", metavar="TIME", help="end of the window: Unix seconds or RFC 3339 (default: newest sample)")
-    parser.add_argument("--window", type=float, metavar="SECONDS",
-                        help="window length in seconds (default: the thresholds' window_seconds, 60)")
+    parser.add_argument(
+        "--selector", metavar="SEL", help="with --prometheus: label matchers picking one pod, e.g. '{pod=\"vllm-0\"}'"
+    )
+    parser.add_argument(
+        "--at", metavar="TIME", help="end of the window: Unix seconds or RFC 3339 (default: newest sample)"
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        metavar="SECONDS",
+        help="window length in seconds (default: the thresholds' window_seconds, 60)",
+    )
     parser.add_argument("--slo-ms", type=float, metavar="N", help="inter-token latency SLO in ms (default 100)")
     parser.add_argument("--thresholds", metavar="YAML", help="a YAML file overriding decision-tree thresholds")
-    parser.add_argument("--model-config", metavar="PATH",
-                        help="the served model's Hugging Face config.json (enables the ledger's predicted effects)")
+    parser.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="the served model's Hugging Face config.json (enables the ledger's predicted effects)",
+    )
     gpu = parser.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", metavar="NAME", help="GPU model for the ledger, e.g. H100 (default: from the samples)")
     gpu.add_argument("--gpu-peak-bandwidth", type=float, metavar="B", help="peak DRAM bandwidth of one GPU, bytes/s")
-    parser.add_argument("--engine", metavar="NAME",
-                        help="with --replay: the engine whose raw families the trace holds (default: recognised)")
-    parser.add_argument("--timeout", type=float, default=HTTP_TIMEOUT_SECONDS, metavar="SECONDS",
-                        help=f"how long to wait for the exporter or Prometheus (default {HTTP_TIMEOUT_SECONDS:g})")
+    parser.add_argument(
+        "--engine",
+        metavar="NAME",
+        help="with --replay: the engine whose raw families the trace holds (default: recognised)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=HTTP_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help=f"how long to wait for the exporter or Prometheus (default {HTTP_TIMEOUT_SECONDS:g})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
 
 
 # ------------------------------------------------------------------------------------- inputs
+
 
 def parse_time(text: str) -> float:
     """Unix seconds or an RFC 3339 timestamp (with a zone: ``Z`` or ``+02:00``) -> Unix seconds."""
@@ -111,7 +130,9 @@ def _context(args):
         peak = load_gpu(args.gpu).peak_bandwidth
     elif args.gpu_peak_bandwidth is not None:
         if not (args.gpu_peak_bandwidth > 0 and math.isfinite(args.gpu_peak_bandwidth)):
-            raise UsageError(f"--gpu-peak-bandwidth must be a positive number of bytes/s, got {args.gpu_peak_bandwidth:g}")
+            raise UsageError(
+                f"--gpu-peak-bandwidth must be a positive number of bytes/s, got {args.gpu_peak_bandwidth:g}"
+            )
         peak = args.gpu_peak_bandwidth
     return Context(model=model, gpu_peak_bandwidth=peak, slo_seconds=slo_seconds)
 
@@ -162,8 +183,10 @@ def load_window(args, seconds: float, at: float | None):
         end = full.end if at is None else at
         window = full.slice(end - seconds, end)
         if not len(window) or not window.series:
-            raise UsageError(f"{args.replay} has no samples in the {seconds:g} s before {_iso(end)} "
-                             f"(it covers {_iso(full.start)} to {_iso(full.end)})")
+            raise UsageError(
+                f"{args.replay} has no samples in the {seconds:g} s before {_iso(end)} "
+                f"(it covers {_iso(full.start)} to {_iso(full.end)})"
+            )
         how = f"raw {trace.engine} families through the {trace.engine} adapter" if trace.engine else "canonical series"
         return window, f"replay of {args.replay} ({how})"
 
@@ -195,12 +218,15 @@ def load_window(args, seconds: float, at: float | None):
     end = full.end if at is None else at
     window = full.slice(end - seconds, end)
     if not len(window) or not window.series:
-        raise UsageError(f"the exporter at {client.url} holds no samples in the {seconds:g} s before {_iso(end)} "
-                         f"(it holds {_iso(full.start)} to {_iso(full.end)})")
+        raise UsageError(
+            f"the exporter at {client.url} holds no samples in the {seconds:g} s before {_iso(end)} "
+            f"(it holds {_iso(full.start)} to {_iso(full.end)})"
+        )
     return window, f"exporter {client.url}"
 
 
 # ------------------------------------------------------------------------------------- output
+
 
 def run(args) -> int:
     from kvdoctor.rules.diagnosis import diagnose
@@ -238,8 +264,12 @@ def render(result, window, origin: str, context, colour: bool = False) -> str:
         _paint(result.verdict, "slow" if slow else "ok", colour) + f"  (confidence {result.confidence:.2f})",
         _paint(result.headline, "bold", colour),
         "",
-        _paint(f"window: {_span(window)} s, {len(window)} snapshots ending {_iso(window.end)}; {origin}; "
-               f"ITL SLO {context.slo_seconds * 1000:g} ms", "dim", colour),
+        _paint(
+            f"window: {_span(window)} s, {len(window)} snapshots ending {_iso(window.end)}; {origin}; "
+            f"ITL SLO {context.slo_seconds * 1000:g} ms",
+            "dim",
+            colour,
+        ),
     ]
     lines += ["", "evidence"]
     rows = [("signal", "value", "threshold", "holds", "status")]
@@ -265,8 +295,11 @@ def render(result, window, origin: str, context, colour: bool = False) -> str:
     if result.actions:
         lines += ["", "actions (cheapest first)"]
         for n, action in enumerate(result.actions, 1):
-            flags = "; ".join(f"{engine} {flag}" for engine, flag in (("vLLM", action.flag_vllm),
-                                                                       ("SGLang", action.flag_sglang)) if flag)
+            flags = "; ".join(
+                f"{engine} {flag}"
+                for engine, flag in (("vLLM", action.flag_vllm), ("SGLang", action.flag_sglang))
+                if flag
+            )
             lines.append(f"  {n}. {action.title}" + (f"  [{flags}]" if flags else ""))
             lines.append(f"     {action.why}")
             if action.effect:
@@ -301,5 +334,7 @@ def _fmt(value, unit: str) -> str:
 def _iso(t: float) -> str:
     if t is None or not math.isfinite(t):
         return "?"
-    stamp = datetime.fromtimestamp(t, tz=timezone.utc)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S") + (f".{stamp.microsecond // 1000:03d}" if stamp.microsecond else "") + "Z"
+    stamp = datetime.fromtimestamp(t, tz=UTC)
+    return (
+        stamp.strftime("%Y-%m-%dT%H:%M:%S") + (f".{stamp.microsecond // 1000:03d}" if stamp.microsecond else "") + "Z"
+    )

@@ -42,16 +42,35 @@ def _positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
 
-    parser.add_argument("--model", required=True, metavar="CONFIG.json|NAME",
-                        help=f"a Hugging Face config.json, or one of: {', '.join(COMMON_MODELS)}")
-    parser.add_argument("--gpu", required=True, metavar="NAME",
-                        help=f"a catalogue name ({', '.join(GPU_CATALOGUE)}) or an NVML device name")
-    parser.add_argument("--context", type=_positive_int, default=DEFAULT_CONTEXT, metavar="N",
-                        help=f"tokens of KV per sequence (default: {DEFAULT_CONTEXT})")
-    parser.add_argument("--batch", type=_positive_int, default=DEFAULT_BATCH, metavar="N",
-                        help=f"concurrent sequences (default: {DEFAULT_BATCH})")
-    parser.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
-                        help="KV-cache element type (default: the model's dtype)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="CONFIG.json|NAME",
+        help=f"a Hugging Face config.json, or one of: {', '.join(COMMON_MODELS)}",
+    )
+    parser.add_argument(
+        "--gpu",
+        required=True,
+        metavar="NAME",
+        help=f"a catalogue name ({', '.join(GPU_CATALOGUE)}) or an NVML device name",
+    )
+    parser.add_argument(
+        "--context",
+        type=_positive_int,
+        default=DEFAULT_CONTEXT,
+        metavar="N",
+        help=f"tokens of KV per sequence (default: {DEFAULT_CONTEXT})",
+    )
+    parser.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=DEFAULT_BATCH,
+        metavar="N",
+        help=f"concurrent sequences (default: {DEFAULT_BATCH})",
+    )
+    parser.add_argument(
+        "--kv-dtype", choices=KV_DTYPES, default=None, help="KV-cache element type (default: the model's dtype)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
@@ -176,7 +195,8 @@ def render(result: dict) -> str:
         "",
         f"  KV bytes per token    {_bytes(result['kv_bytes_per_token'])}",
         f"  live KV               {_bytes(result['live_kv_bytes'])}  ({batch} sequences x {ctx:,} tokens)",
-        f"  weights               {_bytes(result['weight_bytes'])}" if result["weights_known"]
+        f"  weights               {_bytes(result['weight_bytes'])}"
+        if result["weights_known"]
         else "  weights               unknown (config lacks vocab_size or intermediate_size): the floor counts KV only",
         f"  decode step floor     {_ms(result['step_floor_seconds'])}  ((weights + live KV) / peak bandwidth)",
         f"  tokens/s ceiling      {result['tokens_per_second_per_sequence']:,.1f} per sequence, "
@@ -185,22 +205,34 @@ def render(result: dict) -> str:
     pool = result["kv_pool_bytes"]
     share = f"{result['gpu_memory_utilization']:.0%} of {g['memory_bytes'] / 1e9:.0f} GB minus weights"
     if result["fits"]:
-        lines.append(f"  fits in GPU memory?   yes: the KV pool ({_bytes(pool)}, {share}) holds "
-                     f"{result['max_batch']:,} sequences of {ctx:,} tokens")
+        lines.append(
+            f"  fits in GPU memory?   yes: the KV pool ({_bytes(pool)}, {share}) holds "
+            f"{result['max_batch']:,} sequences of {ctx:,} tokens"
+        )
     elif pool <= 0:
         lines.append(f"  fits in GPU memory?   no: the weights alone exceed {share.split(' minus')[0]}")
     else:
-        lines.append(f"  fits in GPU memory?   no: the KV pool ({_bytes(pool)}, {share}) holds only "
-                     f"{result['max_batch']:,} sequences of {ctx:,} tokens")
+        lines.append(
+            f"  fits in GPU memory?   no: the KV pool ({_bytes(pool)}, {share}) holds only "
+            f"{result['max_batch']:,} sequences of {ctx:,} tokens"
+        )
 
-    lines += ["", "what if                        KV/token   live KV    step floor  tokens/s   fits  change (floor, tokens/s)"]
+    lines += [
+        "",
+        "what if                        KV/token   live KV    step floor  tokens/s   fits  change (floor, tokens/s)",
+    ]
     for row in result["what_if"]:
-        change = "baseline" if row["name"] == "baseline" else \
-            f"{_change(row['step_floor_ratio'])}, {_change(row['tokens_per_second_ratio'])}"
+        change = (
+            "baseline"
+            if row["name"] == "baseline"
+            else f"{_change(row['step_floor_ratio'])}, {_change(row['tokens_per_second_ratio'])}"
+        )
         flag = f"   {row['flag']}" if row["flag"] else ""
-        lines.append(f"  {row['label']:<28} {_bytes(row['kv_bytes_per_token']):<10} {_bytes(row['live_kv_bytes']):<10} "
-                     f"{_ms(row['step_floor_seconds']):<11} {row['tokens_per_second_total']:<10,.0f} "
-                     f"{'yes' if row['fits'] else 'no':<5} {change}{flag}")
+        lines.append(
+            f"  {row['label']:<28} {_bytes(row['kv_bytes_per_token']):<10} {_bytes(row['live_kv_bytes']):<10} "
+            f"{_ms(row['step_floor_seconds']):<11} {row['tokens_per_second_total']:<10,.0f} "
+            f"{'yes' if row['fits'] else 'no':<5} {change}{flag}"
+        )
 
     o = result["offload"]
     link = f"{o['link_bandwidth'] / 1e9:.1f} GB/s (min of host memory and PCIe)"
@@ -209,13 +241,19 @@ def render(result: dict) -> str:
         lines.append("  nothing to offload: the live KV fits in the GPU pool.")
     else:
         verdict = "hides behind the step" if o["hideable"] else "cannot hide behind the step"
-        lines.append(f"  {_bytes(o['overflow_bytes'])} of KV does not fit and would live on the host: moving it "
-                     f"takes {_ms(o['transfer_seconds_per_step'])} per step against a {_ms(o['step_seconds'])} "
-                     f"step ({verdict}).")
-        lines.append(f"  to hide it, {o['prefetch_hit_rate_needed']:.1%} of the host KV must already be on the "
-                     "GPU when the step reads it (prefetch hit rate).")
-    lines.append(f"  a prefix hit served from the host ({ctx:,} tokens, {_bytes(result['kv_bytes_per_token'] * ctx)}) "
-                 f"takes {_ms(o['prefix_load_seconds'])} to load: {o['prefix_load_steps']:.1f} decode steps.")
+        lines.append(
+            f"  {_bytes(o['overflow_bytes'])} of KV does not fit and would live on the host: moving it "
+            f"takes {_ms(o['transfer_seconds_per_step'])} per step against a {_ms(o['step_seconds'])} "
+            f"step ({verdict})."
+        )
+        lines.append(
+            f"  to hide it, {o['prefetch_hit_rate_needed']:.1%} of the host KV must already be on the "
+            "GPU when the step reads it (prefetch hit rate)."
+        )
+    lines.append(
+        f"  a prefix hit served from the host ({ctx:,} tokens, {_bytes(result['kv_bytes_per_token'] * ctx)}) "
+        f"takes {_ms(o['prefix_load_seconds'])} to load: {o['prefix_load_steps']:.1f} decode steps."
+    )
     return "\n".join(lines)
 
 

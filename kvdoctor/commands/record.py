@@ -82,15 +82,17 @@ class ExporterClient:
         if response.status_code == 404:
             raise LookupError("no /api/v1/window")
         if response.status_code == 422:
-            raise ExporterError(f"the exporter at {self.url} refused a {n} s window (it keeps less: see its "
-                                "--max-window)")
+            raise ExporterError(
+                f"the exporter at {self.url} refused a {n} s window (it keeps less: see its --max-window)"
+            )
         if response.status_code != 200:
             raise ExporterError(f"the exporter at {self.url} answered HTTP {response.status_code} to /api/v1/window")
         try:
             return Window.from_json(response.json())
         except ValueError as exc:  # also JSONDecodeError
-            raise ExporterError(f"{self.url}/api/v1/window did not return a kvdoctor window: "
-                                f"{str(exc).splitlines()[0][:120]}") from None
+            raise ExporterError(
+                f"{self.url}/api/v1/window did not return a kvdoctor window: {str(exc).splitlines()[0][:120]}"
+            ) from None
 
     def metrics_snapshot(self):
         """One Snapshot of the canonical ``kvdoctor_*`` samples on /metrics, stamped now."""
@@ -136,11 +138,11 @@ def exporter_base_url(url: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--exporter", metavar="URL", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    source.add_argument("--engine-url", metavar="URL",
-                        help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
+    source.add_argument("--engine-url", metavar="URL", help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
     parser.add_argument("--seconds", type=float, required=True, metavar="N", help="how long to record")
-    parser.add_argument("--interval", type=float, metavar="S",
-                        help="seconds between polls (default: the exporter's interval, else 1)")
+    parser.add_argument(
+        "--interval", type=float, metavar="S", help="seconds between polls (default: the exporter's interval, else 1)"
+    )
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the trace file to write")
 
 
@@ -162,7 +164,7 @@ class _Stop(Exception):
     """SIGTERM: stop recording like Ctrl-C does."""
 
 
-def _raise_stop(signum, frame):  # noqa: ARG001
+def _raise_stop(signum, frame):
     raise _Stop()
 
 
@@ -199,6 +201,7 @@ def _say(message: str) -> None:
 
 # ------------------------------------------------------------------------------------ exporter
 
+
 class _Recording:
     """Snapshots merged by timestamp from overlapping windows; the trace is written from here."""
 
@@ -230,8 +233,8 @@ class _Recording:
         return sorted(self.snapshots)
 
     def write(self) -> int:
-        from kvdoctor.sources.traces import write_window
         from kvdoctor.rules.window import Window
+        from kvdoctor.sources.traces import write_window
 
         self.last_checkpoint = time.monotonic()
         return write_window(Window.from_snapshots(self.snapshots.values()), self.output)
@@ -258,8 +261,9 @@ def _record_exporter(args, output: Path) -> int:
             raise UsageError(str(exc)) from None
         mode = "/api/v1/window" if use_window_api else "/metrics"
         _say(f"recording {args.seconds:g} s from {client.url} ({mode}) every {interval:g} s into {output}")
-        stopped = _loop(args.seconds, interval, recording,
-                        lambda: _poll_exporter(client, recording, interval, use_window_api))
+        stopped = _loop(
+            args.seconds, interval, recording, lambda: _poll_exporter(client, recording, interval, use_window_api)
+        )
         if use_window_api and not stopped:
             try:  # the last cycle may have landed after the last poll
                 _poll_exporter(client, recording, interval, True)
@@ -270,8 +274,9 @@ def _record_exporter(args, output: Path) -> int:
     return _finish(recording, stopped, client.url)
 
 
-def _poll_exporter(client: ExporterClient, recording: _Recording, interval: float, use_window_api: bool,
-                   first: bool = False) -> bool:
+def _poll_exporter(
+    client: ExporterClient, recording: _Recording, interval: float, use_window_api: bool, first: bool = False
+) -> bool:
     """One poll; returns whether the window API is in use (the first poll finds out)."""
     if use_window_api:
         newest = recording.newest()
@@ -336,6 +341,7 @@ def _finish(recording, stopped: bool, url: str) -> int:
 
 # -------------------------------------------------------------------------------------- engine
 
+
 class _RawRecording:
     """Raw pages of an engine's /metrics with the time each was taken."""
 
@@ -364,13 +370,15 @@ def _record_engine(args, output: Path) -> int:
 
     from kvdoctor.errors import UsageError
     from kvdoctor.exporter.adapters import ADAPTERS, detect
-    from kvdoctor.rules.collection import SourceError
     from kvdoctor.exporter.collectors.http import HttpExposition
+    from kvdoctor.rules.collection import SourceError
     from kvdoctor.rules.textparse import ExpositionError, family_names
 
     parts = urlsplit(args.engine_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--engine-url needs an http(s) URL such as http://127.0.0.1:8000/metrics, got {args.engine_url!r}")
+        raise UsageError(
+            f"--engine-url needs an http(s) URL such as http://127.0.0.1:8000/metrics, got {args.engine_url!r}"
+        )
     url = args.engine_url if parts.path not in ("", "/") else args.engine_url.rstrip("/") + "/metrics"
     interval = args.interval or DEFAULT_INTERVAL
     page = HttpExposition(url, timeout=min(HTTP_TIMEOUT_SECONDS, max(interval, 0.5)))

@@ -23,15 +23,21 @@ DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound, Kvdocto
 
 def add_arguments(parser) -> None:
     actions = parser.add_subparsers(dest="rules_action", metavar="ACTION")
-    export = actions.add_parser("export", help="write the rule file", description=DESCRIPTION,
-                                formatter_class=parser.formatter_class)
+    export = actions.add_parser(
+        "export", help="write the rule file", description=DESCRIPTION, formatter_class=parser.formatter_class
+    )
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    export.add_argument("--thresholds", metavar="FILE",
-                        help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py)")
-    export.add_argument("--slo-ms", type=float, default=None, metavar="N",
-                        help="inter-token latency SLO in milliseconds (default 100)")
-    export.add_argument("--check", action="store_true",
-                        help="do not write: exit 1 if FILE (-o) differs from what would be written")
+    export.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py)",
+    )
+    export.add_argument(
+        "--slo-ms", type=float, default=None, metavar="N", help="inter-token latency SLO in milliseconds (default 100)"
+    )
+    export.add_argument(
+        "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
+    )
 
 
 def run(args) -> int:
@@ -60,8 +66,10 @@ def run(args) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read {args.output}: {exc.strerror or exc}") from None
         if current != text:
-            print(f"{args.output} is out of date; regenerate it with: kvdoctor rules export -o {args.output}",
-                  file=sys.stderr)
+            print(
+                f"{args.output} is out of date; regenerate it with: kvdoctor rules export -o {args.output}",
+                file=sys.stderr,
+            )
             return 1
         return 0
 

@@ -45,31 +45,74 @@ DIAGNOSIS_SECONDS = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", required=True, metavar="URL",
-                        help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1)")
-    parser.add_argument("--exporter", metavar="URL",
-                        help="a kvdoctor exporter scraping that engine (default: one runs in this process on "
-                             "ENDPOINT/metrics)")
+    parser.add_argument(
+        "--endpoint",
+        required=True,
+        metavar="URL",
+        help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1)",
+    )
+    parser.add_argument(
+        "--exporter",
+        metavar="URL",
+        help="a kvdoctor exporter scraping that engine (default: one runs in this process on ENDPOINT/metrics)",
+    )
     parser.add_argument("--model", metavar="NAME", help="the model to ask for (default: the first of /v1/models)")
-    parser.add_argument("--prompt-tokens", type=int, default=DEFAULTS["prompt_tokens"], metavar="N",
-                        help=f"prompt length in tokens, calibrated on the server's count (default {DEFAULTS['prompt_tokens']})")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="N",
-                        help=f"tokens generated per request (ignore_eos where supported; default {DEFAULTS['max_tokens']})")
-    parser.add_argument("--start-concurrency", type=int, default=DEFAULTS["start_concurrency"], metavar="N",
-                        help="requests in flight in the first step (default 1); doubled each step")
-    parser.add_argument("--max-concurrency", type=int, default=DEFAULTS["max_concurrency"], metavar="N",
-                        help=f"the last step's concurrency if the KV cache never saturates (default {DEFAULTS['max_concurrency']})")
-    parser.add_argument("--step-seconds", type=float, default=DEFAULTS["step_seconds"], metavar="S",
-                        help=f"seconds per concurrency step (default {DEFAULTS['step_seconds']:g})")
-    parser.add_argument("--kv-saturation", type=float, default=0.95, metavar="RATIO",
-                        help="KV usage (0..1) that counts as saturated (default 0.95); a preemption always does")
-    parser.add_argument("-o", "--output", metavar="DIR",
-                        help="report folder (default: stress-YYYYmmdd-HHMMSS in the current folder)")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                        help="seconds to wait for the exporter's answers (default 10)")
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=DEFAULTS["prompt_tokens"],
+        metavar="N",
+        help=f"prompt length in tokens, calibrated on the server's count (default {DEFAULTS['prompt_tokens']})",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULTS["max_tokens"],
+        metavar="N",
+        help=f"tokens generated per request (ignore_eos where supported; default {DEFAULTS['max_tokens']})",
+    )
+    parser.add_argument(
+        "--start-concurrency",
+        type=int,
+        default=DEFAULTS["start_concurrency"],
+        metavar="N",
+        help="requests in flight in the first step (default 1); doubled each step",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=DEFAULTS["max_concurrency"],
+        metavar="N",
+        help=f"the last step's concurrency if the KV cache never saturates (default {DEFAULTS['max_concurrency']})",
+    )
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=DEFAULTS["step_seconds"],
+        metavar="S",
+        help=f"seconds per concurrency step (default {DEFAULTS['step_seconds']:g})",
+    )
+    parser.add_argument(
+        "--kv-saturation",
+        type=float,
+        default=0.95,
+        metavar="RATIO",
+        help="KV usage (0..1) that counts as saturated (default 0.95); a preemption always does",
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="DIR", help="report folder (default: stress-YYYYmmdd-HHMMSS in the current folder)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the exporter's answers (default 10)",
+    )
 
 
 # ---------------------------------------------------------------------------------------- progress
+
 
 class Progress:
     """One redrawn line on a terminal (stderr); plain lines, one per step, anywhere else."""
@@ -117,6 +160,7 @@ def _ms(v) -> str:
 
 # ---------------------------------------------------------------------------------------- the run
 
+
 class LiveState:
     """What the exporter said since the run started: for saturation and the progress line."""
 
@@ -147,7 +191,7 @@ class LiveState:
             self.step_preemptions = float(d[ts >= step_start].sum())
 
 
-async def _run(args, settings, progress: Progress) -> "_Run":
+async def _run(args, settings, progress: Progress) -> _Run:
     import httpx
 
     from kvdoctor.errors import UsageError
@@ -167,7 +211,9 @@ async def _run(args, settings, progress: Progress) -> "_Run":
         signals = ExporterSignals(exporter_base_url(settings.exporter), timeout=args.timeout)
     else:
         signals = LocalSignals(server_root(base) + "/metrics", retention_seconds=planned + 600)
-    limits = httpx.Limits(max_connections=settings.max_concurrency + 4, max_keepalive_connections=settings.max_concurrency + 4)
+    limits = httpx.Limits(
+        max_connections=settings.max_concurrency + 4, max_keepalive_connections=settings.max_concurrency + 4
+    )
     async with httpx.AsyncClient(limits=limits, follow_redirects=True) as client:
         try:
             if settings.exporter:  # a wrong exporter is told before any request is sent
@@ -178,16 +224,20 @@ async def _run(args, settings, progress: Progress) -> "_Run":
                 raise UsageError(str(exc)) from None
             if not settings.exporter:
                 await _start_signals(signals)
-            progress.line(f"kvdoctor stress: {endpoint.model} at {endpoint.url}; prompt {endpoint.prompt_tokens or '?'} "
-                          f"tokens, {settings.max_tokens} generated; concurrency {' '.join(map(str, schedule))}, "
-                          f"{settings.step_seconds:g} s each; signals: {signals.description}")
+            progress.line(
+                f"kvdoctor stress: {endpoint.model} at {endpoint.url}; prompt {endpoint.prompt_tokens or '?'} "
+                f"tokens, {settings.max_tokens} generated; concurrency {' '.join(map(str, schedule))}, "
+                f"{settings.step_seconds:g} s each; signals: {signals.description}"
+            )
             for note in endpoint.notes:
                 progress.line(f"kvdoctor stress: note: {note}")
             if isinstance(signals, LocalSignals):
                 up, error = signals.engine_up()
                 if up is False:
-                    progress.line(f"kvdoctor stress: warning: no engine metrics at {signals.metrics_url} ({error}); "
-                                  "KV usage will be unknown: pass --exporter URL")
+                    progress.line(
+                        f"kvdoctor stress: warning: no engine metrics at {signals.metrics_url} ({error}); "
+                        "KV usage will be unknown: pass --exporter URL"
+                    )
             return await _steps(settings, schedule, endpoint, signals, client, progress)
         finally:
             await asyncio.to_thread(signals.close)
@@ -275,11 +325,13 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
                 await _poll(run, progress, step.started)
                 counts = runner.counts()
                 p50, _ = runner.recent_itl()
-                progress.update((now - run.run_start) / planned,
-                                f"step {index + 1}/{len(schedule)} ×{concurrency}  "
-                                f"{now - step.started:3.0f}/{settings.step_seconds:g} s  KV {_pct(live.kv_now)}  "
-                                f"client ITL p50 {_ms(p50)}  preemptions {live.preemptions:.0f}  "
-                                f"done {counts['ok']} failed {counts['failed']}")
+                progress.update(
+                    (now - run.run_start) / planned,
+                    f"step {index + 1}/{len(schedule)} ×{concurrency}  "
+                    f"{now - step.started:3.0f}/{settings.step_seconds:g} s  KV {_pct(live.kv_now)}  "
+                    f"client ITL p50 {_ms(p50)}  preemptions {live.preemptions:.0f}  "
+                    f"done {counts['ok']} failed {counts['failed']}",
+                )
             await asyncio.sleep(0.2)
         step.ended = time.time()
         await _poll(run, progress, step.started)
@@ -288,13 +340,17 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
         failed_here = counts["failed"] - before["failed"]
         ok_here = counts["ok"] - before["ok"]
         kv_text = f"KV max {_pct(live.kv_step_max)}" if not math.isnan(live.kv_step_max) else "KV unknown"
-        progress.line(f"kvdoctor stress: step {index + 1}/{len(schedule)} ×{concurrency}: {kv_text}, "
-                      f"preemptions {live.step_preemptions:.0f}, completed {ok_here}, failed {failed_here}")
+        progress.line(
+            f"kvdoctor stress: step {index + 1}/{len(schedule)} ×{concurrency}: {kv_text}, "
+            f"preemptions {live.step_preemptions:.0f}, completed {ok_here}, failed {failed_here}"
+        )
         if started_here and failed_here >= started_here and ok_here == 0 and not _any_tokens(runner, step):
             run.failed = runner.last_error or "every request failed"
             progress.line(f"kvdoctor stress: the endpoint failed during step {index + 1}: {run.failed}")
             return
-        if live.step_preemptions > 0 or (not math.isnan(live.kv_step_max) and live.kv_step_max >= settings.kv_saturation):
+        if live.step_preemptions > 0 or (
+            not math.isnan(live.kv_step_max) and live.kv_step_max >= settings.kv_saturation
+        ):
             run.saturated_at = concurrency
             return
 
@@ -307,10 +363,10 @@ def write_report(settings, result: dict, out_dir) -> dict:
     """Analyses a finished run and writes the report folder; returns the summary."""
     from pathlib import Path
 
+    from kvdoctor.rules.diagnosis import diagnose
+    from kvdoctor.sources.traces import write_window
     from kvdoctor.stress import plan as S
     from kvdoctor.stress.report import render_figure, render_html, write_json
-    from kvdoctor.sources.traces import write_window
-    from kvdoctor.rules.diagnosis import diagnose
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -326,8 +382,12 @@ def write_report(settings, result: dict, out_dir) -> dict:
         tail = window.slice(end - DIAGNOSIS_SECONDS, end + TAIL_SECONDS + 1)
         if len(tail) >= 2:
             d = diagnose(tail)
-            diagnosis = {"verdict": d.verdict, "headline": d.headline, "confidence": round(d.confidence, 3),
-                         "window_seconds": round(d.window_seconds)}
+            diagnosis = {
+                "verdict": d.verdict,
+                "headline": d.headline,
+                "confidence": round(d.confidence, 3),
+                "window_seconds": round(d.window_seconds),
+            }
     trace_series = 0
     if len(window):
         trace_series = write_window(window, out / "trace.om")
@@ -335,8 +395,12 @@ def write_report(settings, result: dict, out_dir) -> dict:
         (out / "trace.om").write_text("# EOF\n")
     endpoint = result.endpoint
     extra = {
-        "signals": {"source": result.signals.description, "snapshots": len(window),
-                    "trace_series": trace_series, "poll_errors": result.poll_errors},
+        "signals": {
+            "source": result.signals.description,
+            "snapshots": len(window),
+            "trace_series": trace_series,
+            "poll_errors": result.poll_errors,
+        },
         "latency_source": bins.latency_source,
         "diagnosis": diagnosis,
         "failed": result.failed or None,
@@ -345,8 +409,10 @@ def write_report(settings, result: dict, out_dir) -> dict:
         "files": {"report": "report.html", "figure": "kv-latency.png", "trace": "trace.om", "summary": "summary.json"},
     }
     summary = S.summary_json(settings, endpoint.describe(), summaries, saturation, verdict, start, end, extra)
-    title = f"kvdoctor stress — {endpoint.model}, {endpoint.prompt_tokens or settings.prompt_tokens}-token prompt, " \
-            f"{settings.max_tokens} tokens generated"
+    title = (
+        f"kvdoctor stress — {endpoint.model}, {endpoint.prompt_tokens or settings.prompt_tokens}-token prompt, "
+        f"{settings.max_tokens} tokens generated"
+    )
     render_figure(bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title)
     write_json(summary, out / "summary.json")
     render_html(summary, out / "kv-latency.png", out / "report.html")
@@ -357,10 +423,17 @@ def run(args: argparse.Namespace) -> int:
     from kvdoctor.errors import UsageError
     from kvdoctor.stress.plan import StressSettings
 
-    settings = StressSettings(endpoint=args.endpoint, model=args.model, prompt_tokens=args.prompt_tokens,
-                              max_tokens=args.max_tokens, start_concurrency=args.start_concurrency,
-                              max_concurrency=args.max_concurrency, step_seconds=args.step_seconds,
-                              kv_saturation=args.kv_saturation, exporter=args.exporter)
+    settings = StressSettings(
+        endpoint=args.endpoint,
+        model=args.model,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        start_concurrency=args.start_concurrency,
+        max_concurrency=args.max_concurrency,
+        step_seconds=args.step_seconds,
+        kv_saturation=args.kv_saturation,
+        exporter=args.exporter,
+    )
     try:
         settings.validate()
     except ValueError as exc:
@@ -376,7 +449,10 @@ def run(args: argparse.Namespace) -> int:
     summary = write_report(settings, result, out_dir)
     verdict = summary["verdict"]
     sat = summary["saturation"]
-    reached = (f"KV saturated at concurrency ×{sat['concurrency']} ({sat['reason'].replace('_', ' ')})"
-               if sat["reached"] else "KV did not saturate")
+    reached = (
+        f"KV saturated at concurrency ×{sat['concurrency']} ({sat['reason'].replace('_', ' ')})"
+        if sat["reached"]
+        else "KV did not saturate"
+    )
     print(f"{verdict['headline']}\n{reached}\nreport: {os.path.join(out_dir, 'report.html')}", flush=True)
     return 1 if result.failed else 0

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -27,14 +27,30 @@ class Demo:
     url_printed_at: float = 0.0
     output: list[str] = field(default_factory=list)
 
-    def start(self) -> "Demo":
-        args = [sys.executable, "-m", "kvdoctor", "demo", "--scenario", self.scenario, "--port", "0",
-                "--status-every", "0"]
+    def start(self) -> Demo:
+        args = [
+            sys.executable,
+            "-m",
+            "kvdoctor",
+            "demo",
+            "--scenario",
+            self.scenario,
+            "--port",
+            "0",
+            "--status-every",
+            "0",
+        ]
         args += ["--dashboard-port", "0"] if self.dashboard else ["--no-dashboard"]
         self.started_at = time.monotonic()
-        self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        stdin=subprocess.DEVNULL,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.process = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, args=(lines,), daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT

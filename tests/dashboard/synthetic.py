@@ -15,9 +15,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Mapping
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -26,10 +26,53 @@ from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Window, labels_of
 
 # vLLM's inter-token latency buckets (seconds).
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0, math.inf)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    math.inf,
+)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+    math.inf,
+)
 ENGINE = {"engine": "vllm", "model_name": "tiny"}
 CAPACITY_TOKENS = 100_000.0
 TOKENS_PER_SECOND = 400.0
@@ -56,21 +99,36 @@ class Scenario:
 
 SCENARIOS = {
     "healthy": Scenario(
-        "healthy", "healthy",
-        kv=lambda t: 0.35 + 0.05 * np.sin(t / 30.0), itl=lambda kv: 0.012 + 0.004 * kv,
-        dram=0.45, sm=0.40, headline="Decode is healthy: ITL p95 14 ms is under the 100 ms SLO."),
+        "healthy",
+        "healthy",
+        kv=lambda t: 0.35 + 0.05 * np.sin(t / 30.0),
+        itl=lambda kv: 0.012 + 0.004 * kv,
+        dram=0.45,
+        sm=0.40,
+        headline="Decode is healthy: ITL p95 14 ms is under the 100 ms SLO.",
+    ),
     "bandwidth": Scenario(
-        "bandwidth", "memory_bandwidth_bound",
-        kv=lambda t: np.minimum(0.88, 0.30 + 0.004 * t), itl=lambda kv: 0.010 + 0.11 * kv,
-        dram=0.91, sm=0.32,
+        "bandwidth",
+        "memory_bandwidth_bound",
+        kv=lambda t: np.minimum(0.88, 0.30 + 0.004 * t),
+        itl=lambda kv: 0.010 + 0.11 * kv,
+        dram=0.91,
+        sm=0.32,
         headline="Decode is HBM-bandwidth bound: each token re-reads the weights and 9 GB of KV.",
-        knee={"kind": "rises_with_kv", "kv_level": 0.5}),
+        knee={"kind": "rises_with_kv", "kv_level": 0.5},
+    ),
     "thrashing": Scenario(
-        "thrashing", "kv_thrashing",
-        kv=lambda t: 0.95 + 0.03 * np.sin(t / 3.0), itl=lambda kv: 0.03 + 0.5 * np.maximum(0.0, kv - 0.94),
-        dram=0.7, sm=0.35, preemptions_per_second=0.8, kv_to_gpu_bytes_per_second=2e9,
+        "thrashing",
+        "kv_thrashing",
+        kv=lambda t: 0.95 + 0.03 * np.sin(t / 3.0),
+        itl=lambda kv: 0.03 + 0.5 * np.maximum(0.0, kv - 0.94),
+        dram=0.7,
+        sm=0.35,
+        preemptions_per_second=0.8,
+        kv_to_gpu_bytes_per_second=2e9,
         headline="KV thrashing: the pool ran out and requests are preempted; prefix hit rate 91% does not help.",
-        knee={"kind": "jump", "kv_level": 0.9}),
+        knee={"kind": "jump", "kv_level": 0.9},
+    ),
 }
 
 
@@ -81,18 +139,44 @@ def diagnosis_for(scenario: Scenario) -> dict:
         "confidence": 0.85,
         "headline": scenario.headline,
         "evidence": [
-            {"signal": S.KV_CACHE_USAGE, "value": 0.95, "threshold": 0.9, "comparison": ">=", "measured": True,
-             "note": "KV pool nearly full"},
-            {"signal": S.GPU_DRAM_BANDWIDTH_UTILIZATION, "value": scenario.dram, "threshold": 0.8,
-             "comparison": ">=", "measured": True, "note": ""},
-            {"signal": S.PREFIX_CACHE_HITS, "value": None, "threshold": None, "comparison": "",
-             "measured": False, "note": "no prefix cache metrics"},
+            {
+                "signal": S.KV_CACHE_USAGE,
+                "value": 0.95,
+                "threshold": 0.9,
+                "comparison": ">=",
+                "measured": True,
+                "note": "KV pool nearly full",
+            },
+            {
+                "signal": S.GPU_DRAM_BANDWIDTH_UTILIZATION,
+                "value": scenario.dram,
+                "threshold": 0.8,
+                "comparison": ">=",
+                "measured": True,
+                "note": "",
+            },
+            {
+                "signal": S.PREFIX_CACHE_HITS,
+                "value": None,
+                "threshold": None,
+                "comparison": "",
+                "measured": False,
+                "note": "no prefix cache metrics",
+            },
         ],
         "actions": [
-            {"title": "Quantise the KV cache", "flag_vllm": "--kv-cache-dtype fp8",
-             "flag_sglang": "--kv-cache-dtype fp8_e5m2", "effect": "halves KV bytes per token"},
-            {"title": "Cap concurrent sequences", "flag_vllm": "--max-num-seqs 64", "flag_sglang": "--max-running-requests 64",
-             "effect": ""},
+            {
+                "title": "Quantise the KV cache",
+                "flag_vllm": "--kv-cache-dtype fp8",
+                "flag_sglang": "--kv-cache-dtype fp8_e5m2",
+                "effect": "halves KV bytes per token",
+            },
+            {
+                "title": "Cap concurrent sequences",
+                "flag_vllm": "--max-num-seqs 64",
+                "flag_sglang": "--max-running-requests 64",
+                "effect": "",
+            },
         ],
         "knee": scenario.knee,
         "missing": [S.PREFIX_CACHE_HITS],
@@ -177,20 +261,32 @@ class SyntheticEngine:
         put(S.PREFIX_CACHE_QUERIES, self._counter(tokens * 2, t))
         put(S.PREFIX_CACHE_HITS, self._counter(tokens * 1.8, t))
         put(S.PREEMPTIONS, self._counter(np.where(t > 0, sc.preemptions_per_second * self.step, 0.0), t))
-        for direction, rate in (("to_gpu", sc.kv_to_gpu_bytes_per_second), ("from_gpu", sc.kv_to_gpu_bytes_per_second / 2)):
-            put(S.KV_TRANSFER_BYTES, self._counter(np.where(t > 0, rate * self.step, 0.0), t),
-                labels_of(ENGINE, direction=direction, tier="cpu"))
+        for direction, rate in (
+            ("to_gpu", sc.kv_to_gpu_bytes_per_second),
+            ("from_gpu", sc.kv_to_gpu_bytes_per_second / 2),
+        ):
+            put(
+                S.KV_TRANSFER_BYTES,
+                self._counter(np.where(t > 0, rate * self.step, 0.0), t),
+                labels_of(ENGINE, direction=direction, tier="cpu"),
+            )
         cum = _bucket_fractions(mean_itl, ITL_BUCKETS) * tokens[:, None]
         for j, le in enumerate(ITL_BUCKETS):
-            put(S.INTER_TOKEN_LATENCY + "_bucket", self._counter(cum[:, j], t),
-                labels_of(ENGINE, le="+Inf" if math.isinf(le) else repr(le)))
+            put(
+                S.INTER_TOKEN_LATENCY + "_bucket",
+                self._counter(cum[:, j], t),
+                labels_of(ENGINE, le="+Inf" if math.isinf(le) else repr(le)),
+            )
         put(S.INTER_TOKEN_LATENCY + "_sum", self._counter(mean_itl * tokens, t))
         put(S.INTER_TOKEN_LATENCY + "_count", self._counter(tokens, t))
         requests = np.where(t > 0, 2.0 * self.step, 0.0)
         ttft = _bucket_fractions(np.full(n, 0.08), TTFT_BUCKETS) * requests[:, None]
         for j, le in enumerate(TTFT_BUCKETS):
-            put(S.TIME_TO_FIRST_TOKEN + "_bucket", self._counter(ttft[:, j], t),
-                labels_of(ENGINE, le="+Inf" if math.isinf(le) else repr(le)))
+            put(
+                S.TIME_TO_FIRST_TOKEN + "_bucket",
+                self._counter(ttft[:, j], t),
+                labels_of(ENGINE, le="+Inf" if math.isinf(le) else repr(le)),
+            )
         put(S.TIME_TO_FIRST_TOKEN + "_sum", self._counter(0.08 * requests, t))
         put(S.TIME_TO_FIRST_TOKEN + "_count", self._counter(requests, t))
         if self.with_floor:
@@ -292,8 +388,12 @@ class FakeExporter:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def status(self) -> dict:
-        return {"sources": {name: {"up": name not in self.sources_down, "last_error": self.sources_down.get(name, "")}
-                            for name in ("engine", "nvml")}}
+        return {
+            "sources": {
+                name: {"up": name not in self.sources_down, "last_error": self.sources_down.get(name, "")}
+                for name in ("engine", "nvml")
+            }
+        }
 
     def stop(self) -> None:
         self.stopped = True
@@ -347,8 +447,9 @@ class FakePrometheus:
                     if parts.path == "/api/v1/query":
                         data = fake._instant(params["query"], float(params.get("time", time.time())))
                     elif parts.path == "/api/v1/query_range":
-                        data = fake._range(params["query"], float(params["start"]), float(params["end"]),
-                                           float(params["step"]))
+                        data = fake._range(
+                            params["query"], float(params["start"]), float(params["end"]), float(params["step"])
+                        )
                     else:
                         return self._send(404, {"status": "error", "error": "not found"})
                 except KeyError as exc:
@@ -440,9 +541,12 @@ class FakePrometheus:
                 promql.target_listing_query(inst): lambda: [
                     add(dict(labels, __name__=name, **({"pod": base["pod"]} if "pod" in base else {})), 1.0)
                     for name, labels in window.series
-                    if name in (S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION)],
-                S.SOURCE_UP + m: lambda: [add(dict(labels, **base, __name__=S.SOURCE_UP), float(values[-1]))
-                                          for labels, values in window.select(S.SOURCE_UP).items()],
+                    if name in (S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION)
+                ],
+                S.SOURCE_UP + m: lambda: [
+                    add(dict(labels, **base, __name__=S.SOURCE_UP), float(values[-1]))
+                    for labels, values in window.select(S.SOURCE_UP).items()
+                ],
                 "up" + m: lambda: add(dict(base, __name__="up"), 1.0),
                 f"{S.DIAGNOSIS_VERDICT}{m} == 1": lambda: add(dict(base, verdict=verdict), 1.0),
             }
@@ -488,9 +592,15 @@ class FakePrometheus:
                     add({"instance": i2}, frame.ts, values)
                 return {"resultType": "matrix", "result": matrix}
             window = self._latest_window(inst, end)
-            candidates = [{}] + [{"gpu": dict(l)["gpu"]} for n, l in window.series if n == S.GPU_SM_ACTIVE] + \
-                [dict((k, v) for k, v in l if k in derive.ENGINE_TARGET_LABELS)
-                 for n, l in window.series if n == S.KV_CACHE_USAGE]
+            candidates = (
+                [{}]
+                + [{"gpu": dict(l)["gpu"]} for n, l in window.series if n == S.GPU_SM_ACTIVE]
+                + [
+                    dict((k, v) for k, v in l if k in derive.ENGINE_TARGET_LABELS)
+                    for n, l in window.series
+                    if n == S.KV_CACHE_USAGE
+                ]
+            )
             for target in candidates:
                 labels = dict(target, **{promql.TARGET_LABEL: inst})
                 for key, q in promql.live_queries(labels, step, 10.0).items():
@@ -499,8 +609,11 @@ class FakePrometheus:
                     _, frame = self._frame(inst, target, start, end, rate_window)
                     if key in ("gpu_dram", "gpu_sm"):
                         for g in frame.gpus:
-                            add({"gpu": g.gpu, "model": g.model, "method": g.dram_method},
-                                frame.ts, g.dram if key == "gpu_dram" else g.sm)
+                            add(
+                                {"gpu": g.gpu, "model": g.model, "method": g.dram_method},
+                                frame.ts,
+                                g.dram if key == "gpu_dram" else g.sm,
+                            )
                     elif key == "kv_capacity_tokens":
                         add({}, frame.ts, np.full(len(frame.ts), frame.kv_capacity_tokens))
                     else:
@@ -541,9 +654,16 @@ def _escape(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def backfill(engine, start: float, end: float, blocks_dir, promtool: str,
-             labels: Mapping[str, str] | None = None, block_seconds: int = BACKFILL_BLOCK_SECONDS,
-             workdir=None) -> int:
+def backfill(
+    engine,
+    start: float,
+    end: float,
+    blocks_dir,
+    promtool: str,
+    labels: Mapping[str, str] | None = None,
+    block_seconds: int = BACKFILL_BLOCK_SECONDS,
+    workdir=None,
+) -> int:
     """TSDB blocks in ``blocks_dir`` holding ``engine``'s samples in [start, end] (plus ``up`` = 1, as
     a scrape adds it), made by ``promtool tsdb create-blocks-from openmetrics``; returns the samples.
     ``engine``: a SyntheticEngine, or anything with its ``window(start, end) -> Window``.
@@ -567,10 +687,23 @@ def backfill(engine, start: float, end: float, blocks_dir, promtool: str,
                 total += write_openmetrics(Window(window.timestamps, series), path, labels)
                 while len(running) >= 2:  # at most two promtools reading at once
                     _finish(running.pop(0))
-                running.append(subprocess.Popen(
-                    [promtool, "tsdb", "create-blocks-from", f"--max-block-duration={block_seconds}s", "--quiet",
-                     "openmetrics", path, str(blocks_dir)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+                running.append(
+                    subprocess.Popen(
+                        [
+                            promtool,
+                            "tsdb",
+                            "create-blocks-from",
+                            f"--max-block-duration={block_seconds}s",
+                            "--quiet",
+                            "openmetrics",
+                            path,
+                            str(blocks_dir),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
             while running:
                 _finish(running.pop(0))
         finally:
@@ -597,7 +730,6 @@ def main(argv=None) -> int:
     Prints the URL on the first line, then serves until killed.
     """
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=("exporter", "prometheus"))

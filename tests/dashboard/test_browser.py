@@ -84,9 +84,17 @@ def _wait_for_verdict(p: Page, verdict: str, timeout_ms: int = SLOW_MS):
 
 def _wait_for_charts(p: Page, timeout_s: float = SLOW_MS / 1000) -> list[list[int]]:
     try:
-        return tools.wait_until(lambda: (pts := p.chart_points()) and len(pts) == 4 and all(pts) and
-                                all(n > 0 for chart in pts for n in chart[:1]) and pts,
-                                timeout=timeout_s, what="four charts with data")
+        return tools.wait_until(
+            lambda: (
+                (pts := p.chart_points())
+                and len(pts) == 4
+                and all(pts)
+                and all(n > 0 for chart in pts for n in chart[:1])
+                and pts
+            ),
+            timeout=timeout_s,
+            what="four charts with data",
+        )
     except TimeoutError as exc:  # say what the page said: the badge carries the fetch's error
         badge = p.page.locator("#live-badge").inner_text(timeout=2000)
         raise TimeoutError(f"{exc}; badge: {badge!r}; points: {p.chart_points()}") from None
@@ -108,8 +116,11 @@ def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_expo
     points = _wait_for_charts(p)
     assert len(points[1]) == 16  # DRAM and SM for 8 GPUs
     assert min(points[0]) >= 295  # 5 minutes of 1 Hz data on the KV/latency chart
-    grown = tools.wait_until(lambda: (now := p.chart_points()) and now[0][0] > points[0][0] and now,
-                             timeout=SLOW_MS / 1000, what="live points appended")
+    grown = tools.wait_until(
+        lambda: (now := p.chart_points()) and now[0][0] > points[0][0] and now,
+        timeout=SLOW_MS / 1000,
+        what="live points appended",
+    )
     assert len(grown[1]) == 16  # appended, not rebuilt into something else
     assert p.page.locator("#live-badge .badge").get_attribute("data-state") == "live"
     assert p.errors == []
@@ -126,8 +137,11 @@ def test_stale_badge_when_the_exporter_goes_away(served, fake_exporter, page):
     badge = p.page.locator("#live-badge .badge[data-state='stale']")
     badge.wait_for(timeout=SLOW_MS)
     # The kept-alive connection is hung up first, then the port refuses.
-    tools.wait_until(lambda: "connection refused" in badge.inner_text(), timeout=SLOW_MS / 1000,
-                     what="the badge naming the refused connection")
+    tools.wait_until(
+        lambda: "connection refused" in badge.inner_text(),
+        timeout=SLOW_MS / 1000,
+        what="the badge naming the refused connection",
+    )
     after = p.chart_points()
     assert after[0][0] >= before[0][0]  # the charts keep what they had
     assert p.page.locator(".banner").get_attribute("data-verdict") == "kv_thrashing"
@@ -152,8 +166,11 @@ def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter
         p.goto("/")
         first = _wait_for_charts(p)
         assert p.errors == []
-    tools.wait_until(lambda: (now := p.chart_points()) and now[0][0] >= first[0][0] + 2, timeout=SLOW_MS / 1000,
-                     what="points appended despite the slow exporter")
+    tools.wait_until(
+        lambda: (now := p.chart_points()) and now[0][0] >= first[0][0] + 2,
+        timeout=SLOW_MS / 1000,
+        what="points appended despite the slow exporter",
+    )
     windows = [r for r in exporter.requests[asked_before:] if r.startswith("/api/v1/window")]
     assert len(windows) <= 2 + (time.monotonic() - p.opened) / 1.5  # never more than one in flight
     assert p.errors == []
@@ -189,8 +206,11 @@ def test_ledger_computes_the_known_model(served, page, tmp_path):
     per_token = 2 * 32 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bytes
     total = per_token * 8192 * 16
     floor = (COMMON_MODELS["Llama-3.1-8B"].weight_bytes + total) / GPU_CATALOGUE["H100"].peak_bandwidth
-    tools.wait_until(lambda: f"{total / 1e9:,.2f} GB" in _ledger_value(p, "total KV (context x batch)"),
-                     timeout=SLOW_MS / 1000, what="the ledger for batch 16")
+    tools.wait_until(
+        lambda: f"{total / 1e9:,.2f} GB" in _ledger_value(p, "total KV (context x batch)"),
+        timeout=SLOW_MS / 1000,
+        what="the ledger for batch 16",
+    )
     assert _ledger_value(p, "KV bytes per token").startswith(f"{per_token:,} B")
     assert _ledger_value(p, "decode step floor") == f"{floor * 1000:,.2f} ms"
     assert _ledger_value(p, "tokens/s ceiling per sequence") == f"{1 / floor:,.1f} tokens/s"
@@ -202,21 +222,30 @@ def test_ledger_computes_the_known_model(served, page, tmp_path):
 
 def test_fleet_ranks_targets_and_a_click_opens_live(served, page):
     now = time.time()
-    prometheus = FakePrometheus({
-        "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 3700, gpus=2),
-        "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 3700, gpus=2),
-        "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 3700, gpus=2),
-    }, pods={"10.0.0.1:9745": "chat-0", "10.0.0.2:9745": "chat-1", "10.0.0.3:9745": "summarise-0"})
+    prometheus = FakePrometheus(
+        {
+            "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 3700, gpus=2),
+            "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 3700, gpus=2),
+            "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 3700, gpus=2),
+        },
+        pods={"10.0.0.1:9745": "chat-0", "10.0.0.2:9745": "chat-1", "10.0.0.3:9745": "summarise-0"},
+    )
     try:
         p = page(served(prometheus_url=prometheus.url).url)
         p.goto("/fleet")
         p.page.wait_for_selector("table.fleet tbody tr", timeout=SLOW_MS)
         rows = p.page.locator("table.fleet tbody tr")
         assert rows.count() == 3
-        assert [rows.nth(i).locator("td").nth(3).get_attribute("data-verdict") for i in range(3)] == \
-            ["kv_thrashing", "memory_bandwidth_bound", "healthy"]
-        tools.wait_until(lambda: (pts := p.chart_points()) and all(len(c) == 3 for c in pts), timeout=SLOW_MS / 1000,
-                         what="fleet charts")
+        assert [rows.nth(i).locator("td").nth(3).get_attribute("data-verdict") for i in range(3)] == [
+            "kv_thrashing",
+            "memory_bandwidth_bound",
+            "healthy",
+        ]
+        tools.wait_until(
+            lambda: (pts := p.chart_points()) and all(len(c) == 3 for c in pts),
+            timeout=SLOW_MS / 1000,
+            what="fleet charts",
+        )
         rows.nth(0).locator("a.target-link").click()
         p.page.wait_for_url(re.compile(r".*/\?instance=10\.0\.0\.2%3A9745"), timeout=SLOW_MS)
         _wait_for_verdict(p, "kv_thrashing")

@@ -43,27 +43,39 @@ def test_banner_without_a_diagnosis_waits():
     assert "Waiting for the first diagnosis" in _text(banner) and getattr(banner, "data-verdict") == ""
 
 
-@pytest.mark.parametrize("value, unit, text", [
-    (0.873, "ratio", "87.3%"),
-    (0.0123, "seconds", "12.3 ms"),
-    (12.5, "seconds", "12.5 s"),
-    (2.1e10, "bytes/s", "21 GB/s"),
-    (157.4, "per minute", "157 per minute"),
-    (None, "ratio", "–"),
-])
+@pytest.mark.parametrize(
+    "value, unit, text",
+    [
+        (0.873, "ratio", "87.3%"),
+        (0.0123, "seconds", "12.3 ms"),
+        (12.5, "seconds", "12.5 s"),
+        (2.1e10, "bytes/s", "21 GB/s"),
+        (157.4, "per minute", "157 per minute"),
+        (None, "ratio", "–"),
+    ],
+)
 def test_evidence_values_in_their_units(value, unit, text):
     assert components.format_with_unit(value, unit) == text
 
 
-@pytest.mark.parametrize("health, state, words", [
-    (None, "connecting", "connecting"),
-    ({"ok": True, "newest": 0.0, "sources_down": []}, "live", "live · data at 00:00:00 UTC"),
-    ({"ok": False, "error": "http://x/api/v1/window: timed out", "newest": 60.0}, "stale",
-     "stale: showing data up to 00:01:00 UTC; http://x/api/v1/window: timed out"),
-    ({"ok": True, "newest": 0.0, "sources_down": [{"name": "nvml", "error": "no driver"}]}, "source-down",
-     "source nvml down: no driver"),
-    ({"ok": True, "history": True}, "history", "history (not live)"),
-])
+@pytest.mark.parametrize(
+    "health, state, words",
+    [
+        (None, "connecting", "connecting"),
+        ({"ok": True, "newest": 0.0, "sources_down": []}, "live", "live · data at 00:00:00 UTC"),
+        (
+            {"ok": False, "error": "http://x/api/v1/window: timed out", "newest": 60.0},
+            "stale",
+            "stale: showing data up to 00:01:00 UTC; http://x/api/v1/window: timed out",
+        ),
+        (
+            {"ok": True, "newest": 0.0, "sources_down": [{"name": "nvml", "error": "no driver"}]},
+            "source-down",
+            "source nvml down: no driver",
+        ),
+        ({"ok": True, "history": True}, "history", "history (not live)"),
+    ],
+)
 def test_badge_states(health, state, words):
     badge = components.badge(health)
     assert getattr(badge, "data-state") == state and words in _text(badge)
@@ -81,6 +93,9 @@ def test_a_history_range_gets_its_own_knee():
 
 def test_parse_history_accepts_only_a_sane_range():
     now = time.time()
-    assert live.parse_history({"from": str(now - 60), "to": str(now)}) == {"from": pytest.approx(now - 60), "to": pytest.approx(now)}
+    assert live.parse_history({"from": str(now - 60), "to": str(now)}) == {
+        "from": pytest.approx(now - 60),
+        "to": pytest.approx(now),
+    }
     for bad in ({"from": "x", "to": "1"}, {"from": "10", "to": "5"}, {"from": "0", "to": str(40 * 86400)}, {}):
         assert live.parse_history(bad) is None

@@ -76,8 +76,11 @@ def test_each_demo_scenario_shows_its_verdict(browser, demo, scenario):
     try:
         p.goto("/")
         expected = SCENARIOS[scenario].expected_verdict
-        tools.wait_until(lambda: _verdict(p) == expected, timeout=SCENARIO_VERDICT_S,
-                         what=f"verdict {expected} (banner shows {_verdict(p)!r})")
+        tools.wait_until(
+            lambda: _verdict(p) == expected,
+            timeout=SCENARIO_VERDICT_S,
+            what=f"verdict {expected} (banner shows {_verdict(p)!r})",
+        )
         assert p.page.locator(".banner .verdict-headline").inner_text().strip()
         tools.wait_until(lambda: _charts_with_data(p), timeout=60, what="four charts with data")
         assert p.page.locator("#live-badge .badge").get_attribute("data-state") == "live"

@@ -119,7 +119,9 @@ def test_target_options_list_engines_and_gpus():
     window = SyntheticEngine(SCENARIOS["healthy"], t0=0.0, gpus=3).window(0.0, 5.0)
     options = derive.target_options(window.series.keys())
     assert [o.value for o in options] == ["", "gpu=0", "gpu=1", "gpu=2"]  # one engine: no engine entry
-    two_engines = list(window.series.keys()) + [(S.KV_CACHE_USAGE, labels_of(engine="vllm", model_name="tiny", dp_rank="1"))]
+    two_engines = list(window.series.keys()) + [
+        (S.KV_CACHE_USAGE, labels_of(engine="vllm", model_name="tiny", dp_rank="1"))
+    ]
     values = [o.value for o in derive.target_options(two_engines)]
     assert "engine=vllm&model_name=tiny" in values and "engine=vllm&model_name=tiny&dp_rank=1" in values
 
@@ -134,14 +136,27 @@ def test_slice_frame_keeps_identity_and_cuts_arrays():
 
 def test_source_health_from_window_and_status():
     ts = np.arange(3, dtype=float)
-    window = Window(ts, {
-        (S.SOURCE_UP, labels_of(source="engine")): np.array([1, 1, 0], float),
-        (S.SOURCE_UP, labels_of(source="nvml")): np.array([0, 1, 1], float),
-    })
-    health = derive.source_health(window, {"sources": {"engine": {"up": False, "last_error": "connection refused"},
-                                                       "dcgm": {"up": False, "last_error": "HTTP 500"}}})
+    window = Window(
+        ts,
+        {
+            (S.SOURCE_UP, labels_of(source="engine")): np.array([1, 1, 0], float),
+            (S.SOURCE_UP, labels_of(source="nvml")): np.array([0, 1, 1], float),
+        },
+    )
+    health = derive.source_health(
+        window,
+        {
+            "sources": {
+                "engine": {"up": False, "last_error": "connection refused"},
+                "dcgm": {"up": False, "last_error": "HTTP 500"},
+            }
+        },
+    )
     assert [(h.name, h.up, h.error) for h in health] == [
-        ("dcgm", False, "HTTP 500"), ("engine", False, "connection refused"), ("nvml", True, "")]
+        ("dcgm", False, "HTTP 500"),
+        ("engine", False, "connection refused"),
+        ("nvml", True, ""),
+    ]
 
 
 def test_rank_fleet_puts_the_worst_first():

@@ -68,8 +68,9 @@ def test_knee_is_drawn_on_both_latency_charts(charts):
     assert "jumps" in kv_fig["layout"]["annotations"][0]["text"]
     scatter = figures.build(figures.ITL_KV, charts[figures.ITL_KV])
     assert scatter["layout"]["shapes"][0]["x0"] == pytest.approx(90_000)  # 0.9 x 100k tokens
-    no_knee = figures.live_charts(derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], 0.0).window(0, 60)),
-                                  diagnosis_for(SCENARIOS["healthy"]))
+    no_knee = figures.live_charts(
+        derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], 0.0).window(0, 60)), diagnosis_for(SCENARIOS["healthy"])
+    )
     assert figures.build(figures.KV_LATENCY, no_knee[figures.KV_LATENCY])["layout"]["shapes"] == []
 
 
@@ -104,11 +105,13 @@ def test_signature_changes_with_what_is_drawn_not_with_new_points(frame):
     for chart in figures.LIVE_CHARTS:
         assert figures.signature(whole[chart]) == figures.signature(tail[chart])
     moved = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.7})
-    assert figures.signature(figures.live_charts(frame, moved)[figures.KV_LATENCY]) != \
-        figures.signature(whole[figures.KV_LATENCY])
+    assert figures.signature(figures.live_charts(frame, moved)[figures.KV_LATENCY]) != figures.signature(
+        whole[figures.KV_LATENCY]
+    )
     wobble = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.9049})
-    assert figures.signature(figures.live_charts(frame, wobble)[figures.KV_LATENCY]) == \
-        figures.signature(whole[figures.KV_LATENCY])
+    assert figures.signature(figures.live_charts(frame, wobble)[figures.KV_LATENCY]) == figures.signature(
+        whole[figures.KV_LATENCY]
+    )
 
 
 def test_downsample_caps_points_and_keeps_the_extremes():
@@ -126,8 +129,16 @@ def test_downsample_caps_points_and_keeps_the_extremes():
 
 def test_traces_share_a_chart_budget():
     x = list(range(0, 10_000_000, 1000))
-    traces = [{"name": str(i), "kind": "dram", "group": str(i), "x": x, "y": figures.compact(np.sin(np.arange(len(x)) / 50 + i))}
-              for i in range(16)]
+    traces = [
+        {
+            "name": str(i),
+            "kind": "dram",
+            "group": str(i),
+            "x": x,
+            "y": figures.compact(np.sin(np.arange(len(x)) / 50 + i)),
+        }
+        for i in range(16)
+    ]
     out = figures.downsample({"traces": traces, "extras": {}}, 2000, chart_budget=8000)["traces"]
     assert all(len(t["x"]) <= 500 for t in out)  # 8,000 / 16
     few = figures.downsample({"traces": traces[:2], "extras": {}}, 2000, chart_budget=8000)["traces"]
@@ -173,8 +184,10 @@ def test_scatter_thinning_is_bounded_and_skips_gaps():
     x[:10] = np.nan
     assert not set(figures.thin_scatter(x, y).tolist()) & set(range(10))
     assert len(figures.thin_scatter(np.full(100, np.nan), np.ones(100))) == 0
-    data = {"traces": [{"name": "s", "kind": "itl_points", "group": "", "x": [1.0, None, 2.0], "y": [3.0, 4.0, None]}],
-            "extras": {}}
+    data = {
+        "traces": [{"name": "s", "kind": "itl_points", "group": "", "x": [1.0, None, 2.0], "y": [3.0, 4.0, None]}],
+        "extras": {},
+    }
     assert figures.downsample(data, 2000)["traces"][0]["x"] == [1.0]
 
 

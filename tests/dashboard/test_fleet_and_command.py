@@ -21,11 +21,14 @@ from tests.dashboard.synthetic import SCENARIOS, FakePrometheus, SyntheticEngine
 @pytest.fixture
 def prometheus():
     now = time.time()
-    fake = FakePrometheus({
-        "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 4000, gpus=1),
-        "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 4000, gpus=1),
-        "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 4000, gpus=1),
-    }, pods={"10.0.0.2:9745": "llama-2"})
+    fake = FakePrometheus(
+        {
+            "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 4000, gpus=1),
+            "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 4000, gpus=1),
+            "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 4000, gpus=1),
+        },
+        pods={"10.0.0.2:9745": "llama-2"},
+    )
     yield fake
     fake.stop()
 
@@ -98,12 +101,15 @@ def test_live_href_never_carries_more_than_the_target_and_range():
     assert fleet.live_href(row, 100.0, 200.0) == "/?instance=10.0.0.1%3A9745&from=100&to=200"
 
 
-@pytest.mark.parametrize("value, literal", [
-    ("plain", '"plain"'),
-    ('a"b', '"a\\"b"'),
-    ("back\\slash", '"back\\\\slash"'),
-    ("new\nline", '"new\\nline"'),
-])
+@pytest.mark.parametrize(
+    "value, literal",
+    [
+        ("plain", '"plain"'),
+        ('a"b', '"a\\"b"'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("new\nline", '"new\\nline"'),
+    ],
+)
 def test_promql_quoting(value, literal):
     assert promql.quote(value) == literal
 
@@ -147,11 +153,14 @@ def _kvdoctor(capsys, *args):
     return rc, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    ((), "give --exporter URL and/or --prometheus URL"),
-    (("--exporter", "ftp://x"), "exporter URL must be http(s)://host[:port]"),
-    (("--exporter", "http://127.0.0.1:1", "--port", "70000"), "--port must be 0..65535"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "give --exporter URL and/or --prometheus URL"),
+        (("--exporter", "ftp://x"), "exporter URL must be http(s)://host[:port]"),
+        (("--exporter", "http://127.0.0.1:1", "--port", "70000"), "--port must be 0..65535"),
+    ],
+)
 def test_command_usage_errors_are_one_line(capsys, monkeypatch, args, message):
     monkeypatch.delenv("KVDOCTOR_DASHBOARD_EXPORTER_URL", raising=False)
     monkeypatch.delenv("KVDOCTOR_DASHBOARD_PROMETHEUS_URL", raising=False)
@@ -167,15 +176,22 @@ def test_command_refuses_a_port_in_use(capsys):
         port = sock.getsockname()[1]
         rc, err = _kvdoctor(capsys, "--exporter", "http://127.0.0.1:1", "--port", str(port))
     assert rc == 2
-    assert err.strip() == f"kvdoctor dashboard: error: cannot serve the dashboard on 127.0.0.1:{port}: Address already in use"
+    assert (
+        err.strip()
+        == f"kvdoctor dashboard: error: cannot serve the dashboard on 127.0.0.1:{port}: Address already in use"
+    )
 
 
 @pytest.mark.slow
 def test_command_serves_on_loopback_and_prints_its_url():
     import httpx
 
-    proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "dashboard", "--exporter", "http://127.0.0.1:1",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvdoctor", "dashboard", "--exporter", "http://127.0.0.1:1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("kvdoctor dashboard: http://127.0.0.1:")

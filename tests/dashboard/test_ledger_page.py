@@ -55,9 +55,15 @@ def test_offload_feasibility_and_the_prefetch_hit_rate_needed():
     assert small.offload.overflow_bytes == 0 and small.offload.prefetch_hit_rate_needed == 0
 
 
-@pytest.mark.parametrize("kwargs", [dict(context_tokens=0, batch=1), dict(context_tokens=1, batch=0),
-                                    dict(context_tokens=1, batch=1, memory_utilization=1.5),
-                                    dict(context_tokens=1, batch=1, host_bandwidth=0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(context_tokens=0, batch=1),
+        dict(context_tokens=1, batch=0),
+        dict(context_tokens=1, batch=1, memory_utilization=1.5),
+        dict(context_tokens=1, batch=1, host_bandwidth=0),
+    ],
+)
 def test_out_of_range_inputs_are_refused(kwargs):
     with pytest.raises(ValueError):
         ledger_view.report(COMMON_MODELS["Llama-3.1-8B"], GPU_CATALOGUE["H100"], **kwargs)
@@ -68,8 +74,16 @@ def _upload(obj) -> str:
     return "data:application/json;base64," + base64.b64encode(raw).decode()
 
 
-QWEN_LIKE = {"_name_or_path": "my-model", "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
-             "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "torch_dtype": "bfloat16"}
+QWEN_LIKE = {
+    "_name_or_path": "my-model",
+    "num_hidden_layers": 28,
+    "hidden_size": 3584,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "torch_dtype": "bfloat16",
+}
 
 
 def test_an_uploaded_config_becomes_the_model():
@@ -81,12 +95,15 @@ def test_an_uploaded_config_becomes_the_model():
     assert "57,344 B" in str(result)  # 2 x 28 x 4 x 128 x 2 bytes per token
 
 
-@pytest.mark.parametrize("contents, message", [
-    (_upload(b"not json"), "not JSON"),
-    (_upload([1, 2]), "JSON object"),
-    (_upload({"hidden_size": 8}), "lacks"),
-    ("data:application/json;base64,@@@", "not readable"),
-])
+@pytest.mark.parametrize(
+    "contents, message",
+    [
+        (_upload(b"not json"), "not JSON"),
+        (_upload([1, 2]), "JSON object"),
+        (_upload({"hidden_size": 8}), "lacks"),
+        ("data:application/json;base64,@@@", "not readable"),
+    ],
+)
 def test_a_bad_upload_says_why_and_keeps_the_model(contents, message):
     store, status, options, value = page.read_upload(contents, "config.json", None)
     assert message in str(status)

@@ -125,8 +125,14 @@ def test_the_exporter_only_gives_what_it_holds_so_the_span_is_capped(exporter):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("live:300", (False, 300.0)), ("hist:86400", (True, 86400.0)), ("hist:-5", (False, 900.0)),
-     ("live:1e9", (False, 900.0)), ("nonsense", (False, 900.0)), (None, (False, 900.0))],
+    [
+        ("live:300", (False, 300.0)),
+        ("hist:86400", (True, 86400.0)),
+        ("hist:-5", (False, 900.0)),
+        ("live:1e9", (False, 900.0)),
+        ("nonsense", (False, 900.0)),
+        (None, (False, 900.0)),
+    ],
 )
 def test_parse_range(value, expected):
     assert live.parse_range(value, 900) == expected
@@ -135,10 +141,13 @@ def test_parse_range(value, expected):
 @pytest.fixture
 def prometheus():
     now = time.time()
-    fake = FakePrometheus({
-        "10.0.0.1:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 7200, gpus=2),
-        "10.0.0.2:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 7200, gpus=2),
-    }, pods={"10.0.0.1:9745": "llama-0", "10.0.0.2:9745": "llama-1"})
+    fake = FakePrometheus(
+        {
+            "10.0.0.1:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 7200, gpus=2),
+            "10.0.0.2:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 7200, gpus=2),
+        },
+        pods={"10.0.0.1:9745": "llama-0", "10.0.0.2:9745": "llama-1"},
+    )
     yield fake
     fake.stop()
 
@@ -197,6 +206,7 @@ def test_page_parameters_only_ever_select_series(prometheus):
     sent = [p.get("query", "") for _, p in prometheus.queries]
     assert all(path.startswith("/api/v1/") for path, _ in prometheus.queries)
     hostile_queries = [q for q in sent if "169.254" in q]
-    assert hostile_queries and all('instance="http://169.254.169.254/latest\\"} or vector(1) or {a=\\""' in q
-                                   for q in hostile_queries)
+    assert hostile_queries and all(
+        'instance="http://169.254.169.254/latest\\"} or vector(1) or {a=\\""' in q for q in hostile_queries
+    )
     assert not any("evil" in q for q in sent)

@@ -47,8 +47,11 @@ def _exporter_verdict(demo: Demo) -> str | None:
 
 def test_dashboard_queries_on_a_real_prometheus(demos, prometheus_server, tmp_path):
     thrashing, healthy = demos
-    tools.wait_until(lambda: _exporter_verdict(thrashing) == "kv_thrashing" and _exporter_verdict(healthy) == "healthy",
-                     timeout=90, what="the demos' own verdicts")
+    tools.wait_until(
+        lambda: _exporter_verdict(thrashing) == "kv_thrashing" and _exporter_verdict(healthy) == "healthy",
+        timeout=90,
+        what="the demos' own verdicts",
+    )
     prom = prometheus_server(targets=[_instance(thrashing), _instance(healthy)], scrape_interval="1s")
     prom.wait_for_targets_up()
     prom.wait_for(f"{S.DIAGNOSIS_VERDICT} == 1", lambda r: len(r) == 2, timeout=30)
@@ -70,8 +73,9 @@ def test_dashboard_queries_on_a_real_prometheus(demos, prometheus_server, tmp_pa
     for name in ("kv_usage", "itl_p50", "itl_p95", "itl_mean", "resident_tokens", "preemption_rate", "decode_floor"):
         assert np.isfinite(getattr(frame, name)[tail]).any(), f"{name} has no value from Prometheus"
     assert frame.kv_capacity_tokens > 0  # the capacity joined to the usage without model_name
-    np.testing.assert_allclose(np.nanmax(frame.resident_tokens[tail]),
-                               np.nanmax(frame.kv_usage[tail]) * frame.kv_capacity_tokens, rtol=0.05)
+    np.testing.assert_allclose(
+        np.nanmax(frame.resident_tokens[tail]), np.nanmax(frame.kv_usage[tail]) * frame.kv_capacity_tokens, rtol=0.05
+    )
     assert [g.gpu for g in frame.gpus] == ["0"] and np.isfinite(frame.gpus[0].dram[tail]).any()
     # The dashboard diagnoses the last minute from Prometheus with the same rules as the exporter.
     assert got.diagnosis["verdict"] == "kv_thrashing"
@@ -90,8 +94,9 @@ def test_dashboard_queries_on_a_real_prometheus(demos, prometheus_server, tmp_pa
             p = Page(browser, handle.url)
             p.goto("/fleet")
             p.page.wait_for_selector("table.fleet tbody tr >> nth=1", timeout=30_000)
-            tools.wait_until(lambda: (pts := p.chart_points()) and all(len(c) == 2 for c in pts), timeout=30,
-                             what="fleet charts")
+            tools.wait_until(
+                lambda: (pts := p.chart_points()) and all(len(c) == 2 for c in pts), timeout=30, what="fleet charts"
+            )
             if p.keeping_screenshots():  # for the README's picture: some history, then a fresh table
                 p.page.wait_for_timeout(120_000)
                 p.goto("/fleet?range=900")
@@ -101,8 +106,11 @@ def test_dashboard_queries_on_a_real_prometheus(demos, prometheus_server, tmp_pa
             p.page.locator("table.fleet tbody tr").nth(0).locator("a.target-link").click()
             p.page.wait_for_url(re.compile(r".*/\?instance="), timeout=30_000)
             p.page.wait_for_selector(".banner[data-verdict='kv_thrashing']", timeout=30_000)
-            tools.wait_until(lambda: (pts := p.chart_points()) and len(pts) == 4 and all(c and c[0] for c in pts),
-                             timeout=30, what="live charts from Prometheus")
+            tools.wait_until(
+                lambda: (pts := p.chart_points()) and len(pts) == 4 and all(c and c[0] for c in pts),
+                timeout=30,
+                what="live charts from Prometheus",
+            )
             assert p.errors == []
             p.close()
     finally:
@@ -140,18 +148,24 @@ def test_history_from_a_backfilled_prometheus_keeps_a_burst(prometheus_server, t
     burst = PreemptionBurst(engine, at=start + 60 * step + 15, seconds=10.0, count=60.0)  # inside one step
     instance = "10.0.0.1:9745"
     blocks = tmp_path / "blocks"
-    assert backfill(burst, engine.t0, end, blocks, tools.require("promtool"), {"instance": instance, "job": "kvdoctor"}) > 0
+    assert (
+        backfill(burst, engine.t0, end, blocks, tools.require("promtool"), {"instance": instance, "job": "kvdoctor"})
+        > 0
+    )
     prom = prometheus_server(config={"global": {"scrape_interval": "15s"}}, tsdb_blocks=blocks)
     client = PrometheusClient(prom.url, timeout=30)
 
-    frame = fetch_live_from_prometheus(client, instance, {}, start, end, step, settings.rate_window_seconds,
-                                       with_diagnosis=False).frame
+    frame = fetch_live_from_prometheus(
+        client, instance, {}, start, end, step, settings.rate_window_seconds, with_diagnosis=False
+    ).frame
     peak = np.nanmax(frame.preemption_rate)
     assert peak >= 0.8 * 60 / step  # a window of four steps would show a quarter of it
     assert frame.ts[np.nanargmax(frame.preemption_rate)] == start + 61 * step
     transfers = figures.downsample(figures.live_charts(frame)[figures.TRANSFERS], 100)
     preemptions = next(t for t in transfers["traces"] if t["kind"] == "preemptions")
-    assert len(preemptions["x"]) <= 100 and max(v for v in preemptions["y"] if v is not None) == pytest.approx(peak, rel=1e-3)
+    assert len(preemptions["x"]) <= 100 and max(v for v in preemptions["y"] if v is not None) == pytest.approx(
+        peak, rel=1e-3
+    )
 
     raw = engine.window(start, end)
     at = np.searchsorted(raw.timestamps, frame.ts)

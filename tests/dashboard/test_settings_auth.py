@@ -24,7 +24,9 @@ def test_base_urls_are_normalised(given, expected):
     assert normalise_base_url(given, "exporter") == expected
 
 
-@pytest.mark.parametrize("bad", ["ftp://x", "http://", "http://h:99999", "http://h/?next=http://evil", "file:///etc/passwd"])
+@pytest.mark.parametrize(
+    "bad", ["ftp://x", "http://", "http://h:99999", "http://h/?next=http://evil", "file:///etc/passwd"]
+)
 def test_bad_base_urls_are_refused_with_one_line(bad):
     with pytest.raises(ValueError) as err:
         normalise_base_url(bad, "exporter")
@@ -32,11 +34,20 @@ def test_bad_base_urls_are_refused_with_one_line(bad):
 
 
 def test_environment_fills_what_arguments_leave_out():
-    env = {"KVDOCTOR_DASHBOARD_EXPORTER_URL": "e:1", "KVDOCTOR_DASHBOARD_REFRESH": "2.5",
-           "KVDOCTOR_DASHBOARD_LIVE_SECONDS": "300", "KVDOCTOR_DASHBOARD_USERS": "ann:pw1",
-           "KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "7.5"}
+    env = {
+        "KVDOCTOR_DASHBOARD_EXPORTER_URL": "e:1",
+        "KVDOCTOR_DASHBOARD_REFRESH": "2.5",
+        "KVDOCTOR_DASHBOARD_LIVE_SECONDS": "300",
+        "KVDOCTOR_DASHBOARD_USERS": "ann:pw1",
+        "KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "7.5",
+    }
     s = DashboardSettings.from_env(env, prometheus_url="p:9090")
-    assert (s.exporter_url, s.prometheus_url, s.refresh_seconds, s.live_seconds) == ("http://e:1", "http://p:9090", 2.5, 300)
+    assert (s.exporter_url, s.prometheus_url, s.refresh_seconds, s.live_seconds) == (
+        "http://e:1",
+        "http://p:9090",
+        2.5,
+        300,
+    )
     assert s.request_timeout_seconds == 7.5
     assert dict(s.users) == {"ann": "pw1"}
     assert s.live_points_cap == 121

@@ -1,9 +1,9 @@
 """The kvdoctor side of the end-to-end tests: the exporter as a real subprocess, and restarts.
 
-    exporter = ExporterProcess(engine_metrics_url=server.metrics_url, workdir=tmp_path, pod="e2e").start()
-    exporter.diagnosis()["verdict"]
-    exporter.restart()            # same port: Prometheus keeps scraping the same target
-    restart_engine(server)        # the vLLM server again on its port, counters back at zero
+exporter = ExporterProcess(engine_metrics_url=server.metrics_url, workdir=tmp_path, pod="e2e").start()
+exporter.diagnosis()["verdict"]
+exporter.restart()            # same port: Prometheus keeps scraping the same target
+restart_engine(server)        # the vLLM server again on its port, counters back at zero
 """
 
 from __future__ import annotations
@@ -55,11 +55,28 @@ class ExporterProcess:
         return Path(self.workdir) / f"exporter-{self.pod}.log"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "kvdoctor", "exporter", "--engine-url", self.engine_metrics_url,
-                "--engine", "vllm", "--interval", str(self.interval), "--port", str(self.port),
-                "--pod", self.pod, "--no-nvml", "--log-level", "warning", *self.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            "kvdoctor",
+            "exporter",
+            "--engine-url",
+            self.engine_metrics_url,
+            "--engine",
+            "vllm",
+            "--interval",
+            str(self.interval),
+            "--port",
+            str(self.port),
+            "--pod",
+            self.pod,
+            "--no-nvml",
+            "--log-level",
+            "warning",
+            *self.extra_args,
+        ]
 
-    def start(self, timeout: float = 60, attempts: int = 3) -> "ExporterProcess":
+    def start(self, timeout: float = 60, attempts: int = 3) -> ExporterProcess:
         """Starts on ``port`` (a free one if 0) and waits for /readyz (one collection cycle done)."""
         Path(self.workdir).mkdir(parents=True, exist_ok=True)
         keep_port = self.port != 0
@@ -70,9 +87,14 @@ class ExporterProcess:
             with open(self.log_path, "ab") as log:
                 log.write(f"\n$ {' '.join(self.command())}\n".encode())
                 log.flush()
-                self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                self.process = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
             try:
                 tools.wait_until(self._ready, timeout=timeout, interval=0.2, what="exporter /readyz")
                 self.starts.append(time.monotonic() - started)
@@ -183,11 +205,11 @@ class Watcher:
                 try:
                     for alert in self.prometheus.alerts():
                         self.alerts_seen.setdefault(alert["labels"].get("alertname", ""), set()).add(alert["state"])
-                except Exception:  # noqa: BLE001 - Prometheus busy for a moment; the next poll counts
+                except Exception:
                     pass
             self._stop.wait(self.period)
 
-    def __enter__(self) -> "Watcher":
+    def __enter__(self) -> Watcher:
         self._thread.start()
         return self
 
@@ -200,5 +222,9 @@ class Watcher:
 
     def negative_features(self) -> list[tuple[str, float]]:
         """Every (feature, value) the exporter served below zero: rates, counts and ratios cannot be."""
-        return [(name, value) for o in self.observations for name, value in o.features.items()
-                if isinstance(value, (int, float)) and value < 0]
+        return [
+            (name, value)
+            for o in self.observations
+            for name, value in o.features.items()
+            if isinstance(value, (int, float)) and value < 0
+        ]

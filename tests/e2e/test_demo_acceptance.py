@@ -19,10 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import tools
-
 from kvdoctor.exporter.adapters import ADAPTERS
 from kvdoctor.rules import signals as S
+from tests import tools
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +52,11 @@ class Demo:
     def __init__(self, *args: str):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvdoctor", "demo", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.lines: list[str] = []
@@ -130,8 +133,12 @@ def check_demo(port: int, tmp_path: Path) -> None:
         engine = urls["engine"].removesuffix("/metrics")
         switched = httpx.post(engine + "/scenario", json={"scenario": "kv_thrashing"}, timeout=5)
         assert switched.status_code == 200
-        tools.wait_until(lambda: verdict(urls["diagnosis"]) == "kv_thrashing", timeout=30, interval=0.5,
-                         what="the kv_thrashing verdict after the switch")
+        tools.wait_until(
+            lambda: verdict(urls["diagnosis"]) == "kv_thrashing",
+            timeout=30,
+            interval=0.5,
+            what="the kv_thrashing verdict after the switch",
+        )
     finally:
         rc, out, err = demo.stop(signal.SIGINT)
     assert rc == 0, err
@@ -164,8 +171,15 @@ def test_port_in_use_is_one_line_and_exit_2():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "kvdoctor", "demo", "--port", str(port), "--no-dashboard"],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvdoctor", "demo", "--port", str(port), "--no-dashboard"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+        )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"kvdoctor demo: error: exporter: port {port} on 127.0.0.1 is already in use (choose another with --port)"]
+        f"kvdoctor demo: error: exporter: port {port} on 127.0.0.1 is already in use (choose another with --port)"
+    ]

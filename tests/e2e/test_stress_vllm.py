@@ -35,9 +35,24 @@ def test_stress_against_real_vllm_writes_the_report_and_finds_saturation(vllm_se
     out = tmp_path / "report"
     try:
         started = time.monotonic()
-        result = run_cli("stress", "--endpoint", vllm_server.url, "--exporter", exporter.url,
-                         "--prompt-tokens", "256", "--max-tokens", "256", "--max-concurrency", "16",
-                         "--step-seconds", "10", "-o", out, timeout=240)
+        result = run_cli(
+            "stress",
+            "--endpoint",
+            vllm_server.url,
+            "--exporter",
+            exporter.url,
+            "--prompt-tokens",
+            "256",
+            "--max-tokens",
+            "256",
+            "--max-concurrency",
+            "16",
+            "--step-seconds",
+            "10",
+            "-o",
+            out,
+            timeout=240,
+        )
         seconds = time.monotonic() - started
     finally:
         exporter.stop()
@@ -50,7 +65,7 @@ def test_stress_against_real_vllm_writes_the_report_and_finds_saturation(vllm_se
     assert abs(summary["endpoint"]["prompt_tokens"] - 256) <= 6
     assert summary["latency_source"] == "engine"
     steps = summary["steps"]
-    assert [s["concurrency"] for s in steps] == [1, 2, 4, 8, 16][:len(steps)]
+    assert [s["concurrency"] for s in steps] == [1, 2, 4, 8, 16][: len(steps)]
     assert all(s["requests_failed"] == 0 and s["tokens"] > 0 for s in steps), steps
     # KV usage grows with concurrency, and the run stopped when the pool was full
     kv = [s["kv_usage_max"] for s in steps]

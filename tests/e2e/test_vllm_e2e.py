@@ -19,8 +19,14 @@ from tests.tools import requires_prometheus, requires_vllm, wait_until
 pytestmark = [pytest.mark.slow, requires_vllm, requires_prometheus]
 
 # The alerts that name a slow cause (KvdoctorSourceDown is about the exporter's sources).
-SLOW_CAUSE_ALERTS = {"KVCacheThrashing", "KVCacheTierMiss", "KVCacheCapacityPressure",
-                     "DecodeMemoryBandwidthBound", "DecodeComputeBound", "DecodeHostOverheadBound"}
+SLOW_CAUSE_ALERTS = {
+    "KVCacheThrashing",
+    "KVCacheTierMiss",
+    "KVCacheCapacityPressure",
+    "DecodeMemoryBandwidthBound",
+    "DecodeComputeBound",
+    "DecodeHostOverheadBound",
+}
 OK_VERDICTS = {"healthy", "idle"}
 
 # Light load: two short generations in flight (ITL ~20-60 ms on a busy 2-core machine, SLO 100 ms).
@@ -60,8 +66,11 @@ def _range_values(prom, expr: str, start: float, end: float) -> list[float]:
 
 def _assert_no_negative_rates(prom, start: float, end: float) -> None:
     """rate() and increase() of every counter the exporter served, and the rules built on them."""
-    counters = [n for n in prom.api("label/__name__/values") if n.startswith("kvdoctor_") and
-                (n.endswith("_total") or n.endswith("_count") or n.endswith("_bucket"))]
+    counters = [
+        n
+        for n in prom.api("label/__name__/values")
+        if n.startswith("kvdoctor_") and (n.endswith("_total") or n.endswith("_count") or n.endswith("_bucket"))
+    ]
     assert "kvdoctor_generation_tokens_total" in counters, counters
     exprs = [f"{fn}({name}[{rng}])" for name in counters for fn, rng in (("rate", "15s"), ("increase", "60s"))]
     for expr in exprs + list(RATE_RULES):
@@ -71,8 +80,11 @@ def _assert_no_negative_rates(prom, start: float, end: float) -> None:
 
 
 def _slow_alerts(prom) -> list[tuple[str, str]]:
-    return [(a["labels"]["alertname"], a["state"]) for a in prom.alerts()
-            if a["labels"].get("alertname") in SLOW_CAUSE_ALERTS]
+    return [
+        (a["labels"]["alertname"], a["state"])
+        for a in prom.alerts()
+        if a["labels"].get("alertname") in SLOW_CAUSE_ALERTS
+    ]
 
 
 def _diagnose_prometheus(run_cli, prom, exporter) -> tuple[int, dict, str]:
@@ -84,6 +96,7 @@ def _diagnose_prometheus(run_cli, prom, exporter) -> tuple[int, dict, str]:
 
 
 # ------------------------------------------------------------------------------------- scenarios
+
 
 def test_light_load_is_healthy_with_no_slow_cause_alert(stack, vllm_server, run_cli):
     exporter, prom = stack
@@ -112,17 +125,32 @@ def test_saturation_is_kv_thrashing_in_exporter_cli_and_alerts(stack, vllm_serve
     started = time.monotonic()
     with BackgroundLoad(vllm_server.url, vllm_server.model, duration_s=240, **SATURATING):
         # The pool fills in seconds; preemptions follow once the running requests outgrow it.
-        diagnosis = wait_until(lambda: (d := exporter.diagnosis())["verdict"] == "kv_thrashing" and d,
-                               timeout=180, interval=1.0, what="the exporter's verdict kv_thrashing")
+        diagnosis = wait_until(
+            lambda: (d := exporter.diagnosis())["verdict"] == "kv_thrashing" and d,
+            timeout=180,
+            interval=1.0,
+            what="the exporter's verdict kv_thrashing",
+        )
         exporter_seconds = time.monotonic() - started
         alert = wait_until(
-            lambda: next((a for a in prom.alerts() if a["labels"].get("alertname") == "KVCacheThrashing"
-                          and a["state"] in ("pending", "firing")), None),
-            timeout=60, interval=1.0, what="KVCacheThrashing pending or firing")
+            lambda: next(
+                (
+                    a
+                    for a in prom.alerts()
+                    if a["labels"].get("alertname") == "KVCacheThrashing" and a["state"] in ("pending", "firing")
+                ),
+                None,
+            ),
+            timeout=60,
+            interval=1.0,
+            what="KVCacheThrashing pending or firing",
+        )
         alert_seconds = time.monotonic() - started
         rc, cli, stderr = _diagnose_prometheus(run_cli, prom, exporter)
-    print(f"\nkv_thrashing from the exporter after {exporter_seconds:.0f} s of load, "
-          f"KVCacheThrashing {alert['state']} after {alert_seconds:.0f} s")
+    print(
+        f"\nkv_thrashing from the exporter after {exporter_seconds:.0f} s of load, "
+        f"KVCacheThrashing {alert['state']} after {alert_seconds:.0f} s"
+    )
 
     features = diagnosis["features"]
     assert features["preemptions_per_minute"] >= 1, features
@@ -136,8 +164,7 @@ def test_saturation_is_kv_thrashing_in_exporter_cli_and_alerts(stack, vllm_serve
 def test_exporter_restart_mid_run_keeps_rates_and_verdict(stack, vllm_server, run_cli):
     exporter, prom = stack
     began = time.time()
-    with BackgroundLoad(vllm_server.url, vllm_server.model, duration_s=180, **LIGHT), \
-            Watcher(exporter, prom) as watch:
+    with BackgroundLoad(vllm_server.url, vllm_server.model, duration_s=180, **LIGHT), Watcher(exporter, prom) as watch:
         prom.wait_for_value("kvdoctor:generation_tokens_per_second:60s", lambda v: v > 0, timeout=40)
         port = exporter.port
         restarted = time.time()
@@ -176,8 +203,11 @@ def test_engine_restart_mid_run_gives_no_negative_rate_or_false_verdict(stack, v
         with BackgroundLoad(vllm_server.url, vllm_server.model, duration_s=120, **LIGHT) as load:
             # the reset reached Prometheus, and tokens flow again
             prom.wait_for_value("resets(kvdoctor_generation_tokens_total[10m])", lambda v: v >= 1, timeout=30)
-            wait_until(lambda: watch.verdicts(since=back + 10)[-3:] == ["healthy"] * 3, timeout=60,
-                       what="healthy again after the restart")
+            wait_until(
+                lambda: watch.verdicts(since=back + 10)[-3:] == ["healthy"] * 3,
+                timeout=60,
+                what="healthy again after the restart",
+            )
             rc, cli, _ = _diagnose_prometheus(run_cli, prom, exporter)
     ended = time.time()
     print(f"\nvLLM restart took {restart_seconds:.0f} s")

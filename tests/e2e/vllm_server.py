@@ -24,9 +24,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -45,8 +45,13 @@ def ensure_tiny_model(python: str, dest: Path | None = None, timeout: float = 30
     if it is not there yet. Concurrent builders are safe: the script renames a finished folder into place."""
     dest = Path(dest or tools.tiny_model_dir())
     if not (dest / "config.json").is_file():
-        proc = subprocess.run([python, str(MAKE_TINY_MODEL), "--out", str(dest)],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [python, str(MAKE_TINY_MODEL), "--out", str(dest)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         if proc.returncode != 0 or not (dest / "config.json").is_file():
             raise VLLMError(f"make_tiny_model.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}")
     return dest
@@ -81,12 +86,24 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         return [
-            self.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", self.model,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--enforce-eager", "--dtype", "float32",
-            "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
-            "--max-model-len", str(self.max_model_len),
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_bytes),
+            "--max-model-len",
+            str(self.max_model_len),
             "--enable-prefix-caching",
             *self.extra_args,
         ]
@@ -99,13 +116,15 @@ class VLLMServer:
             "XDG_CACHE_HOME": str(cache),
             "HF_HOME": str(cache / "hf"),
             # Everything is local: never reach for a hub.
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
             "PYTHONUNBUFFERED": "1",
             **self.env,
         }
 
-    def start(self, ready_timeout: float = 360, attempts: int = 2) -> "VLLMServer":
+    def start(self, ready_timeout: float = 360, attempts: int = 2) -> VLLMServer:
         """Starts the server and waits (at most ``ready_timeout`` s) until /metrics answers."""
         Path(self.workdir).mkdir(parents=True, exist_ok=True)
         for _ in range(attempts):
@@ -113,9 +132,14 @@ class VLLMServer:
             with open(self.log_path, "ab") as log:
                 log.write(f"\n$ {' '.join(self.command())}\n".encode())
                 log.flush()
-                self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, env=self._environment(),
-                                                start_new_session=True)
+                self.process = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self._environment(),
+                    start_new_session=True,
+                )
             started = time.monotonic()
             try:
                 tools.wait_until(self._ready, timeout=ready_timeout, interval=1.0, what="vLLM /metrics")
@@ -125,8 +149,9 @@ class VLLMServer:
                 port_taken = "address already in use" in self.log_tail().lower()
                 self.stop()
                 if not port_taken:
-                    raise VLLMError(f"vLLM did not become ready: {exc}\n--- {self.log_path} ---\n"
-                                    f"{self.log_tail()}") from None
+                    raise VLLMError(
+                        f"vLLM did not become ready: {exc}\n--- {self.log_path} ---\n{self.log_tail()}"
+                    ) from None
         raise VLLMError(f"vLLM could not bind a free port in {attempts} attempts:\n{self.log_tail()}")
 
     def _ready(self) -> bool:
@@ -199,6 +224,7 @@ def metric_sum(text: str, name: str, **labels: str) -> float | None:
 
 # ------------------------------------------------------------------------------------------ load
 
+
 @dataclass
 class LoadResult:
     started: int = 0
@@ -214,21 +240,37 @@ def default_prompt(i: int) -> str:
     return f"Request {i}: " + " ".join(f"w{(i * 7 + k) % 97}" for k in range(40))
 
 
-async def _load(base_url: str, model: str, concurrency: int, duration_s: float, max_tokens: int,
-                prompt: Callable[[int], str], stop: threading.Event | None, result: LoadResult) -> LoadResult:
+async def _load(
+    base_url: str,
+    model: str,
+    concurrency: int,
+    duration_s: float,
+    max_tokens: int,
+    prompt: Callable[[int], str],
+    stop: threading.Event | None,
+    result: LoadResult,
+) -> LoadResult:
     deadline = time.monotonic() + duration_s
     counter = iter(range(1 << 30))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=httpx.Timeout(duration_s + 30)) as client:
+
         async def worker() -> None:
             while time.monotonic() < deadline and not (stop and stop.is_set()):
                 i = next(counter)
                 result.started += 1
                 try:
-                    resp = await client.post("/v1/completions", json={
-                        "model": model, "prompt": prompt(i), "max_tokens": max_tokens,
-                        "ignore_eos": True, "temperature": 1.0})
+                    resp = await client.post(
+                        "/v1/completions",
+                        json={
+                            "model": model,
+                            "prompt": prompt(i),
+                            "max_tokens": max_tokens,
+                            "ignore_eos": True,
+                            "temperature": 1.0,
+                        },
+                    )
                 except asyncio.CancelledError:
                     result.cancelled += 1
                     raise
@@ -253,8 +295,14 @@ async def _load(base_url: str, model: str, concurrency: int, duration_s: float, 
     return result
 
 
-def run_load(base_url: str, model: str = "tiny", concurrency: int = 16, duration_s: float = 20,
-             max_tokens: int = 1024, prompt: Callable[[int], str] = default_prompt) -> LoadResult:
+def run_load(
+    base_url: str,
+    model: str = "tiny",
+    concurrency: int = 16,
+    duration_s: float = 20,
+    max_tokens: int = 1024,
+    prompt: Callable[[int], str] = default_prompt,
+) -> LoadResult:
     """Keeps ``concurrency`` long completions in flight for ``duration_s`` seconds, then returns."""
     return asyncio.run(_load(base_url, model, concurrency, duration_s, max_tokens, prompt, None, LoadResult()))
 
@@ -262,13 +310,20 @@ def run_load(base_url: str, model: str = "tiny", concurrency: int = 16, duration
 class BackgroundLoad:
     """run_load in a thread, so a test can scrape while the load runs:
 
-        with BackgroundLoad(server.url, "tiny", concurrency=16, duration_s=30) as load:
-            ...poll metrics...
-        load.result  # LoadResult, after the block (leaving the block stops the load early)
+    with BackgroundLoad(server.url, "tiny", concurrency=16, duration_s=30) as load:
+        ...poll metrics...
+    load.result  # LoadResult, after the block (leaving the block stops the load early)
     """
 
-    def __init__(self, base_url: str, model: str = "tiny", concurrency: int = 16, duration_s: float = 20,
-                 max_tokens: int = 1024, prompt: Callable[[int], str] = default_prompt):
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "tiny",
+        concurrency: int = 16,
+        duration_s: float = 20,
+        max_tokens: int = 1024,
+        prompt: Callable[[int], str] = default_prompt,
+    ):
         self.result = LoadResult()
         self._stop = threading.Event()
         self._args = (base_url, model, concurrency, duration_s, max_tokens, prompt, self._stop, self.result)
@@ -281,7 +336,7 @@ class BackgroundLoad:
         except BaseException as exc:  # surfaced by stop()
             self._error = exc
 
-    def start(self) -> "BackgroundLoad":
+    def start(self) -> BackgroundLoad:
         self._thread.start()
         return self
 
@@ -299,7 +354,7 @@ class BackgroundLoad:
             raise self._error
         return self.result
 
-    def __enter__(self) -> "BackgroundLoad":
+    def __enter__(self) -> BackgroundLoad:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.window import labels_of
 
 ITL_BUCKETS = ("0.01", "0.025", "0.05", "0.1", "0.25", "+Inf")

@@ -36,7 +36,7 @@ class PageServer:
                 super().setup()
                 server.connections += 1
 
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):
                 server.requests += 1
                 page = server.pages.get(self.path)
                 if page is None:

@@ -8,11 +8,10 @@ import os
 import pytest
 
 from kvdoctor.exporter import assembly as command
-from kvdoctor.rules.collection import NotApplicable
 from kvdoctor.exporter.collectors.base import CollectorSpec
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
-
+from kvdoctor.rules.collection import NotApplicable
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
 
 
@@ -35,7 +34,9 @@ def registry(monkeypatch):
         "engine": CollectorSpec("engine", "engine", True, lambda s: StaticCollector("engine", engine_samples)),
         "absent": CollectorSpec("absent", "not here", True, absent),
         "broken": CollectorSpec("broken", "fails to start", True, broken),
-        "optional": CollectorSpec("optional", "off by default", False, lambda s: StaticCollector("optional", gpu_samples)),
+        "optional": CollectorSpec(
+            "optional", "off by default", False, lambda s: StaticCollector("optional", gpu_samples)
+        ),
     }
     monkeypatch.setattr("kvdoctor.exporter.settings.collector_registry", lambda: fake)
     monkeypatch.setattr("kvdoctor.exporter.assembly.collector_registry", lambda: fake)
@@ -69,8 +70,18 @@ def test_extra_collectors_replace_registry_ones_of_the_same_name(registry):
 
 def test_model_config_is_loaded_into_a_shape(registry, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
-                                "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000}))
+    path.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+            }
+        )
+    )
     exp = command.build_exporter(ExporterSettings(model_config_path=str(path)), diagnose_hook=None)
     assert exp.model_shape.num_layers == 4 and exp.model_shape.num_kv_heads == 2
 

@@ -19,9 +19,14 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_"
 
 
 def run_exporter(*args, env=None, timeout=60):
-    proc = subprocess.run([sys.executable, "-m", "kvdoctor", "exporter", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env={**CLEAN_ENV, **(env or {})},
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvdoctor", "exporter", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**CLEAN_ENV, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -62,11 +67,14 @@ def test_bad_configuration_exits_2_with_one_line(args, env, expected, monkeypatc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, env, expected", [
-    (["--engine", "nosuchengine"], {}, "unknown engine 'nosuchengine'"),
-    (["--engine-url", "localhost:8000"], {}, "malformed URL"),
-    ([], {"KVDOCTOR_INTERVAL": "-1"}, "--interval (KVDOCTOR_INTERVAL): must be greater than 0"),
-])
+@pytest.mark.parametrize(
+    "args, env, expected",
+    [
+        (["--engine", "nosuchengine"], {}, "unknown engine 'nosuchengine'"),
+        (["--engine-url", "localhost:8000"], {}, "malformed URL"),
+        ([], {"KVDOCTOR_INTERVAL": "-1"}, "--interval (KVDOCTOR_INTERVAL): must be greater than 0"),
+    ],
+)
 def test_bad_configuration_through_the_console_entry_point(args, env, expected):
     rc, out, err = run_exporter(*args, env=env)
     assert (rc, out) == (2, "")
@@ -86,7 +94,9 @@ def test_a_port_in_use_fails_in_one_line_before_anything_starts(monkeypatch, cap
         rc = main(["exporter", "--port", str(port), "--engine-url", "http://127.0.0.1:9/metrics"])
     out, err = capsys.readouterr()
     assert (rc, out) == (2, "")
-    assert err.splitlines() == [f"kvdoctor exporter: error: port {port} on 127.0.0.1 is already in use (choose another with --port)"]
+    assert err.splitlines() == [
+        f"kvdoctor exporter: error: port {port} on 127.0.0.1 is already in use (choose another with --port)"
+    ]
 
 
 @pytest.mark.slow
@@ -97,7 +107,9 @@ def test_a_port_in_use_exits_2_with_one_line():
         port = taken.getsockname()[1]
         rc, out, err = run_exporter("--port", port, "--no-nvml")
     assert rc == 2
-    assert err.splitlines() == [f"kvdoctor exporter: error: port {port} on 127.0.0.1 is already in use (choose another with --port)"]
+    assert err.splitlines() == [
+        f"kvdoctor exporter: error: port {port} on 127.0.0.1 is already in use (choose another with --port)"
+    ]
 
 
 @pytest.mark.slow
@@ -122,17 +134,25 @@ def test_help_lists_the_collectors_and_what_each_adapter_cannot_provide():
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_the_exporter_serves_and_stops_cleanly_on_a_signal(signum):
-    proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", "exporter", "--port", "0", "--no-nvml",
-                             "--interval", "0.2", "--pod", "p0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLEAN_ENV,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvdoctor", "exporter", "--port", "0", "--no-nvml", "--interval", "0.2", "--pod", "p0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=CLEAN_ENV,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         line = proc.stdout.readline()
         match = re.search(r"serving (http://\S+)/metrics", line)
         assert match, line + proc.stderr.read() if proc.poll() is not None else line
         url = match.group(1)
-        tools.wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, timeout=20,
-                         interval=0.1, what="exporter ready")
+        tools.wait_until(
+            lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200,
+            timeout=20,
+            interval=0.1,
+            what="exporter ready",
+        )
         assert httpx.get(f"{url}/healthz", timeout=2).json() == {"status": "ok"}
         assert httpx.get(f"{url}/metrics", timeout=2).status_code == 200
         started = time.monotonic()

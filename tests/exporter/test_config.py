@@ -66,12 +66,15 @@ def test_model_config_comes_from_kvdoctor_model_config(monkeypatch, tmp_path):
     assert ExporterSettings().model_config_path == str(path)
 
 
-@pytest.mark.parametrize("url, normalised", [
-    ("http://127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
-    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/metrics"),
-    ("https://engine:8443/prometheus/metrics", "https://engine:8443/prometheus/metrics"),
-    (" http://[::1]:9000/metrics ", "http://[::1]:9000/metrics"),
-])
+@pytest.mark.parametrize(
+    "url, normalised",
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/metrics"),
+        ("https://engine:8443/prometheus/metrics", "https://engine:8443/prometheus/metrics"),
+        (" http://[::1]:9000/metrics ", "http://[::1]:9000/metrics"),
+    ],
+)
 def test_urls_are_normalised(url, normalised):
     assert normalise_url(url) == normalised
 
@@ -134,4 +137,3 @@ def test_unparseable_collector_switch_names_it(monkeypatch, registry):
 
 def test_window_bound_never_exceeds_retention():
     assert ExporterSettings(retention_seconds=120, max_window_seconds=900).max_window_seconds == 120
-

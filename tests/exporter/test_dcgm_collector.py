@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.exporter.collectors.dcgm import DcgmCollector, dcgm_collector, normalise_dcgm
 from kvdoctor.exporter.collectors.engine import parse_exposition
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
-
+from kvdoctor.rules.collection import NotApplicable, SourceError
 from tests.exporter.http_pages import Page, PageServer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests/fixtures/dcgm"
@@ -28,8 +27,10 @@ def key(name: str, **labels: str):
 
 def expected_h100(**extra) -> dict:
     out = {}
-    for gpu, (dram, sm, tx, rx) in ((GPU0, (0.823167, 0.412877, 183926741, 2417851639)),
-                                    (GPU1, (0.817042, 0.405319, 179205316, 2399127485))):
+    for gpu, (dram, sm, tx, rx) in (
+        (GPU0, (0.823167, 0.412877, 183926741, 2417851639)),
+        (GPU1, (0.817042, 0.405319, 179205316, 2399127485)),
+    ):
         out[key(S.GPU_DRAM_BANDWIDTH_UTILIZATION, method="dcgm", **gpu, **extra)] = dram
         out[key(S.GPU_SM_ACTIVE, method="dcgm", **gpu, **extra)] = sm
         out[key(S.GPU_PCIE_TX, **gpu, **extra)] = float(tx)

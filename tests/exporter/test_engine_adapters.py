@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvdoctor.exporter import adapters
 from kvdoctor.exporter.adapters import dynamo_kvbm, lmcache
 from kvdoctor.exporter.adapters.base import EngineAdapter
-from kvdoctor.rules.textparse import family_names, iter_samples
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.textparse import family_names, iter_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ROOT / "tests" / "fixtures" / "engines"
@@ -329,10 +329,16 @@ def test_kvbm_host_to_disk_offload_never_counts_as_gpu_traffic():
     out = normalise(dynamo_kvbm.with_bytes_per_block(BYTES_PER_BLOCK), text)
     from_gpu = sum(v for (n, lab), v in out.items() if n == S.KV_TRANSFER_BYTES and ("direction", "from_gpu") in lab)
     to_gpu = sum(v for (n, lab), v in out.items() if n == S.KV_TRANSFER_BYTES and ("direction", "to_gpu") in lab)
-    assert from_gpu == (raw["kvbm_offload_blocks_d2h"] + raw["kvbm_offload_blocks_d2d"]) * BYTES_PER_BLOCK \
+    assert (
+        from_gpu
+        == (raw["kvbm_offload_blocks_d2h"] + raw["kvbm_offload_blocks_d2d"]) * BYTES_PER_BLOCK
         + raw["kvbm_offload_bytes_object"]
-    assert to_gpu == (raw["kvbm_onboard_blocks_h2d"] + raw["kvbm_onboard_blocks_d2d"]) * BYTES_PER_BLOCK \
+    )
+    assert (
+        to_gpu
+        == (raw["kvbm_onboard_blocks_h2d"] + raw["kvbm_onboard_blocks_d2d"]) * BYTES_PER_BLOCK
         + raw["kvbm_onboard_bytes_object"]
+    )
     assert value(out, S.KV_TRANSFER_BYTES, direction="to_gpu", tier="host") == 9400 * BYTES_PER_BLOCK
     # without a block size, block counters are not guessed at
     plain = normalise(adapters.TIER_ADAPTERS["dynamo_kvbm"], text)
@@ -361,7 +367,12 @@ def test_size_factories_refuse_nonsense(factory, size):
 def test_tgi_gives_queue_batch_and_per_request_latency_only():
     out = normalise(adapters.ADAPTERS["tgi"], read("tgi/tgi-3.txt"))
     assert {signal_of(n) for n, _ in out} == {
-        S.REQUESTS_RUNNING, S.REQUESTS_WAITING, S.INTER_TOKEN_LATENCY, S.PROMPT_TOKENS, S.GENERATION_TOKENS}
+        S.REQUESTS_RUNNING,
+        S.REQUESTS_WAITING,
+        S.INTER_TOKEN_LATENCY,
+        S.PROMPT_TOKENS,
+        S.GENERATION_TOKENS,
+    }
     assert value(out, S.PROMPT_TOKENS) == 30 * 310 + 18 * 1900
     assert value(out, S.INTER_TOKEN_LATENCY + "_count") == 48.0
     buckets = [dict(lab)["le"] for (n, lab), _ in out.items() if n == S.INTER_TOKEN_LATENCY + "_bucket"]

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS
-from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.exporter.collectors.engine import EngineCollector, engine_collector
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules.textparse import iter_samples
 from kvdoctor.rules import signals as S
-
+from kvdoctor.rules.collection import NotApplicable, SourceError
+from kvdoctor.rules.textparse import iter_samples
 from tests.exporter.http_pages import Page, PageServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +51,12 @@ def test_a_vllm_page_is_recognised_and_normalised(server):
         collector.close()
     assert collector.adapter is ADAPTERS["vllm"]
     assert collected.samples == expected_vllm(VLLM_PAGE, pod="vllm-0")
-    assert collected.samples[(S.KV_CACHE_USAGE, (("dp_rank", "0"), ("engine", "vllm"), ("model_name", "tiny"),
-                                                 ("pod", "vllm-0")))] == 0.9032258064516129
+    assert (
+        collected.samples[
+            (S.KV_CACHE_USAGE, (("dp_rank", "0"), ("engine", "vllm"), ("model_name", "tiny"), ("pod", "vllm-0")))
+        ]
+        == 0.9032258064516129
+    )
     assert collected.partial_errors == []
 
 
@@ -79,15 +82,19 @@ def test_one_connection_is_reused_and_gzip_is_inflated(server):
         bomb.close()
 
 
-@pytest.mark.parametrize(("page", "reason"), [
-    (Page(b"engine exploded\n", status=500), "http_500"),
-    (Page(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n", content_type="text/html"), "parse_error"),
-    (Page(b"\xff\xfe\x00binary\x00", content_type="application/octet-stream"), "parse_error"),
-    (Page(b"# only a comment\nup 1\n"), "unknown_engine"),
-    (Page(b'vllm:num_requests_running{engine="0"} 1\n' * 100, stream_bytes=4 * 1024 * 1024), "body_too_large"),
-    (Page(b"x" * (512 * 1024)), "body_too_large"),  # declared Content-Length over the cap
-    (Page(b"\x1b\x00\x00", content_encoding="br"), "unsupported_encoding"),  # not asked for, cannot be capped
-], ids=["500", "html", "binary", "unknown-engine", "huge-streamed", "huge-declared", "brotli"])
+@pytest.mark.parametrize(
+    ("page", "reason"),
+    [
+        (Page(b"engine exploded\n", status=500), "http_500"),
+        (Page(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n", content_type="text/html"), "parse_error"),
+        (Page(b"\xff\xfe\x00binary\x00", content_type="application/octet-stream"), "parse_error"),
+        (Page(b"# only a comment\nup 1\n"), "unknown_engine"),
+        (Page(b'vllm:num_requests_running{engine="0"} 1\n' * 100, stream_bytes=4 * 1024 * 1024), "body_too_large"),
+        (Page(b"x" * (512 * 1024)), "body_too_large"),  # declared Content-Length over the cap
+        (Page(b"\x1b\x00\x00", content_encoding="br"), "unsupported_encoding"),  # not asked for, cannot be capped
+    ],
+    ids=["500", "html", "binary", "unknown-engine", "huge-streamed", "huge-declared", "brotli"],
+)
 def test_failures_have_a_reason(server, page, reason):
     server.pages["/metrics"] = page
     collector = EngineCollector(server.url("/metrics"), max_body_bytes=256 * 1024)
@@ -159,7 +166,9 @@ def test_a_fixed_engine_is_not_second_guessed(server):
         collector.close()
 
 
-@pytest.mark.skipif("lmcache" not in TIER_ADAPTERS, reason="needs the lmcache tier adapter (exporter/adapters/lmcache.py)")
+@pytest.mark.skipif(
+    "lmcache" not in TIER_ADAPTERS, reason="needs the lmcache tier adapter (exporter/adapters/lmcache.py)"
+)
 def test_kv_tier_families_on_the_engine_page_are_applied(server):
     page = LMCACHE_PAGE.read_bytes()
     server.pages["/metrics"] = Page(page)
@@ -169,7 +178,8 @@ def test_kv_tier_families_on_the_engine_page_are_applied(server):
     finally:
         collector.close()
     tier = TIER_ADAPTERS["lmcache"].normalise(
-        ((n, lab, v) for n, lab, v, _ in iter_samples(page.decode())), {"engine": "vllm"})
+        ((n, lab, v) for n, lab, v, _ in iter_samples(page.decode())), {"engine": "vllm"}
+    )
     assert tier, "the fixture has LMCache families"
     assert {k: out[k] for k in tier} == tier
     assert {dict(lab)["engine"] for _, lab in tier} == {"vllm"}
@@ -182,7 +192,10 @@ def test_the_collectors_are_registered():
     from kvdoctor.exporter.collectors.nvml import nvml_collector
 
     assert {name: spec.factory for name, spec in REGISTRY.items() if name in ("engine", "nvml", "dcgm")} == {
-        "engine": engine_collector, "nvml": nvml_collector, "dcgm": dcgm_collector}
+        "engine": engine_collector,
+        "nvml": nvml_collector,
+        "dcgm": dcgm_collector,
+    }
     assert all(REGISTRY[name].enabled_by_default for name in ("engine", "nvml", "dcgm"))
 
 
@@ -200,8 +213,9 @@ def test_unknown_engine_name_is_refused():
 
 def test_factory_uses_the_settings(server):
     server.pages["/metrics"] = Page(VLLM_PAGE)
-    settings = ExporterSettings(engine_url=server.url(""), engine="vllm", pod="p-1", scrape_timeout=0.7,
-                                max_body_bytes=200_000, nvml=False)
+    settings = ExporterSettings(
+        engine_url=server.url(""), engine="vllm", pod="p-1", scrape_timeout=0.7, max_body_bytes=200_000, nvml=False
+    )
     collector = engine_collector(settings)
     try:
         assert collector.url == server.url("/metrics")  # the settings add /metrics

@@ -20,11 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.collectors.engine import EngineCollector
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import serve_in_thread
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
-
 from tests import tools
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
@@ -43,14 +42,14 @@ class FakeEngine:
         self._server: ThreadingHTTPServer | None = None
         self.requests = 0
 
-    def start(self, port: int = 0) -> "FakeEngine":
+    def start(self, port: int = 0) -> FakeEngine:
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.0"  # one request per connection: a stopped engine is really gone
             disable_nagle_algorithm = True
 
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):
                 engine.requests += 1
                 mode = engine.mode
                 if mode == "error500":
@@ -74,7 +73,9 @@ class FakeEngine:
 
             def _send_huge(self) -> None:
                 # 50 MB of exposition lines, without Content-Length: only a streamed cap can stop it.
-                chunk = b"".join(b'vllm:num_requests_running{engine="0",model_name="m%d"} 1.0\n' % i for i in range(16000))
+                chunk = b"".join(
+                    b'vllm:num_requests_running{engine="0",model_name="m%d"} 1.0\n' % i for i in range(16000)
+                )
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.end_headers()
@@ -117,10 +118,12 @@ class Rig:
 
     def __init__(self, engine_url: str):
         os.environ.pop("KVDOCTOR_POD", None)
-        self.settings = ExporterSettings(engine_url=engine_url, interval=INTERVAL, scrape_timeout=SCRAPE_TIMEOUT,
-                                         nvml=False)
-        self.collector = EngineCollector(self.settings.engine_url, "auto", timeout=SCRAPE_TIMEOUT,
-                                         max_body_bytes=self.settings.max_body_bytes)
+        self.settings = ExporterSettings(
+            engine_url=engine_url, interval=INTERVAL, scrape_timeout=SCRAPE_TIMEOUT, nvml=False
+        )
+        self.collector = EngineCollector(
+            self.settings.engine_url, "auto", timeout=SCRAPE_TIMEOUT, max_body_bytes=self.settings.max_body_bytes
+        )
         self.exporter = Exporter(self.settings, [self.collector]).start()
         self.http = serve_in_thread(create_app(self.exporter), "127.0.0.1", 0)
         self.client = httpx.Client(timeout=5)
@@ -147,8 +150,9 @@ class Rig:
         return [float(v) for t, v in zip(window.timestamps, values) if t > since]
 
     def wait_up(self, value: float, timeout: float = 15.0) -> None:
-        tools.wait_until(lambda: self.up() == value, timeout=timeout, interval=0.05,
-                         what=f"source_up{{source=engine}} == {value}")
+        tools.wait_until(
+            lambda: self.up() == value, timeout=timeout, interval=0.05, what=f"source_up{{source=engine}} == {value}"
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -180,15 +184,21 @@ def assert_down_within_two_cycles(rig: Rig, since: float, timeout: float = 15.0)
     assert 0.0 in ups[:2], f"source_up after the fault: {ups[:5]}"
 
 
-@pytest.mark.parametrize("mode, reason", [
-    ("error500", "http_500"),
-    ("garbage", "parse_error"),
-    ("huge", "body_too_large"),
-    ("hang", "timeout"),
-])
+@pytest.mark.parametrize(
+    "mode, reason",
+    [
+        ("error500", "http_500"),
+        ("garbage", "parse_error"),
+        ("huge", "body_too_large"),
+        ("hang", "timeout"),
+    ],
+)
 def test_engine_fault_is_reported_counted_and_recovered(rig, engine, mode, reason):
     rig.wait_up(1.0)
-    assert rig.metrics()[(S.GENERATION_TOKENS, frozenset({("engine", "vllm"), ("model_name", "tiny"), ("dp_rank", "0")}))] > 0
+    assert (
+        rig.metrics()[(S.GENERATION_TOKENS, frozenset({("engine", "vllm"), ("model_name", "tiny"), ("dp_rank", "0")}))]
+        > 0
+    )
 
     fault_at = time.time()
     engine.mode = mode

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.exporter.collectors import http as http_module
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.collectors.http import HttpExposition
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.textparse import ExpositionError, iter_samples, iter_samples_streamed
-
 from tests.reliability.servers import EXPOSITION, Behaviour, FaultServer, respond, trickle
 from tests.reliability.servers import routes as by_path
 
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_TEXT = (ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt").read_text()
 # The same page with multi-byte characters in a label every sample carries (2, 3 and 4 bytes).
 VLLM_UNICODE_TEXT = VLLM_TEXT.replace('model_name="tiny"', 'model_name="tíny-日本-😀"')
+
 
 class Server(FaultServer):
     """A ``FaultServer`` answering ``routes[path](handler)`` (the dict may change); 404 elsewhere."""
@@ -44,8 +44,11 @@ class Server(FaultServer):
         self.stop()
 
 
-def chunked(body: bytes, sizes: tuple[int, ...], content_type: str = EXPOSITION, headers: dict | None = None) -> Behaviour:
+def chunked(
+    body: bytes, sizes: tuple[int, ...], content_type: str = EXPOSITION, headers: dict | None = None
+) -> Behaviour:
     """``Transfer-Encoding: chunked``, chunks of ``sizes`` in turn (each is one read on the client side)."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
         h.send_header("Content-Type", content_type)
@@ -55,12 +58,13 @@ def chunked(body: bytes, sizes: tuple[int, ...], content_type: str = EXPOSITION,
         h.end_headers()
         out, pos, i = [], 0, 0
         while pos < len(body):
-            piece = body[pos:pos + sizes[i % len(sizes)]]
+            piece = body[pos : pos + sizes[i % len(sizes)]]
             out.append(b"%x\r\n%s\r\n" % (len(piece), piece))
             pos += len(piece)
             i += 1
         out.append(b"0\r\n\r\n")
         h.wfile.write(b"".join(out))
+
     return behave
 
 
@@ -102,6 +106,7 @@ def whole_page(text: str) -> dict:
 
 # -- keep-alive ------------------------------------------------------------------------------------
 
+
 def test_a_kept_alive_connection_the_server_closed_is_reopened_and_the_request_retried(serve):
     server = serve({"/metrics": respond(VLLM_TEXT.encode(), close_after=True)})
     collector = EngineCollector(server.url("/metrics"))
@@ -125,13 +130,16 @@ def test_a_new_connection_closed_without_an_answer_is_not_retried(serve):
 
 # -- redirects -------------------------------------------------------------------------------------
 
+
 def test_redirects_are_followed_relative_and_absolute_on_one_connection(serve):
     server = serve({})
-    server.routes.update({
-        "/metrics": redirect("/metrics/"),  # as a Prometheus app mounted at /metrics answers
-        "/metrics/": redirect(server.url("/real"), status=307),
-        "/real": respond(VLLM_TEXT.encode()),
-    })
+    server.routes.update(
+        {
+            "/metrics": redirect("/metrics/"),  # as a Prometheus app mounted at /metrics answers
+            "/metrics/": redirect(server.url("/real"), status=307),
+            "/real": respond(VLLM_TEXT.encode()),
+        }
+    )
     collector = EngineCollector(server.url("/metrics"))
     try:
         for _ in range(2):
@@ -156,11 +164,12 @@ def test_a_redirect_to_another_origin_moves_the_connection(serve):
 
 # -- bodies cut anywhere ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sizes", [(1,), (7, 13, 4093), (16 * 1024 + 1,)], ids=["1-byte", "odd", "just-over-a-read"])
 def test_a_chunked_body_cut_inside_lines_and_characters_gives_the_whole_page_samples(serve, sizes):
     body = VLLM_UNICODE_TEXT.encode()
     if sizes == (1,):  # its first and last lines only: 1-byte chunks of the whole page take seconds
-        body = body[:body.index(b"\n", 12000) + 1] + body[body.index(b"\n", len(body) - 3000) + 1:]
+        body = body[: body.index(b"\n", 12000) + 1] + body[body.index(b"\n", len(body) - 3000) + 1 :]
     server = serve({"/metrics": chunked(body, sizes)})
     samples = collect(server.url("/metrics")).samples
     assert samples == whole_page(body.decode())
@@ -168,8 +177,9 @@ def test_a_chunked_body_cut_inside_lines_and_characters_gives_the_whole_page_sam
 
 
 def test_a_gzip_body_in_small_chunks_is_inflated_and_parsed_as_it_comes(serve):
-    server = serve({"/metrics": chunked(gzip.compress(VLLM_UNICODE_TEXT.encode()), (5, 301),
-                                        headers={"Content-Encoding": "gzip"})})
+    server = serve(
+        {"/metrics": chunked(gzip.compress(VLLM_UNICODE_TEXT.encode()), (5, 301), headers={"Content-Encoding": "gzip"})}
+    )
     assert collect(server.url("/metrics")).samples == whole_page(VLLM_UNICODE_TEXT)
 
 
@@ -183,7 +193,7 @@ def test_the_charset_of_the_content_type_is_used(serve):
 
 def test_a_utf8_character_cut_by_the_end_of_the_body_is_a_parse_error(serve):
     body = VLLM_UNICODE_TEXT.encode()
-    server = serve({"/metrics": chunked(body[:body.index("😀".encode()) + 2], (4096,))})
+    server = serve({"/metrics": chunked(body[: body.index("😀".encode()) + 2], (4096,))})
     assert reason_of(server.url("/metrics")) == "parse_error"
 
 
@@ -203,30 +213,48 @@ def test_a_body_shorter_than_its_content_length_is_a_transport_error(serve):
 
 def raw_answer(data: bytes) -> Behaviour:
     """Exactly these bytes, then the connection closes."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         h.wfile.write(data)
         h.close_connection = True
+
     return behave
 
 
 def test_an_interim_1xx_answer_is_skipped(serve):
     body = VLLM_TEXT.encode()
-    server = serve({"/metrics": raw_answer(
-        b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))})
+    server = serve(
+        {
+            "/metrics": raw_answer(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+        }
+    )
     assert collect(server.url("/metrics")).samples == whole_page(VLLM_TEXT)
 
 
-@pytest.mark.parametrize(("answer", "reason"), [
-    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "transport_error"),  # not HTTP at all
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 12, 13\r\n\r\nup 1\n", "transport_error"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nup 1\n\r\n0\r\n\r\n", "transport_error"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nup 1\n", "transport_error"),  # cut in a chunk
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1XX\r\n0\r\n\r\n", "transport_error"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "unsupported_encoding"),
-    (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n", "transport_error"),  # cut in the head
-], ids=["not-http", "two-lengths", "bad-chunk-size", "cut-in-a-chunk", "chunk-longer-than-said", "gzip-transfer-encoding",
-     "cut-in-the-head"])
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "transport_error"),  # not HTTP at all
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 12, 13\r\n\r\nup 1\n", "transport_error"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nup 1\n\r\n0\r\n\r\n", "transport_error"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nup 1\n", "transport_error"),  # cut in a chunk
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1XX\r\n0\r\n\r\n", "transport_error"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "unsupported_encoding"),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n", "transport_error"),  # cut in the head
+    ],
+    ids=[
+        "not-http",
+        "two-lengths",
+        "bad-chunk-size",
+        "cut-in-a-chunk",
+        "chunk-longer-than-said",
+        "gzip-transfer-encoding",
+        "cut-in-the-head",
+    ],
+)
 def test_malformed_answers_have_a_reason(serve, answer, reason):
     server = serve({"/metrics": raw_answer(answer)})
     assert reason_of(server.url("/metrics")) == reason
@@ -265,25 +293,27 @@ def test_fetch_joins_the_pieces_and_the_connection_is_reused_after_it(serve):
 
 # -- the streamed parser ---------------------------------------------------------------------------
 
+
 def test_the_streamed_parser_matches_the_whole_text_parser_however_the_text_is_cut():
     wanted = frozenset({"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total"})
     for text in (VLLM_UNICODE_TEXT, VLLM_UNICODE_TEXT.replace("\n", "\r\n"), VLLM_UNICODE_TEXT + "# EOF\n"):
         for w in (None, wanted):
             expected = [(n, lab, v) for n, lab, v, _ in iter_samples(text, w)]
             for size in (1, 2, 5, 64, 4099):
-                pieces = [text[i:i + size] for i in range(0, len(text), size)]
+                pieces = [text[i : i + size] for i in range(0, len(text), size)]
                 assert list(iter_samples_streamed(pieces, w)) == expected, (size, w is None)
 
 
 def test_the_streamed_parser_names_the_line_of_the_whole_text():
-    text = VLLM_TEXT[:VLLM_TEXT.index("\n", 20000) + 1] + "<html>\n"
+    text = VLLM_TEXT[: VLLM_TEXT.index("\n", 20000) + 1] + "<html>\n"
     line = text.count("\n")
     for size in (1, 333, len(text)):
         with pytest.raises(ExpositionError, match=rf"^line {line}: not an exposition line"):
-            list(iter_samples_streamed(text[i:i + size] for i in range(0, len(text), size)))
+            list(iter_samples_streamed(text[i : i + size] for i in range(0, len(text), size)))
 
 
 # -- https -----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory) -> Path:
@@ -291,10 +321,29 @@ def certificate(tmp_path_factory) -> Path:
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")
     out = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(out / "key.pem"), "-out", str(out / "cert.pem")],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(out / "key.pem"),
+            "-out",
+            str(out / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return out
 
 

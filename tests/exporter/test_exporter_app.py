@@ -13,14 +13,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import runtime as runtime_module
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import PortInUseError, serve_in_thread
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Window
-
-from tests.exporter.exporter_fakes import FakeClock, StaticCollector, engine_samples, failing, gpu_samples, not_applicable
+from tests.exporter.exporter_fakes import (
+    FakeClock,
+    StaticCollector,
+    engine_samples,
+    failing,
+    gpu_samples,
+    not_applicable,
+)
 
 
 class FakeDiagnosis:
@@ -32,8 +38,12 @@ class FakeDiagnosis:
 
 def make_exporter(clock=None, diagnose_hook=None, **kw) -> Exporter:
     settings = ExporterSettings(**{"interval": 0.1, "max_window_seconds": 120, **kw})
-    collectors = [StaticCollector("engine", engine_samples), StaticCollector("gpu", lambda s: gpu_samples(2, s)),
-                  failing("dcgm", "connection_refused"), not_applicable("nvml")]
+    collectors = [
+        StaticCollector("engine", engine_samples),
+        StaticCollector("gpu", lambda s: gpu_samples(2, s)),
+        failing("dcgm", "connection_refused"),
+        not_applicable("nvml"),
+    ]
     return Exporter(settings, collectors, diagnose_hook=diagnose_hook, clock=clock or FakeClock())
 
 
@@ -141,7 +151,14 @@ def test_status_lists_every_source(exporter):
 
 def test_openapi_schema_documents_every_endpoint(exporter):
     schema = TestClient(create_app(exporter)).get("/openapi.json").json()
-    assert set(schema["paths"]) == {"/metrics", "/api/v1/window", "/api/v1/diagnosis", "/api/v1/status", "/healthz", "/readyz"}
+    assert set(schema["paths"]) == {
+        "/metrics",
+        "/api/v1/window",
+        "/api/v1/diagnosis",
+        "/api/v1/status",
+        "/healthz",
+        "/readyz",
+    }
     params = schema["paths"]["/api/v1/window"]["get"]["parameters"]
     [seconds] = [p for p in params if p["name"] == "seconds"]
     assert seconds["schema"]["minimum"] == 1 and seconds["schema"]["maximum"] == 120
@@ -163,8 +180,9 @@ def test_responses_conform_to_the_openapi_schema(monkeypatch):
     for result in schema.get_all_operations():
         operation = result.ok()
 
-        @hypothesis.settings(max_examples=5, deadline=None, database=None,
-                             suppress_health_check=list(hypothesis.HealthCheck))
+        @hypothesis.settings(
+            max_examples=5, deadline=None, database=None, suppress_health_check=list(hypothesis.HealthCheck)
+        )
         @hypothesis.given(case=operation.as_strategy())
         def check(case):
             case.call_and_validate()
@@ -175,6 +193,7 @@ def test_responses_conform_to_the_openapi_schema(monkeypatch):
 
 
 # ------------------------------------------------------------------------------- real sockets
+
 
 def test_serve_in_thread_serves_and_stops_and_frees_the_port(exporter):
     exporter.run_cycle()

@@ -13,7 +13,6 @@ import pytest
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.server import serve_in_thread
-
 from tests.exporter.test_exporter_app import make_exporter
 
 
@@ -49,8 +48,8 @@ def _read_response(sock: socket.socket, buffer: bytearray, head_only: bool = Fal
         if not chunk:
             raise ConnectionError("closed before the body ended")
         buffer += chunk
-    body = bytes(buffer[end + 4:end + 4 + length])
-    del buffer[:end + 4 + length]
+    body = bytes(buffer[end + 4 : end + 4 + length])
+    del buffer[: end + 4 + length]
     return lines[0], headers, body
 
 

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.gpu_filter import (
     ALL,
     GpuFilterError,
@@ -23,6 +22,7 @@ from kvdoctor.exporter.gpu_filter import (
     select_devices,
     select_engine_processes,
 )
+from kvdoctor.rules.collection import SourceError
 
 U0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
 U1 = "GPU-1f2e3d4c-0000-1111-2222-333344445555"
@@ -40,30 +40,37 @@ def indices(gpus):
 
 # ------------------------------------------------------------------------------ parse_gpu_filter
 
-@pytest.mark.parametrize("text, expected", [
-    ("auto", GpuFilterSpec("auto")),
-    ("  ALL ", GpuFilterSpec("all")),
-    ("engine-processes", GpuFilterSpec("engine-processes")),
-    (f"uuids:{U0},{U2}", GpuFilterSpec("uuids", uuids=(U0, U2))),
-    (f"uuids: {U0} , ", GpuFilterSpec("uuids", uuids=(U0,))),
-    ("uuids:GPU-0a1b", GpuFilterSpec("uuids", uuids=("GPU-0a1b",))),
-    ("file:/var/run/kvdoctor/engine-gpus", GpuFilterSpec("file", path="/var/run/kvdoctor/engine-gpus")),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("auto", GpuFilterSpec("auto")),
+        ("  ALL ", GpuFilterSpec("all")),
+        ("engine-processes", GpuFilterSpec("engine-processes")),
+        (f"uuids:{U0},{U2}", GpuFilterSpec("uuids", uuids=(U0, U2))),
+        (f"uuids: {U0} , ", GpuFilterSpec("uuids", uuids=(U0,))),
+        ("uuids:GPU-0a1b", GpuFilterSpec("uuids", uuids=("GPU-0a1b",))),
+        ("file:/var/run/kvdoctor/engine-gpus", GpuFilterSpec("file", path="/var/run/kvdoctor/engine-gpus")),
+    ],
+)
 def test_parse_gpu_filter_accepts_each_mode(text, expected):
     spec = parse_gpu_filter(text)
     assert spec == expected
     assert parse_gpu_filter(str(spec)) == spec  # str() gives back a value the flag accepts
 
 
-@pytest.mark.parametrize("text, says", [
-    ("", "unknown value"),
-    ("some", "unknown value 'some'"),
-    ("uuids:", "needs at least one UUID"),
-    ("uuids:0,1", "'0' is not a GPU UUID"),
-    ("file:", "needs a path"),
-    ("all:0", "takes no argument"),
-    ("engine-processes:1234", "takes no argument"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("", "unknown value"),
+        ("some", "unknown value 'some'"),
+        ("uuids:", "needs at least one UUID"),
+        ("uuids:0,1", "'0' is not a GPU UUID"),
+        ("file:", "needs a path"),
+        ("all:0", "takes no argument"),
+        ("engine-processes:1234", "takes no argument"),
+    ],
+)
 def test_parse_gpu_filter_rejects_with_one_clear_line(text, says):
     with pytest.raises(GpuFilterError) as err:
         parse_gpu_filter(text)
@@ -73,18 +80,22 @@ def test_parse_gpu_filter_rejects_with_one_clear_line(text, says):
 
 # ---------------------------------------------------------------------------- device lists
 
-@pytest.mark.parametrize("text, expected", [
-    (None, ALL),
-    ("all", ALL),
-    ("ALL\n", ALL),
-    ("", ()),
-    ("none", ()),
-    ("void", ()),
-    ("0,2", ("0", "2")),
-    (f"{U0}\n{U1}\n", (U0, U1)),  # nvidia-smi --query-gpu=uuid --format=csv,noheader
-    (f'"{U0}", {U1}', (U0, U1)),
-    ("  \n\n", ()),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (None, ALL),
+        ("all", ALL),
+        ("ALL\n", ALL),
+        ("", ()),
+        ("none", ()),
+        ("void", ()),
+        ("0,2", ("0", "2")),
+        (f"{U0}\n{U1}\n", (U0, U1)),  # nvidia-smi --query-gpu=uuid --format=csv,noheader
+        (f'"{U0}", {U1}', (U0, U1)),
+        ("  \n\n", ()),
+    ],
+)
 def test_parse_device_list(text, expected):
     assert parse_device_list(text) == expected
 
@@ -94,17 +105,20 @@ def test_parse_device_list_rejects_all_mixed_with_devices():
         parse_device_list("all,0")
 
 
-@pytest.mark.parametrize("entries, kept, unmatched", [
-    (("2", "0"), [0, 2], []),               # kept in NVML order, whatever the list's order
-    ((U1,), [1], []),
-    ((U1.upper(),), [1], []),                # UUIDs compare without case
-    (("GPU-1f2e",), [1], []),                # a unique prefix, as CUDA accepts
-    (("GPU-2b",), [], ["GPU-2b"]),           # ambiguous prefix (U2 and U3) names nothing
-    (("7", U3), [3], ["7"]),                 # out of range
-    ((f"MIG-{U2}/1/0",), [2], []),           # legacy MIG name carries its parent GPU
-    (("MIG-7c0ffee0-0000-1111-2222-333344445555",), [], ["MIG-7c0ffee0-0000-1111-2222-333344445555"]),
-    ((), [], []),
-])
+@pytest.mark.parametrize(
+    "entries, kept, unmatched",
+    [
+        (("2", "0"), [0, 2], []),  # kept in NVML order, whatever the list's order
+        ((U1,), [1], []),
+        ((U1.upper(),), [1], []),  # UUIDs compare without case
+        (("GPU-1f2e",), [1], []),  # a unique prefix, as CUDA accepts
+        (("GPU-2b",), [], ["GPU-2b"]),  # ambiguous prefix (U2 and U3) names nothing
+        (("7", U3), [3], ["7"]),  # out of range
+        ((f"MIG-{U2}/1/0",), [2], []),  # legacy MIG name carries its parent GPU
+        (("MIG-7c0ffee0-0000-1111-2222-333344445555",), [], ["MIG-7c0ffee0-0000-1111-2222-333344445555"]),
+        ((), [], []),
+    ],
+)
 def test_select_devices_by_entry(entries, kept, unmatched):
     got, missing = select_devices(NODE, entries)
     assert indices(got) == kept
@@ -130,16 +144,20 @@ def test_select_devices_by_uuid_only_ignores_indices():
 
 # ------------------------------------------------------------------------------------- auto
 
-@pytest.mark.parametrize("environ, kept", [
-    ({}, [0, 1, 2, 3]),
-    ({"CUDA_VISIBLE_DEVICES": "1,3"}, [1, 3]),
-    ({"CUDA_VISIBLE_DEVICES": ""}, []),
-    ({"CUDA_VISIBLE_DEVICES": f"{U2}"}, [2]),
-    ({"CUDA_VISIBLE_DEVICES": "3,9,0"}, [3]),
-    # NVIDIA_VISIBLE_DEVICES is applied by the container runtime before NVML enumerates (and
-    # renumbers from 0): filtering by it again would be wrong, so auto ignores it.
-    ({"NVIDIA_VISIBLE_DEVICES": "3"}, [0, 1, 2, 3]),
-])
+
+@pytest.mark.parametrize(
+    "environ, kept",
+    [
+        ({}, [0, 1, 2, 3]),
+        ({"CUDA_VISIBLE_DEVICES": "1,3"}, [1, 3]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, []),
+        ({"CUDA_VISIBLE_DEVICES": f"{U2}"}, [2]),
+        ({"CUDA_VISIBLE_DEVICES": "3,9,0"}, [3]),
+        # NVIDIA_VISIBLE_DEVICES is applied by the container runtime before NVML enumerates (and
+        # renumbers from 0): filtering by it again would be wrong, so auto ignores it.
+        ({"NVIDIA_VISIBLE_DEVICES": "3"}, [0, 1, 2, 3]),
+    ],
+)
 def test_auto_is_what_cuda_would_give_this_process(environ, kept):
     assert indices(select_auto(NODE, environ)) == kept
 
@@ -149,10 +167,13 @@ def test_auto_refuses_indices_when_cuda_order_is_unknown_on_mixed_models():
         select_auto(MIXED, {"CUDA_VISIBLE_DEVICES": "0,1"})
 
 
-@pytest.mark.parametrize("environ, kept", [
-    ({"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, [0, 1]),
-    ({"CUDA_VISIBLE_DEVICES": f"{U1},{U3}"}, [1, 3]),  # UUIDs do not depend on the order
-])
+@pytest.mark.parametrize(
+    "environ, kept",
+    [
+        ({"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, [0, 1]),
+        ({"CUDA_VISIBLE_DEVICES": f"{U1},{U3}"}, [1, 3]),  # UUIDs do not depend on the order
+    ],
+)
 def test_auto_on_mixed_models_with_a_known_order(environ, kept):
     assert indices(select_auto(MIXED, environ)) == kept
 
@@ -170,6 +191,7 @@ def test_auto_filter_reads_the_environment_it_was_given():
 
 
 # ------------------------------------------------------------------------------------ uuids
+
 
 def test_uuids_filter_keeps_the_listed_gpus():
     assert indices(make_gpu_filter(f"uuids:{U3},{U1}")(NODE)) == [1, 3]
@@ -194,6 +216,7 @@ def test_uuids_filter_matching_nothing_is_an_error_not_silence():
 
 # ------------------------------------------------------------------------------------- file
 
+
 def test_file_filter_is_pending_until_the_engine_writes_its_list(tmp_path):
     path = tmp_path / "engine-gpus"
     flt = make_gpu_filter(f"file:{path}")
@@ -206,13 +229,16 @@ def test_file_filter_is_pending_until_the_engine_writes_its_list(tmp_path):
     assert indices(flt(NODE)) == [0]
 
 
-@pytest.mark.parametrize("content, kept", [
-    ("all\n", [0, 1, 2, 3]),
-    ("void\n", []),
-    ("\n", []),                # the engine sees no GPU (a CPU engine)
-    ("1,2\n", [1, 2]),         # node indices (device plugin with deviceIDStrategy=index)
-    (f"{U1}\nGPU-deadbeef\n", [1]),
-])
+@pytest.mark.parametrize(
+    "content, kept",
+    [
+        ("all\n", [0, 1, 2, 3]),
+        ("void\n", []),
+        ("\n", []),  # the engine sees no GPU (a CPU engine)
+        ("1,2\n", [1, 2]),  # node indices (device plugin with deviceIDStrategy=index)
+        (f"{U1}\nGPU-deadbeef\n", [1]),
+    ],
+)
 def test_file_filter_contents(tmp_path, content, kept):
     path = tmp_path / "engine-gpus"
     path.write_text(content)
@@ -243,20 +269,23 @@ def test_file_filter_on_a_node_where_nvml_sees_nothing_reports_nothing(tmp_path)
 
 # ------------------------------------------------------------------------- engine-processes
 
-@pytest.mark.parametrize("processes, engine, kept", [
-    ({0: [900], 2: [101, 102], 3: [103]}, {101, 102, 103, 1}, [2, 3]),
-    ({0: [900], 1: [901]}, {101}, []),
-    ({}, {101}, []),
-    ({1: [101]}, set(), []),
-])
+
+@pytest.mark.parametrize(
+    "processes, engine, kept",
+    [
+        ({0: [900], 2: [101, 102], 3: [103]}, {101, 102, 103, 1}, [2, 3]),
+        ({0: [900], 1: [901]}, {101}, []),
+        ({}, {101}, []),
+        ({1: [101]}, set(), []),
+    ],
+)
 def test_select_engine_processes(processes, engine, kept):
     assert indices(select_engine_processes(NODE, processes, engine)) == kept
 
 
 def test_engine_processes_filter_keeps_gpus_running_the_pods_processes():
     on_gpu = {0: [4242], 1: [], 2: [77], 3: []}
-    flt = make_gpu_filter("engine-processes", engine_pids=lambda: {1, 77, 78},
-                          gpu_pids=lambda index: on_gpu[index])
+    flt = make_gpu_filter("engine-processes", engine_pids=lambda: {1, 77, 78}, gpu_pids=lambda index: on_gpu[index])
     assert indices(flt(NODE)) == [2]
 
 
@@ -268,8 +297,7 @@ def test_engine_processes_pending_while_no_process_is_on_a_gpu():
 
 def test_engine_processes_explains_pids_from_another_namespace():
     # Drivers that do not translate PIDs report host PIDs, which are not in the pod's /proc.
-    flt = make_gpu_filter("engine-processes", engine_pids=lambda: {1, 77},
-                          gpu_pids=lambda index: [310_000 + index])
+    flt = make_gpu_filter("engine-processes", engine_pids=lambda: {1, 77}, gpu_pids=lambda index: [310_000 + index])
     with pytest.raises(GpuFilterPending) as err:
         flt(NODE)
     assert "shareProcessNamespace" in str(err.value) and "310000" in str(err.value)
@@ -292,6 +320,7 @@ def test_namespace_pids_lists_live_processes_without_the_excluded(tmp_path):
 
 # ------------------------------------------------------------------- NVML process boundary
 
+
 def test_nvml_compute_pids_without_a_driver_is_empty():
     # No GPU here: NVML is not initialised (or has no library), which means "cannot say".
     assert nvml_compute_pids(0) == []
@@ -308,19 +337,22 @@ def test_nvml_compute_pids_reads_compute_and_mps_processes(monkeypatch):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda index: ("handle", index))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses",
-                        lambda handle: [Proc(10 + handle[1]), Proc(20)])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [Proc(10 + handle[1]), Proc(20)])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMPSComputeRunningProcesses", mps)
     assert nvml_compute_pids(3) == [13, 20]
 
 
 # ---------------------------------------------------------------------------------- the CLI
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("value, says", [
-    ("bogus", "--gpu-filter (KVDOCTOR_GPU_FILTER): unknown value 'bogus'"),
-    ("uuids:0", "'0' is not a GPU UUID"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("bogus", "--gpu-filter (KVDOCTOR_GPU_FILTER): unknown value 'bogus'"),
+        ("uuids:0", "'0' is not a GPU UUID"),
+    ],
+)
 def test_exporter_refuses_a_bad_gpu_filter_in_one_line(run_cli, value, says):
     result = run_cli("exporter", "--gpu-filter", value, "--port", "0", timeout=60)
     assert result.rc == 2

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.exporter.collectors.nvml import NvmlCollector, check, nvml_collector, peak_bandwidth
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.rules.ledger import lookup_gpu
 
 MIB = 1024 * 1024
@@ -139,7 +139,7 @@ class FakeNvml:
         gpu = self._gpu(two.device, "nvmlGpmMetricsGet")
         # The collector must compare this GPU's previous sample with its newest one.
         assert one.device == two.device and two.seq == one.seq + 1 == gpu.gpm_samples_taken
-        for metric in request.metrics[:request.numMetrics]:
+        for metric in request.metrics[: request.numMetrics]:
             metric.value = gpu.gpm_values[metric.metricId]
             metric.nvmlReturn = pynvml.NVML_SUCCESS
         return request
@@ -189,8 +189,11 @@ def test_gpm_path_on_hopper():
     collector, clock = collector_for(nv)
     assert nv.inits == 0  # lazy: nothing touches NVML before the first collection
     first = by_gpu(collector.collect().samples, 0)
-    assert first == {S.GPU_MEMORY_USED: 60 * 1024 * MIB, S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
-                     S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 2619e6 * 2 / 8}
+    assert first == {
+        S.GPU_MEMORY_USED: 60 * 1024 * MIB,
+        S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
+        S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 2619e6 * 2 / 8,
+    }
     clock.now += 1.0
     second = collector.collect()
     got = by_gpu(second.samples, 0)
@@ -200,7 +203,11 @@ def test_gpm_path_on_hopper():
     assert "nvmlDeviceGetUtilizationRates" not in nv.calls
     assert second.partial_errors == []
     labels = dict(next(iter(second.samples))[1])
-    assert {k: labels[k] for k in ("gpu", "uuid", "model")} == {"gpu": "0", "uuid": "GPU-h100-0", "model": "NVIDIA H100 80GB HBM3"}
+    assert {k: labels[k] for k in ("gpu", "uuid", "model")} == {
+        "gpu": "0",
+        "uuid": "GPU-h100-0",
+        "model": "NVIDIA H100 80GB HBM3",
+    }
     clock.now += 1.0
     collector.collect()  # a third reading pairs samples 2 and 3 (the fake checks it)
 
@@ -210,21 +217,31 @@ def test_fallback_path_before_hopper():
     collector, _ = collector_for(nv)
     got = by_gpu(collector.collect().samples, 0)
     assert got == {
-        S.GPU_MEMORY_USED: 60 * 1024 * MIB, S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
+        S.GPU_MEMORY_USED: 60 * 1024 * MIB,
+        S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
         S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 1593e6 * 2 / 8,
         f"{S.GPU_DRAM_BANDWIDTH_UTILIZATION}[nvml_util]": 0.80,
         f"{S.GPU_SM_ACTIVE}[nvml_util]": 0.95,
-        S.GPU_PCIE_TX: 1000 * 1024.0, S.GPU_PCIE_RX: 250000 * 1024.0,
+        S.GPU_PCIE_TX: 1000 * 1024.0,
+        S.GPU_PCIE_RX: 250000 * 1024.0,
     }
     assert "nvmlGpmSampleGet" not in nv.calls
 
 
-@pytest.mark.parametrize(("gpu", "catalogue"), [(h100(), "H100"), (a100(), "A100-80GB"),
-                                                 (FakeGpu("NVIDIA L40S", "u", 384, 9001), "L40S"),
-                                                 (FakeGpu("NVIDIA L4", "u", 192, 6251), "L4")])
+@pytest.mark.parametrize(
+    ("gpu", "catalogue"),
+    [
+        (h100(), "H100"),
+        (a100(), "A100-80GB"),
+        (FakeGpu("NVIDIA L40S", "u", 384, 9001), "L40S"),
+        (FakeGpu("NVIDIA L4", "u", 192, 6251), "L4"),
+    ],
+)
 def test_peak_bandwidth_formula_matches_the_catalogue(gpu, catalogue):
     """bus width x max memory clock x 2 (double data rate) / 8 reproduces the data sheets."""
-    assert peak_bandwidth(gpu.bus_width, gpu.mem_clock) == pytest.approx(lookup_gpu(catalogue).peak_bandwidth, rel=0.002)
+    assert peak_bandwidth(gpu.bus_width, gpu.mem_clock) == pytest.approx(
+        lookup_gpu(catalogue).peak_bandwidth, rel=0.002
+    )
 
 
 def test_peak_bandwidth_override_wins_and_catalogue_fills_in():
@@ -238,8 +255,13 @@ def test_peak_bandwidth_override_wins_and_catalogue_fills_in():
 
 
 def test_one_gpu_failing_does_not_stop_the_others():
-    nv = FakeNvml([h100(uuid="GPU-0"), a100(uuid="GPU-1", errors={"nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_UNKNOWN}),
-                   a100(uuid="GPU-2")])
+    nv = FakeNvml(
+        [
+            h100(uuid="GPU-0"),
+            a100(uuid="GPU-1", errors={"nvmlDeviceGetMemoryInfo_v2": pynvml.NVML_ERROR_UNKNOWN}),
+            a100(uuid="GPU-2"),
+        ]
+    )
     collector, _ = collector_for(nv)
     collected = collector.collect()
     assert by_gpu(collected.samples, 0) and by_gpu(collected.samples, 2)
@@ -379,7 +401,9 @@ def test_check_without_nvml_says_so_in_one_line(capsys):
     assert err.count("\n") == 1 and "NVML is not available" in err
 
 
-@pytest.mark.skipif(bool(ctypes.util.find_library("nvidia-ml")), reason="this machine has NVML; scripts/gpu_check.sh covers it")
+@pytest.mark.skipif(
+    bool(ctypes.util.find_library("nvidia-ml")), reason="this machine has NVML; scripts/gpu_check.sh covers it"
+)
 def test_real_pynvml_without_a_driver_is_not_applicable():
     collector = nvml_collector(ExporterSettings(gpu_filter="all", gpu_peak_bandwidth=2e12, nvml=True))
     with pytest.raises(NotApplicable):

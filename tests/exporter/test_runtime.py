@@ -10,13 +10,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import runtime as runtime_module
-from kvdoctor.rules.collection import Collected, SourceError
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import Collected, SourceError
 from kvdoctor.rules.window import labels_of
-
 from tests import tools
 from tests.exporter.exporter_fakes import (
     BlockingCollector,
@@ -66,12 +65,16 @@ def families(page: bytes) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------- isolation
 
+
 def test_failing_collectors_do_not_affect_the_others():
-    exp = Exporter(settings(), [
-        StaticCollector("gpu", lambda step: gpu_samples(2, step)),
-        failing("engine", "connection_refused"),
-        ScriptedCollector("dcgm", [ZeroDivisionError("bug in a collector")]),
-    ])
+    exp = Exporter(
+        settings(),
+        [
+            StaticCollector("gpu", lambda step: gpu_samples(2, step)),
+            failing("engine", "connection_refused"),
+            ScriptedCollector("dcgm", [ZeroDivisionError("bug in a collector")]),
+        ],
+    )
     exp.run_cycle()
     page = exp.metrics_bytes()
     assert value(page, S.SOURCE_UP, source="gpu") == 1.0
@@ -111,7 +114,13 @@ def test_not_applicable_sources_are_asked_again_later_not_every_cycle(monkeypatc
 
 
 def test_errors_are_counters_that_accumulate_and_the_source_recovers():
-    script = [SourceError("http_500"), SourceError("http_500"), engine_samples(), SourceError("timeout"), engine_samples()]
+    script = [
+        SourceError("http_500"),
+        SourceError("http_500"),
+        engine_samples(),
+        SourceError("timeout"),
+        engine_samples(),
+    ]
     exp = Exporter(settings(), [ScriptedCollector("engine", script)])
     ups = []
     for _ in script:
@@ -176,6 +185,7 @@ def test_duplicate_collector_names_are_refused():
 
 # ----------------------------------------------------------------------------------- the page
 
+
 def test_page_before_the_first_cycle_is_a_valid_empty_exposition():
     exp = Exporter(settings(), [])
     assert list(text_string_to_metric_families(exp.metrics_bytes().decode())) == []
@@ -183,7 +193,9 @@ def test_page_before_the_first_cycle_is_a_valid_empty_exposition():
 
 
 def test_page_has_help_and_type_from_the_signal_table_and_histograms_keep_their_buckets():
-    exp = Exporter(settings(), [StaticCollector("engine", engine_samples), StaticCollector("gpu", lambda s: gpu_samples(8, s))])
+    exp = Exporter(
+        settings(), [StaticCollector("engine", engine_samples), StaticCollector("gpu", lambda s: gpu_samples(8, s))]
+    )
     exp.run_cycle()
     page = exp.metrics_bytes().decode()
     fams = {f.name: f for f in text_string_to_metric_families(page)}
@@ -219,8 +231,13 @@ def test_pod_label_is_added_to_every_series():
 
 
 def test_special_values_are_written_as_prometheus_spells_them():
-    page = render_samples({(S.REQUESTS_RUNNING, ()): float("nan"), (S.KV_CACHE_USAGE, ()): float("inf"),
-                           (S.REQUESTS_WAITING, ()): float("-inf")}).decode()
+    page = render_samples(
+        {
+            (S.REQUESTS_RUNNING, ()): float("nan"),
+            (S.KV_CACHE_USAGE, ()): float("inf"),
+            (S.REQUESTS_WAITING, ()): float("-inf"),
+        }
+    ).decode()
     assert f"{S.REQUESTS_RUNNING} NaN" in page
     assert f"{S.KV_CACHE_USAGE} +Inf" in page
     assert f"{S.REQUESTS_WAITING} -Inf" in page
@@ -239,14 +256,21 @@ def test_page_passes_promtool_check_metrics():
         if tools.required_strictly("promtool"):
             pytest.fail(tools.missing_reason("promtool"))
         pytest.skip(tools.missing_reason("promtool"))
-    exp = Exporter(settings(pod="p"), [StaticCollector("engine", engine_samples), StaticCollector("gpu", lambda s: gpu_samples(8, s)),
-                                       failing("dcgm")])
+    exp = Exporter(
+        settings(pod="p"),
+        [
+            StaticCollector("engine", engine_samples),
+            StaticCollector("gpu", lambda s: gpu_samples(8, s)),
+            failing("dcgm"),
+        ],
+    )
     exp.run_cycle()
     result = subprocess.run([promtool, "check", "metrics"], input=exp.metrics_bytes(), capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
 # --------------------------------------------------------------------------------- series cap
+
 
 def test_a_label_explosion_is_capped_per_source_and_counted():
     def explode(step):
@@ -255,7 +279,10 @@ def test_a_label_explosion_is_capped_per_source_and_counted():
             out.add(S.REQUESTS_RUNNING, 1.0, labels_of(engine="vllm", model_name=f"lora-{i}"))
         return out
 
-    exp = Exporter(settings(max_series=300), [StaticCollector("engine", explode), StaticCollector("gpu", lambda s: gpu_samples(8, s))])
+    exp = Exporter(
+        settings(max_series=300),
+        [StaticCollector("engine", explode), StaticCollector("gpu", lambda s: gpu_samples(8, s))],
+    )
     exp.run_cycle()
     exp.run_cycle()
     latest = exp.store.latest()
@@ -277,6 +304,7 @@ def test_error_reasons_per_source_are_bounded():
 
 
 # --------------------------------------------------------------------------- store and clock
+
 
 def test_cycles_land_in_the_store_with_the_clock_time():
     clock = FakeClock(1000.0)
@@ -302,6 +330,7 @@ def test_a_clock_that_steps_back_does_not_break_collection():
 
 
 # ---------------------------------------------------------------------------------- diagnosis
+
 
 class FakeDiagnosis:
     def __init__(self, verdict: str, n: int):
@@ -332,7 +361,10 @@ def test_diagnose_hook_sees_the_window_and_the_verdict_is_a_state_set(monkeypatc
     assert seen == [n, n + 1]
     page = exp.metrics_bytes()
     assert {v: value(page, S.DIAGNOSIS_VERDICT, verdict=v) for v in verdicts} == {
-        "idle": 0.0, "healthy": 0.0, "kv_thrashing": 1.0}
+        "idle": 0.0,
+        "healthy": 0.0,
+        "kv_thrashing": 1.0,
+    }
     assert exp.diagnosis()["verdict"] == "kv_thrashing"
     assert exp.diagnosis()["snapshots"] == n + 1
 
@@ -354,13 +386,23 @@ def test_a_failing_diagnosis_is_counted_and_the_page_still_renders(monkeypatch):
 
 # ------------------------------------------------------------------------------------ ledger
 
+
 def test_decode_step_floor_follows_the_ledger_formula(tmp_path):
-    config = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 512, "vocab_size": 1000, "torch_dtype": "float16"}
+    config = {
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "torch_dtype": "float16",
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    exp = Exporter(settings(model_config_path=str(path), gpu_peak_bandwidth=1e12),
-                   [StaticCollector("engine", lambda s: engine_samples(usage=0.5, capacity=4096))])
+    exp = Exporter(
+        settings(model_config_path=str(path), gpu_peak_bandwidth=1e12),
+        [StaticCollector("engine", lambda s: engine_samples(usage=0.5, capacity=4096))],
+    )
     exp.run_cycle()
     kv_per_token = 2 * 4 * 2 * (256 // 4) * 2  # K and V x layers x kv heads x head dim x fp16
     weights = exp.model_shape.weight_bytes
@@ -375,6 +417,7 @@ def test_no_floor_without_a_model_config():
 
 
 # ---------------------------------------------------------------------------------- lifecycle
+
 
 def test_the_collection_thread_runs_on_its_interval_and_stops_cleanly():
     engine = StaticCollector("engine", engine_samples)

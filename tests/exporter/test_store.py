@@ -11,7 +11,6 @@ import pytest
 
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.rules.window import Snapshot, Window, labels_of
-
 from tests.exporter.exporter_fakes import FakeClock
 
 

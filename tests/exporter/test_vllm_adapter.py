@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.adapters.vllm import ADAPTER, kv_capacity_tokens
 from kvdoctor.exporter.exposition import render_samples
-from kvdoctor.rules.textparse import family_names, iter_samples
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.textparse import family_names, iter_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/vllm-0.32-cpu"
@@ -45,14 +45,19 @@ def exposition(out: dict) -> str:
 
 def raw(text: str) -> dict:
     """The engine's own samples, by prometheus_client: (name, frozenset(labels)) -> value."""
-    return {(s.name, frozenset(s.labels.items())): float(s.value)
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): float(s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_golden(page):
     rel = page.relative_to(FIXTURES)
-    header = f"# golden: tests/fixtures/vllm-0.32-cpu/{rel} through the vllm adapter; KVDOCTOR_UPDATE_GOLDEN=1 rewrites\n"
+    header = (
+        f"# golden: tests/fixtures/vllm-0.32-cpu/{rel} through the vllm adapter; KVDOCTOR_UPDATE_GOLDEN=1 rewrites\n"
+    )
     got = header + exposition(canonical(page.read_text()))
     path = GOLDEN / rel
     if UPDATE:
@@ -82,9 +87,12 @@ def test_canonical_values_are_the_engines_values(page):
     assert value(out, S.PROMPT_TOKENS, **ENGINE) == src("vllm:prompt_tokens_total")
     for tier in ("device", "host", "disk", "p2p"):
         assert value(out, S.PREFIX_CACHE_HITS_BY_TIER, tier=tier, **ENGINE) == src(
-            "vllm:prompt_tokens_cached_by_source_total", source=tier)
-    for canon, engine_name in ((S.INTER_TOKEN_LATENCY, "vllm:inter_token_latency_seconds"),
-                               (S.TIME_TO_FIRST_TOKEN, "vllm:time_to_first_token_seconds")):
+            "vllm:prompt_tokens_cached_by_source_total", source=tier
+        )
+    for canon, engine_name in (
+        (S.INTER_TOKEN_LATENCY, "vllm:inter_token_latency_seconds"),
+        (S.TIME_TO_FIRST_TOKEN, "vllm:time_to_first_token_seconds"),
+    ):
         buckets = {dict(lab)["le"]: v for (n, lab), v in out.items() if n == canon + "_bucket"}
         engine_buckets = {dict(lab)["le"]: v for (n, lab), v in engine.items() if n == engine_name + "_bucket"}
         assert buckets == engine_buckets and len(buckets) >= 19 and "+Inf" in buckets
@@ -92,7 +100,11 @@ def test_canonical_values_are_the_engines_values(page):
         assert value(out, canon + "_sum", **ENGINE) == src(engine_name + "_sum")
     config = dict(next(lab for (n, lab) in engine if n == "vllm:cache_config_info"))
     capacity = value(out, S.KV_CACHE_CAPACITY, engine="vllm", dp_rank="0")
-    assert capacity == float(config["kv_cache_size_tokens"]) == float(config["num_gpu_blocks"]) * float(config["block_size"])
+    assert (
+        capacity
+        == float(config["kv_cache_size_tokens"])
+        == float(config["num_gpu_blocks"]) * float(config["block_size"])
+    )
     assert not any(n.startswith("vllm:") for n, _ in out)
     assert {n for n, _ in out} <= {name for sig in S.SIGNALS.values() for name in sig.series_names}
 
@@ -187,31 +199,38 @@ def test_both_names_present_count_once_newest_wins():
 
 
 def test_unknown_families_are_skipped():
-    noise = ('# TYPE vllm:brand_new_metric_total counter\nvllm:brand_new_metric_total{engine="0",model_name="m"} 5\n'
-             'some_other_exporter_metric{a="b"} 1\n# TYPE vllm:spec_decode_x histogram\n'
-             'vllm:spec_decode_x_bucket{le="+Inf"} 1\n')
+    noise = (
+        '# TYPE vllm:brand_new_metric_total counter\nvllm:brand_new_metric_total{engine="0",model_name="m"} 5\n'
+        'some_other_exporter_metric{a="b"} 1\n# TYPE vllm:spec_decode_x histogram\n'
+        'vllm:spec_decode_x_bucket{le="+Inf"} 1\n'
+    )
     assert canonical(NEW_NAMES + noise) == canonical(NEW_NAMES)
     assert canonical(noise) == {}
 
 
 def test_data_parallel_ranks_stay_apart():
-    text = ('vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
-            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5\n'
-            'vllm:num_preemptions_total{engine="0",model_name="m"} 1\n'
-            'vllm:num_preemptions_total{engine="1",model_name="m"} 2\n')
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5\n'
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 1\n'
+        'vllm:num_preemptions_total{engine="1",model_name="m"} 2\n'
+    )
     out = canonical(text)
     assert value(out, S.KV_CACHE_USAGE, dp_rank="0") == 0.25
     assert value(out, S.KV_CACHE_USAGE, dp_rank="1") == 0.5
     assert value(out, S.PREEMPTIONS, dp_rank="1") == 2.0
 
 
-@pytest.mark.parametrize(("labels", "expected"), [
-    ({"kv_cache_size_tokens": "4096", "num_gpu_blocks": "32", "block_size": "128"}, 4096.0),
-    ({"num_gpu_blocks": "2000", "block_size": "16"}, 32000.0),  # older builds: no kv_cache_size_tokens
-    ({"kv_cache_size_tokens": "None", "num_gpu_blocks": "10", "block_size": "16"}, 160.0),
-    ({"num_gpu_blocks": "None", "block_size": "16"}, None),  # before the pool is sized
-    ({"block_size": "16"}, None),
-])
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ({"kv_cache_size_tokens": "4096", "num_gpu_blocks": "32", "block_size": "128"}, 4096.0),
+        ({"num_gpu_blocks": "2000", "block_size": "16"}, 32000.0),  # older builds: no kv_cache_size_tokens
+        ({"kv_cache_size_tokens": "None", "num_gpu_blocks": "10", "block_size": "16"}, 160.0),
+        ({"num_gpu_blocks": "None", "block_size": "16"}, None),  # before the pool is sized
+        ({"block_size": "16"}, None),
+    ],
+)
 def test_kv_capacity_from_cache_config_labels(labels, expected):
     assert kv_capacity_tokens(labels, 1.0) == expected
 

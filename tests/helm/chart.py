@@ -8,9 +8,9 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
@@ -29,7 +29,8 @@ PLACEHOLDER_ALERTS = """\
 groups:
   - name: kvdoctor
     rules:
-""" + "".join(f"""\
+""" + "".join(
+    f"""\
       - alert: {name}
         expr: {expr}
         for: {for_}
@@ -39,15 +40,32 @@ groups:
           summary: "{name} on {{{{ $labels.pod }}}}"
           description: "Value {{{{ $value }}}}."
           runbook_url: https://example.invalid/runbooks#{name.lower()}
-""" for name, expr, for_, severity in [
-    ("KVCacheThrashing", "sum by (pod) (rate(kvdoctor_preemptions_total[5m])) > 0", "2m", "warning"),
-    ("KVCacheTierMiss", 'sum by (pod) (rate(kvdoctor_kv_transfer_bytes_total{direction="to_gpu"}[5m])) > 1e8', "5m", "warning"),
-    ("KVCacheCapacityPressure", "max by (pod) (kvdoctor_kv_cache_usage_ratio) >= 0.9", "5m", "warning"),
-    ("DecodeMemoryBandwidthBound", "max by (pod) (kvdoctor_gpu_dram_bandwidth_utilization_ratio) >= 0.8", "10m", "info"),
-    ("DecodeComputeBound", "max by (pod) (kvdoctor_gpu_sm_active_ratio) >= 0.8", "10m", "info"),
-    ("DecodeHostOverheadBound", "max by (pod) (kvdoctor_requests_running) > 0 and max by (pod) (kvdoctor_gpu_sm_active_ratio) < 0.3", "10m", "info"),
-    ("KvdoctorSourceDown", "kvdoctor_source_up == 0", "5m", "warning"),
-])
+"""
+    for name, expr, for_, severity in [
+        ("KVCacheThrashing", "sum by (pod) (rate(kvdoctor_preemptions_total[5m])) > 0", "2m", "warning"),
+        (
+            "KVCacheTierMiss",
+            'sum by (pod) (rate(kvdoctor_kv_transfer_bytes_total{direction="to_gpu"}[5m])) > 1e8',
+            "5m",
+            "warning",
+        ),
+        ("KVCacheCapacityPressure", "max by (pod) (kvdoctor_kv_cache_usage_ratio) >= 0.9", "5m", "warning"),
+        (
+            "DecodeMemoryBandwidthBound",
+            "max by (pod) (kvdoctor_gpu_dram_bandwidth_utilization_ratio) >= 0.8",
+            "10m",
+            "info",
+        ),
+        ("DecodeComputeBound", "max by (pod) (kvdoctor_gpu_sm_active_ratio) >= 0.8", "10m", "info"),
+        (
+            "DecodeHostOverheadBound",
+            "max by (pod) (kvdoctor_requests_running) > 0 and max by (pod) (kvdoctor_gpu_sm_active_ratio) < 0.3",
+            "10m",
+            "info",
+        ),
+        ("KvdoctorSourceDown", "kvdoctor_source_up == 0", "5m", "warning"),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,9 @@ class Helm:
     _cache: dict = field(default_factory=dict)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        result = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=timeout,
-                                stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [self.binary, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
         if check and result.returncode != 0:
             raise HelmError(list(args), result)
         return result
@@ -101,7 +120,7 @@ class Helm:
             args += ["-f", str(self.chart.path / "ci" / f"{scenario}-values.yaml")]
         return args + list(values)
 
-    def render(self, scenario: str | None = "default", *values: str) -> "Rendered":
+    def render(self, scenario: str | None = "default", *values: str) -> Rendered:
         """The objects ``helm template`` renders (cached per arguments; callers get a deep copy)."""
         key = (scenario, values)
         if key not in self._cache:
@@ -126,8 +145,11 @@ class Rendered(list):
         return [doc for doc in self if doc["kind"] == kind]
 
     def one(self, kind: str, component: str | None = None) -> dict:
-        found = [doc for doc in self.all(kind)
-                 if component is None or doc["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+        found = [
+            doc
+            for doc in self.all(kind)
+            if component is None or doc["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        ]
         assert len(found) == 1, f"expected one {kind} {component or ''}, got {len(found)}"
         return found[0]
 
@@ -201,8 +223,16 @@ def expected_rule_groups(alerts_doc: dict, rule_values: dict) -> list[dict]:
 
 # ------------------------------------------------------------ Pod Security Standard "restricted"
 
-ALLOWED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                        "projected", "secret"}
+ALLOWED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def restricted_violations(pod: dict) -> list[str]:
@@ -244,8 +274,13 @@ def restricted_violations(pod: dict) -> list[str]:
             problems.append(f"{where}: seccompProfile is {seccomp!r}, not RuntimeDefault/Localhost")
         if sc.get("procMount") not in (None, "Default"):
             problems.append(f"{where}: procMount {sc['procMount']}")
-        if (sc.get("seLinuxOptions") or {}).get("type") not in (None, "", "container_t", "container_init_t",
-                                                                "container_kvm_t"):
+        if (sc.get("seLinuxOptions") or {}).get("type") not in (
+            None,
+            "",
+            "container_t",
+            "container_init_t",
+            "container_kvm_t",
+        ):
             problems.append(f"{where}: seLinuxOptions.type")
         for port in c.get("ports") or []:
             if port.get("hostPort"):

@@ -38,10 +38,17 @@ def test_there_is_a_scenario_for_each_documented_install():
 
 # ------------------------------------------------------------------------------------ lint
 
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_helm_lint_strict(helm, scenario):
-    result = helm.run("lint", "--strict", str(helm.chart.path), "-f",
-                      str(helm.chart.path / "ci" / f"{scenario}-values.yaml"), check=False)
+    result = helm.run(
+        "lint",
+        "--strict",
+        str(helm.chart.path),
+        "-f",
+        str(helm.chart.path / "ci" / f"{scenario}-values.yaml"),
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
 
@@ -49,15 +56,42 @@ def test_helm_lint_strict(helm, scenario):
 # --------------------------------------------------------------------- what each scenario renders
 
 EXPECTED_KINDS = {
-    "default": ["Deployment", "Deployment", "PrometheusRule", "Service", "Service", "Service", "ServiceAccount",
-                "ServiceMonitor"],
+    "default": [
+        "Deployment",
+        "Deployment",
+        "PrometheusRule",
+        "Service",
+        "Service",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
     "sidecar-only": ["Deployment", "PodMonitor", "PrometheusRule", "Service", "ServiceAccount"],
     "dashboard-off": ["Deployment", "PrometheusRule", "Service", "Service", "ServiceAccount", "ServiceMonitor"],
     "monitoring-off": ["Deployment", "Deployment", "Service", "Service", "ServiceAccount"],
-    "custom-labels": ["Deployment", "Deployment", "Ingress", "PodMonitor", "PrometheusRule", "Secret", "Service",
-                      "Service", "Service", "ServiceAccount", "ServiceMonitor"],
-    "engine-processes": ["Deployment", "Deployment", "PrometheusRule", "Service", "Service", "Service",
-                         "ServiceAccount", "ServiceMonitor"],
+    "custom-labels": [
+        "Deployment",
+        "Deployment",
+        "Ingress",
+        "PodMonitor",
+        "PrometheusRule",
+        "Secret",
+        "Service",
+        "Service",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
+    "engine-processes": [
+        "Deployment",
+        "Deployment",
+        "PrometheusRule",
+        "Service",
+        "Service",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
 }
 
 
@@ -97,6 +131,7 @@ def test_custom_labels_reach_every_object_and_the_release_selector(helm):
 
 
 # ----------------------------------------------------------------------------- monitoring
+
 
 @pytest.mark.parametrize("scenario", ["default", "custom-labels", "engine-processes"])
 def test_scrape_interval_is_the_exporters_collection_interval(helm, scenario):
@@ -144,22 +179,25 @@ def test_sidecar_only_pod_monitor_selects_the_users_pods(helm):
     monitor = rendered.one("PodMonitor")
     assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "my-vllm"}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "kvdoctor-metrics"
-    assert "Deployment" not in [d["kind"] for d in rendered if d["metadata"]["labels"].get(
-        "app.kubernetes.io/component") == "engine"]
+    assert "Deployment" not in [
+        d["kind"] for d in rendered if d["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+    ]
 
 
 def test_sidecar_only_service_monitor_selects_the_users_pods_through_the_service(helm):
-    rendered = helm.render(None, "--set", "engine.enabled=false",
-                           "--set", "monitoring.podSelector.app=my-engine")
+    rendered = helm.render(None, "--set", "engine.enabled=false", "--set", "monitoring.podSelector.app=my-engine")
     assert "engine" not in {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in rendered}
     service = rendered.one("Service", "exporter")
     assert service["spec"]["selector"] == {"app": "my-engine"}
     assert service["spec"]["ports"][0]["targetPort"] == "kvdoctor-metrics"
-    assert rendered.one("ServiceMonitor")["spec"]["selector"]["matchLabels"].items() <= \
-        service["metadata"]["labels"].items()
+    assert (
+        rendered.one("ServiceMonitor")["spec"]["selector"]["matchLabels"].items()
+        <= service["metadata"]["labels"].items()
+    )
 
 
 # ------------------------------------------------------------------------------ alert rules
+
 
 def rendered_groups(helm, scenario: str) -> list[dict]:
     return helm.render(scenario).one("PrometheusRule")["spec"]["groups"]
@@ -201,8 +239,7 @@ def test_prometheus_rule_is_not_rendered_when_disabled(helm):
 def test_rendered_rules_pass_promtool(helm, scenario, tmp_path):
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rendered_groups(helm, scenario)}, sort_keys=False))
-    result = subprocess.run([tools.promtool(), "check", "rules", str(path)], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([tools.promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -219,6 +256,7 @@ def test_packaged_chart_carries_the_rules_file_content(helm, chart, tmp_path):
 
 # --------------------------------------------------------------------- Pod Security Standards
 
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_pod_meets_the_restricted_pod_security_standard(helm, scenario):
     pods = helm.render(scenario).pod_specs()
@@ -227,20 +265,25 @@ def test_every_pod_meets_the_restricted_pod_security_standard(helm, scenario):
         assert restricted_violations(pod) == [], name
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda c, p: c["securityContext"].update(privileged=True), "privileged"),
-    (lambda c, p: c["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation"),
-    (lambda c, p: c["securityContext"]["capabilities"].update(drop=[]), "drop ALL"),
-    (lambda c, p: c["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]), "adds capabilities"),
-    (lambda c, p: c["securityContext"].update(runAsNonRoot=False), "runAsNonRoot"),
-    (lambda c, p: c["securityContext"].update(readOnlyRootFilesystem=False), "readOnlyRootFilesystem"),
-    (lambda c, p: (c["securityContext"].pop("seccompProfile"), p["securityContext"].pop("seccompProfile")),
-     "seccompProfile"),
-    (lambda c, p: c["resources"].pop("limits"), "no cpu limit"),
-    (lambda c, p: p.update(hostNetwork=True), "hostNetwork"),
-    (lambda c, p: p["volumes"].append({"name": "h", "hostPath": {"path": "/var/lib/kubelet"}}), "hostPath"),
-    (lambda c, p: c.setdefault("ports", []).append({"containerPort": 1, "hostPort": 1}), "hostPort"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda c, p: c["securityContext"].update(privileged=True), "privileged"),
+        (lambda c, p: c["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation"),
+        (lambda c, p: c["securityContext"]["capabilities"].update(drop=[]), "drop ALL"),
+        (lambda c, p: c["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]), "adds capabilities"),
+        (lambda c, p: c["securityContext"].update(runAsNonRoot=False), "runAsNonRoot"),
+        (lambda c, p: c["securityContext"].update(readOnlyRootFilesystem=False), "readOnlyRootFilesystem"),
+        (
+            lambda c, p: (c["securityContext"].pop("seccompProfile"), p["securityContext"].pop("seccompProfile")),
+            "seccompProfile",
+        ),
+        (lambda c, p: c["resources"].pop("limits"), "no cpu limit"),
+        (lambda c, p: p.update(hostNetwork=True), "hostNetwork"),
+        (lambda c, p: p["volumes"].append({"name": "h", "hostPath": {"path": "/var/lib/kubelet"}}), "hostPath"),
+        (lambda c, p: c.setdefault("ports", []).append({"containerPort": 1, "hostPort": 1}), "hostPort"),
+    ],
+)
 def test_restricted_check_catches_each_violation(helm, mutate, expected):
     pod, sidecar = helm.render("default").container("kvdoctor")
     mutate(sidecar, pod)
@@ -265,6 +308,7 @@ def test_kvdoctor_containers_probe_healthz_and_readyz(helm, scenario):
 
 
 # ------------------------------------------------------------------------------- the engine
+
 
 def test_engine_requests_the_gpus_and_the_sidecar_none(helm):
     rendered = helm.render("custom-labels")
@@ -291,6 +335,7 @@ def test_engine_port_reaches_args_probes_service_and_sidecar(helm):
 
 
 # ------------------------------------------------------------------------------ the dashboard
+
 
 def test_dashboard_runs_against_prometheus_with_users_from_a_secret(helm):
     rendered = helm.render("custom-labels")
@@ -328,8 +373,16 @@ def test_dashboard_without_users_has_no_auth_file(helm):
 
 
 def test_notes_say_how_to_open_the_dashboard_and_check_the_sidecar(helm):
-    result = helm.run("install", RELEASE, str(helm.chart.path), "--dry-run=client", "--namespace", "kvdoctor-test",
-                      "-f", str(helm.chart.path / "ci" / "default-values.yaml"))
+    result = helm.run(
+        "install",
+        RELEASE,
+        str(helm.chart.path),
+        "--dry-run=client",
+        "--namespace",
+        "kvdoctor-test",
+        "-f",
+        str(helm.chart.path / "ci" / "default-values.yaml"),
+    )
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "kubectl port-forward -n kvdoctor-test svc/kvt-kvdoctor-dashboard 8050:8050" in notes
     assert "curl -s http://127.0.0.1:9745/metrics" in notes
@@ -338,38 +391,57 @@ def test_notes_say_how_to_open_the_dashboard_and_check_the_sidecar(helm):
 
 # ---------------------------------------------------------------------------- refused values
 
-@pytest.mark.parametrize("values, where, says", [
-    (("--set", "foo=1"), "at ''", "'foo' not allowed"),
-    (("--set", "sidecar.intervall=5"), "/sidecar", "'intervall' not allowed"),
-    (("--set", "sidecar.port=-1"), "/sidecar/port", "minimum"),
-    (("--set", "engine.port=70000"), "/engine/port", "maximum"),
-    (("--set", "sidecar.interval=abc"), "/sidecar/interval", "want integer"),
-    (("--set", "sidecar.interval=2.5"), "/sidecar/interval", "want integer"),
-    (("--set", "sidecar.interval=30"), "/sidecar/interval", "maximum"),
-    (("--set", "dashboard.enabled=yes"), "/dashboard/enabled", "want boolean"),
-    (("--set", "sidecar.gpuVisibility.mode=nvml"), "/sidecar/gpuVisibility/mode", "engineFile"),
-    (("--set-json", 'monitoring.prometheusRule.alerts={"KVCacheThrash":{"enabled":false}}'),
-     "/monitoring/prometheusRule/alerts", "'KVCacheThrash' not allowed"),
-    (("--set", "monitoring.prometheusRule.alerts.KVCacheThrashing.for=ten minutes"),
-     "/monitoring/prometheusRule/alerts/KVCacheThrashing/for", "ten minutes"),
-    (("--set", "monitoring.prometheusRule.alerts.KVCacheThrashing.severity=page"),
-     "/monitoring/prometheusRule/alerts/KVCacheThrashing/severity", "critical"),
-    (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy", "IfNotPresent"),
-    (("--set-json", 'dashboard.auth.users=["no-password"]'), "/dashboard/auth/users/0", "no-password"),
-])
+
+@pytest.mark.parametrize(
+    "values, where, says",
+    [
+        (("--set", "foo=1"), "at ''", "'foo' not allowed"),
+        (("--set", "sidecar.intervall=5"), "/sidecar", "'intervall' not allowed"),
+        (("--set", "sidecar.port=-1"), "/sidecar/port", "minimum"),
+        (("--set", "engine.port=70000"), "/engine/port", "maximum"),
+        (("--set", "sidecar.interval=abc"), "/sidecar/interval", "want integer"),
+        (("--set", "sidecar.interval=2.5"), "/sidecar/interval", "want integer"),
+        (("--set", "sidecar.interval=30"), "/sidecar/interval", "maximum"),
+        (("--set", "dashboard.enabled=yes"), "/dashboard/enabled", "want boolean"),
+        (("--set", "sidecar.gpuVisibility.mode=nvml"), "/sidecar/gpuVisibility/mode", "engineFile"),
+        (
+            ("--set-json", 'monitoring.prometheusRule.alerts={"KVCacheThrash":{"enabled":false}}'),
+            "/monitoring/prometheusRule/alerts",
+            "'KVCacheThrash' not allowed",
+        ),
+        (
+            ("--set", "monitoring.prometheusRule.alerts.KVCacheThrashing.for=ten minutes"),
+            "/monitoring/prometheusRule/alerts/KVCacheThrashing/for",
+            "ten minutes",
+        ),
+        (
+            ("--set", "monitoring.prometheusRule.alerts.KVCacheThrashing.severity=page"),
+            "/monitoring/prometheusRule/alerts/KVCacheThrashing/severity",
+            "critical",
+        ),
+        (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy", "IfNotPresent"),
+        (("--set-json", 'dashboard.auth.users=["no-password"]'), "/dashboard/auth/users/0", "no-password"),
+    ],
+)
 def test_schema_refuses_bad_values_with_a_clear_message(helm, values, where, says):
     message = helm.render_error(*values)
     assert "values don't meet the specifications of the schema" in message
     assert where in message and says in message, message
 
 
-@pytest.mark.parametrize("values, says", [
-    (("--set", "engine.enabled=false"), "monitoring.podSelector: with engine.enabled=false"),
-    (("--set", "monitoring.service.enabled=false"), "monitoring.serviceMonitor.enabled needs monitoring.service.enabled"),
-    (("--set", "dashboard.ingress.enabled=true"), "refusing to expose the dashboard without basic-auth users"),
-    (("--set", "dashboard.prometheusUrl="), "dashboard.prometheusUrl: the dashboard needs the URL"),
-    (("--set", "sidecar.gpuVisibility.mode=uuids"), "mode uuids needs at least one GPU UUID"),
-])
+@pytest.mark.parametrize(
+    "values, says",
+    [
+        (("--set", "engine.enabled=false"), "monitoring.podSelector: with engine.enabled=false"),
+        (
+            ("--set", "monitoring.service.enabled=false"),
+            "monitoring.serviceMonitor.enabled needs monitoring.service.enabled",
+        ),
+        (("--set", "dashboard.ingress.enabled=true"), "refusing to expose the dashboard without basic-auth users"),
+        (("--set", "dashboard.prometheusUrl="), "dashboard.prometheusUrl: the dashboard needs the URL"),
+        (("--set", "sidecar.gpuVisibility.mode=uuids"), "mode uuids needs at least one GPU UUID"),
+    ],
+)
 def test_inconsistent_values_fail_with_the_values_name(helm, values, says):
     message = helm.render_error(*values)
     assert says in message, message
@@ -377,6 +449,7 @@ def test_inconsistent_values_fail_with_the_values_name(helm, values, says):
 
 
 def test_anonymous_ingress_when_asked_for_explicitly(helm):
-    rendered = helm.render("default", "--set", "dashboard.ingress.enabled=true",
-                           "--set", "dashboard.ingress.allowAnonymous=true")
+    rendered = helm.render(
+        "default", "--set", "dashboard.ingress.enabled=true", "--set", "dashboard.ingress.allowAnonymous=true"
+    )
     assert rendered.one("Ingress")

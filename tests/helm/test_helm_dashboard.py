@@ -43,24 +43,38 @@ def test_rendered_dashboard_starts_with_users_from_the_mounted_secret(helm, tmp_
 
     port = tools.free_port()
     prometheus = f"http://127.0.0.1:{tools.free_port()}"  # nothing listens: the dashboard must start anyway
-    args = [f"--port={port}" if a.startswith("--port=") else
-            f"--prometheus={prometheus}" if a.startswith("--prometheus=") else a
-            for a in argv[1:]]
+    args = [
+        f"--port={port}"
+        if a.startswith("--port=")
+        else f"--prometheus={prometheus}"
+        if a.startswith("--prometheus=")
+        else a
+        for a in argv[1:]
+    ]
     assert arg_value(args, "--host") == "0.0.0.0"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
     full_env.update(env)
     log = tmp_path / "dashboard.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                stdin=subprocess.DEVNULL, cwd=tmp_path)
+        proc = subprocess.Popen(
+            [str(exe), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def probe(path: str):
             def ok():
                 if proc.poll() is not None:
                     raise AssertionError(f"dashboard exited {proc.returncode}:\n{log.read_text()}")
                 return httpx.get(f"{base}{path}", timeout=2).status_code == 200
+
             return ok
+
         for probe_name in ("livenessProbe", "readinessProbe"):
             path = dash[probe_name]["httpGet"]["path"]
             tools.wait_until(probe(path), timeout=60, what=f"the dashboard's {path} without credentials")

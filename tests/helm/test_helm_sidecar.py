@@ -36,10 +36,11 @@ NODE = [(0, U0, "NVIDIA H100 80GB HBM3"), (1, U1, "NVIDIA H100 80GB HBM3"), (2, 
 
 # ------------------------------------------------------------------- the real exporter process
 
+
 class _MetricsHandler(http.server.BaseHTTPRequestHandler):
     body = FIXTURE.read_bytes()
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         if self.path.split("?")[0] != "/metrics":
             self.send_error(404)
             return
@@ -93,29 +94,37 @@ def test_rendered_sidecar_starts_the_real_exporter(helm, engine_metrics_server, 
     port = tools.free_port()
     # Exactly the rendered arguments, but for the two that are about this machine: a free port,
     # and the engine URL of the local stand-in.
-    args = [f"--port={port}" if a.startswith("--port=") else
-            f"--engine-url={engine_metrics_server}" if a.startswith("--engine-url=") else a
-            for a in argv[1:]]
+    args = [
+        f"--port={port}"
+        if a.startswith("--port=")
+        else f"--engine-url={engine_metrics_server}"
+        if a.startswith("--engine-url=")
+        else a
+        for a in argv[1:]
+    ]
     assert len(args) == len(argv) - 1
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
     env.update(container_env(sidecar))
     log = tmp_path / "exporter.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, cwd=tmp_path)
+        proc = subprocess.Popen(
+            [str(exe), *args], stdout=out, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, cwd=tmp_path
+        )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def ready():
             if proc.poll() is not None:
                 raise AssertionError(f"exporter exited {proc.returncode}:\n{log.read_text()}")
             return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+
         tools.wait_until(ready, timeout=60, what="the exporter's /readyz (the readiness probe's path)")
         assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200  # the liveness probe's path
         metrics = httpx.get(f"{base}/metrics", timeout=5)
         assert metrics.status_code == 200
         text = metrics.text
         assert re.search(r'^kvdoctor_kv_cache_usage_ratio\{[^}]*pod="kvdoctor-test-pod"', text, re.M), text[:2000]
-        assert re.search(r'^kvdoctor_source_up\{[^}]*\} 1(\.0)?$', text, re.M)
+        assert re.search(r"^kvdoctor_source_up\{[^}]*\} 1(\.0)?$", text, re.M)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -127,18 +136,24 @@ def test_rendered_sidecar_starts_the_real_exporter(helm, engine_metrics_server, 
 
 # --------------------------------------------------------------------------- GPU visibility
 
+
 @pytest.mark.parametrize("scenario, mode", [("default", "engineFile"), ("engine-processes", "engineProcesses")])
 def test_every_rendered_gpu_filter_is_one_the_exporter_accepts(helm, scenario, mode):
     _, sidecar = helm.render(scenario).container("kvdoctor")
     parse_gpu_filter(arg_value(sidecar["args"], "--gpu-filter"))
 
 
-@pytest.mark.parametrize("values, expected", [
-    (("--set", "sidecar.gpuVisibility.mode=all"), "all"),
-    (("--set", "sidecar.gpuVisibility.mode=auto"), "auto"),
-    (("--set", "sidecar.gpuVisibility.mode=uuids", "--set", f"sidecar.gpuVisibility.uuids={{{U1},{U2}}}"),
-     f"uuids:{U1},{U2}"),
-])
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        (("--set", "sidecar.gpuVisibility.mode=all"), "all"),
+        (("--set", "sidecar.gpuVisibility.mode=auto"), "auto"),
+        (
+            ("--set", "sidecar.gpuVisibility.mode=uuids", "--set", f"sidecar.gpuVisibility.uuids={{{U1},{U2}}}"),
+            f"uuids:{U1},{U2}",
+        ),
+    ],
+)
 def test_gpu_visibility_modes_become_gpu_filters(helm, values, expected):
     rendered = helm.render("default", *values)
     pod, sidecar = rendered.container("kvdoctor")
@@ -177,8 +192,9 @@ def test_engine_processes_mode_shares_the_process_namespace(helm):
 
 @pytest.mark.parametrize("expose, visible", [(True, "all"), (False, None)])
 def test_sidecar_sees_node_gpus_through_nvml_only(helm, expose, visible):
-    _, sidecar = helm.render("default", "--set", f"sidecar.gpuVisibility.exposeNodeGpus={str(expose).lower()}"
-                             ).container("kvdoctor")
+    _, sidecar = helm.render(
+        "default", "--set", f"sidecar.gpuVisibility.exposeNodeGpus={str(expose).lower()}"
+    ).container("kvdoctor")
     env = container_env(sidecar)
     assert env.get("NVIDIA_VISIBLE_DEVICES") == visible
     if expose:
@@ -212,16 +228,19 @@ def _run_hook(command: list[str], target: Path, bin_dir: Path, env: dict[str, st
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": path, **env})
 
 
-@pytest.mark.parametrize("nvidia_smi, env, kept", [
-    # nvidia-smi in the engine container lists the GPUs the container was given.
-    (f"printf '%s\\n' {U1} {U2}\n", {}, [1, 2]),
-    # No nvidia-smi: the device plugin's NVIDIA_VISIBLE_DEVICES (envvar strategy) ...
-    (None, {"NVIDIA_VISIBLE_DEVICES": f"{U2}"}, [2]),
-    # ... or node indices (deviceIDStrategy=index) ...
-    (None, {"NVIDIA_VISIBLE_DEVICES": "0,2"}, [0, 2]),
-    # nvidia-smi failing falls back the same way.
-    ("exit 9\n", {"NVIDIA_VISIBLE_DEVICES": f"{U0}"}, [0]),
-])
+@pytest.mark.parametrize(
+    "nvidia_smi, env, kept",
+    [
+        # nvidia-smi in the engine container lists the GPUs the container was given.
+        (f"printf '%s\\n' {U1} {U2}\n", {}, [1, 2]),
+        # No nvidia-smi: the device plugin's NVIDIA_VISIBLE_DEVICES (envvar strategy) ...
+        (None, {"NVIDIA_VISIBLE_DEVICES": f"{U2}"}, [2]),
+        # ... or node indices (deviceIDStrategy=index) ...
+        (None, {"NVIDIA_VISIBLE_DEVICES": "0,2"}, [0, 2]),
+        # nvidia-smi failing falls back the same way.
+        ("exit 9\n", {"NVIDIA_VISIBLE_DEVICES": f"{U0}"}, [0]),
+    ],
+)
 def test_engine_hook_output_drives_the_sidecars_gpu_filter(helm, tmp_path, nvidia_smi, env, kept):
     _, engine = helm.render("default").container("engine")
     _, sidecar = helm.render("default").container("kvdoctor")
@@ -248,8 +267,9 @@ def test_engine_hook_volume_mounts_strategy_lists_the_device_files(helm, tmp_pat
     target = tmp_path / "engine-gpus"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    result = _run_hook(engine["lifecycle"]["postStart"]["exec"]["command"], target, bin_dir,
-                       {"NVIDIA_VISIBLE_DEVICES": str(devices)})
+    result = _run_hook(
+        engine["lifecycle"]["postStart"]["exec"]["command"], target, bin_dir, {"NVIDIA_VISIBLE_DEVICES": str(devices)}
+    )
     assert result.returncode == 0
     assert [g[0] for g in make_gpu_filter(f"file:{target}")(NODE)] == [1]
 
@@ -265,8 +285,10 @@ def test_engine_hook_without_any_source_writes_nothing_and_never_fails(helm, tmp
     with pytest.raises(GpuFilterPending):
         make_gpu_filter(f"file:{target}")(NODE)
     # Not even an unwritable directory makes the hook fail (a failing postStart kills the engine).
-    assert _run_hook(command, tmp_path / "missing" / "engine-gpus", bin_dir,
-                     {"NVIDIA_VISIBLE_DEVICES": U0}).returncode == 0
+    assert (
+        _run_hook(command, tmp_path / "missing" / "engine-gpus", bin_dir, {"NVIDIA_VISIBLE_DEVICES": U0}).returncode
+        == 0
+    )
 
 
 # -------------------------------------------------------------------- the sidecar-only snippet

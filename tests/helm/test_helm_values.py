@@ -56,8 +56,9 @@ def test_schema_is_draft_07_and_itself_valid():
 
 
 def test_every_schema_object_is_closed_and_every_property_described():
-    nodes = list(walk_schema(SCHEMA)) + [(f"#{n}", d) for name, d in SCHEMA["definitions"].items()
-                                         for n, d in walk_schema(d, name)]
+    nodes = list(walk_schema(SCHEMA)) + [
+        (f"#{n}", d) for name, d in SCHEMA["definitions"].items() for n, d in walk_schema(d, name)
+    ]
     for path, node in nodes:
         if "properties" in node:
             assert node.get("additionalProperties") is False, f"{path}: additionalProperties is not false"
@@ -146,14 +147,16 @@ def test_every_schema_property_has_a_default_in_values_yaml():
                 continue  # per-alert overrides are optional by nature
             else:
                 assert key in values, f"{path}{key}: in the schema but not in values.yaml"
+
     check(SCHEMA, VALUES, "")
 
 
 def test_schema_knows_exactly_the_alerts_of_the_rules_file(chart):
     alerts = yaml.safe_load(chart.alerts_file.read_text())
     names = {r["alert"] for g in alerts["groups"] for r in g["rules"] if "alert" in r}
-    schema_names = set(SCHEMA["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]
-                       ["alerts"]["properties"])
+    schema_names = set(
+        SCHEMA["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]["alerts"]["properties"]
+    )
     assert schema_names == names
 
 
@@ -165,12 +168,15 @@ def test_chart_app_version_is_the_kvdoctor_version():
     assert chart["apiVersion"] == "v2" and chart["name"] == CHART_DIR.name
 
 
-@pytest.mark.parametrize("bad, path", [
-    ({"sidecar": {"port": -1}}, ["sidecar", "port"]),
-    ({"sidecar": {"interval": "5s"}}, ["sidecar", "interval"]),
-    ({"unknown": 1}, []),
-    ({"monitoring": {"serviceMonitor": {"lables": {}}}}, ["monitoring", "serviceMonitor"]),
-])
+@pytest.mark.parametrize(
+    "bad, path",
+    [
+        ({"sidecar": {"port": -1}}, ["sidecar", "port"]),
+        ({"sidecar": {"interval": "5s"}}, ["sidecar", "interval"]),
+        ({"unknown": 1}, []),
+        ({"monitoring": {"serviceMonitor": {"lables": {}}}}, ["monitoring", "serviceMonitor"]),
+    ],
+)
 def test_schema_rejects_bad_values_here_too(bad, path):
     errors = list(jsonschema.Draft7Validator(SCHEMA).iter_errors(deep_merge(VALUES, bad)))
     assert [list(e.absolute_path) for e in errors] == [path]

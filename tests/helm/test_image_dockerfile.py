@@ -79,7 +79,8 @@ BUILD = STAGES[0]
 
 def test_parser_reads_continuations_args_and_stages():
     args, stages = parse_dockerfile(
-        "ARG BASE=python:3.11-slim\n# c\nFROM ${BASE} AS b\nRUN a \\\n # inner\n && b\nFROM $BASE\nUSER 1:1\n")
+        "ARG BASE=python:3.11-slim\n# c\nFROM ${BASE} AS b\nRUN a \\\n # inner\n && b\nFROM $BASE\nUSER 1:1\n"
+    )
     assert args == {"BASE": "python:3.11-slim"}
     assert [(s.base, s.name) for s in stages] == [("python:3.11-slim", "b"), ("python:3.11-slim", None)]
     assert stages[0].all("RUN") == ["a   && b"]
@@ -116,25 +117,28 @@ def test_entrypoint_is_the_kvdoctor_console_script():
     assert {"9745", "8050"} <= set(" ".join(FINAL.all("EXPOSE")).split())
 
 
-BUILD_TOOLS = re.compile(r"\b(apt-get\s+install|apt\s+install|apk\s+add|gcc|g\+\+|make|build-essential|"
-                         r"pip\s+install|python\s+-m\s+build|cargo|rustc)\b")
+BUILD_TOOLS = re.compile(
+    r"\b(apt-get\s+install|apt\s+install|apk\s+add|gcc|g\+\+|make|build-essential|"
+    r"pip\s+install|python\s+-m\s+build|cargo|rustc)\b"
+)
 
 
 def test_final_stage_has_no_build_tools():
     for run in FINAL.all("RUN"):
         assert not BUILD_TOOLS.search(run), run
-    assert any(re.search(r"pip uninstall --yes pip", run) for run in FINAL.all("RUN")), \
+    assert any(re.search(r"pip uninstall --yes pip", run) for run in FINAL.all("RUN")), (
         "the base image's pip must leave the final stage"
-    assert any("pip uninstall --yes pip" in run for run in BUILD.all("RUN")), \
+    )
+    assert any("pip uninstall --yes pip" in run for run in BUILD.all("RUN")), (
         "the environment copied from the build stage must not carry pip"
+    )
     for copy in FINAL.all("COPY"):
         assert copy.startswith(f"--from={BUILD.name} "), f"the final stage copies only the built environment: {copy}"
     assert not FINAL.all("ADD")
 
 
 def dockerignore_patterns() -> list[str]:
-    return [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+    return [line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
 def ignored(relative: str, patterns: list[str]) -> bool:
@@ -144,9 +148,12 @@ def ignored(relative: str, patterns: list[str]) -> bool:
         pattern = pattern.lstrip("!").rstrip("/")
         parts = relative.split("/")
         candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-        if any(fnmatch.fnmatch(c, pattern) or fnmatch.fnmatch(c, pattern.removeprefix("**/"))
-               or (pattern.startswith("**/") and fnmatch.fnmatch(c.rsplit("/", 1)[-1], pattern[3:]))
-               for c in candidates):
+        if any(
+            fnmatch.fnmatch(c, pattern)
+            or fnmatch.fnmatch(c, pattern.removeprefix("**/"))
+            or (pattern.startswith("**/") and fnmatch.fnmatch(c.rsplit("/", 1)[-1], pattern[3:]))
+            for c in candidates
+        ):
             result = not negate
     return result
 
@@ -170,11 +177,21 @@ def test_build_stage_copies_every_package_folder_and_nothing_ignored():
         assert not ignored(source, patterns), f"COPY {source} is excluded by .dockerignore"
 
 
-@pytest.mark.parametrize("path, excluded", [
-    (".venv", True), (".git", True), (".tools", True), (".cache", True), ("tests", True),
-    ("exporter/__pycache__/x.pyc", True), ("kvdoctor.egg-info", True),
-    ("exporter/gpu_filter.py", False), ("rules/signals.py", False), ("pyproject.toml", False),
-])
+@pytest.mark.parametrize(
+    "path, excluded",
+    [
+        (".venv", True),
+        (".git", True),
+        (".tools", True),
+        (".cache", True),
+        ("tests", True),
+        ("exporter/__pycache__/x.pyc", True),
+        ("kvdoctor.egg-info", True),
+        ("exporter/gpu_filter.py", False),
+        ("rules/signals.py", False),
+        ("pyproject.toml", False),
+    ],
+)
 def test_dockerignore_keeps_the_context_small(path, excluded):
     assert ignored(path, dockerignore_patterns()) is excluded
 
@@ -201,20 +218,30 @@ def test_build_stage_install_works_from_exactly_the_build_context(tmp_path):
     for source in copy_sources(BUILD):
         src = ROOT / source
         if src.is_dir():
-            shutil.copytree(src, context / source,
-                            ignore=lambda d, names: [n for n in names if ignored(
-                                str((Path(d) / n).relative_to(ROOT)), patterns)])
+            shutil.copytree(
+                src,
+                context / source,
+                ignore=lambda d, names: [n for n in names if ignored(str((Path(d) / n).relative_to(ROOT)), patterns)],
+            )
         else:
             context.mkdir(exist_ok=True)
             shutil.copy2(src, context / source)
     out = tmp_path / "wheels"
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out),
-                             str(context)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = out.glob("kvdoctor-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("kvdoctor/cli.py", "kvdoctor/exporter/gpu_filter.py", "kvdoctor/rules/signals.py",
-                   "kvdoctor/dashboard/__init__.py"):
+    for module in (
+        "kvdoctor/cli.py",
+        "kvdoctor/exporter/gpu_filter.py",
+        "kvdoctor/rules/signals.py",
+        "kvdoctor/dashboard/__init__.py",
+    ):
         assert module in names
     for data in (ROOT / "rules").glob("*.yaml"):
         assert f"kvdoctor/rules/{data.name}" in names, f"package data {data.name} missing from the image"

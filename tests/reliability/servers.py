@@ -15,8 +15,8 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 Behaviour = Callable[[BaseHTTPRequestHandler], None]
 EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
@@ -92,10 +92,18 @@ class FaultServer:
 
 # ----------------------------------------------------------------------------------- behaviours
 
-def respond(body: bytes, status: int = 200, content_type: str = EXPOSITION, headers: dict | None = None,
-            delay: float = 0.0, close_after: bool = False) -> Behaviour:
+
+def respond(
+    body: bytes,
+    status: int = 200,
+    content_type: str = EXPOSITION,
+    headers: dict | None = None,
+    delay: float = 0.0,
+    close_after: bool = False,
+) -> Behaviour:
     """One answer with a Content-Length; ``close_after``: then close the connection without saying
     so (no ``Connection: close``), as a server does to a keep-alive connection idle too long."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         if delay:
             time.sleep(delay)
@@ -108,18 +116,22 @@ def respond(body: bytes, status: int = 200, content_type: str = EXPOSITION, head
         h.wfile.write(body)
         if close_after:
             h.close_connection = True
+
     return behave
 
 
 def routes(by_path: dict[str, Behaviour]) -> Behaviour:
     """Each path's own behaviour (looked up per request, so the dict may change); 404 elsewhere."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         by_path.get(h.path, respond(b"not found\n", status=404))(h)
+
     return behave
 
 
 def reset_mid_body(body: bytes, content_type: str = EXPOSITION) -> Behaviour:
     """Headers announcing the whole body, half of it, then a TCP reset (SO_LINGER 0)."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
         h.send_header("Content-Type", content_type)
@@ -131,26 +143,30 @@ def reset_mid_body(body: bytes, content_type: str = EXPOSITION) -> Behaviour:
         h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         h.connection.close()
         h.close_connection = True
+
     return behave
 
 
 def trickle(body: bytes, chunk: int = 1024, pause: float = 0.1, content_type: str = EXPOSITION) -> Behaviour:
     """Headers at once, then the body ``chunk`` bytes every ``pause`` seconds (each read is quick,
     the whole answer is slow: a per-read timeout never fires)."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
         h.send_header("Content-Type", content_type)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         for i in range(0, len(body), chunk):
-            h.wfile.write(body[i:i + chunk])
+            h.wfile.write(body[i : i + chunk])
             h.wfile.flush()
             time.sleep(pause)
+
     return behave
 
 
 def declared_huge(size: int, first: bytes = b"# HELP x\n") -> Behaviour:
     """A Content-Length of ``size`` bytes, a few bytes of it, then nothing until the client leaves."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
         h.send_header("Content-Type", EXPOSITION)
@@ -160,6 +176,7 @@ def declared_huge(size: int, first: bytes = b"# HELP x\n") -> Behaviour:
         h.wfile.flush()
         time.sleep(0.3)
         h.close_connection = True
+
     return behave
 
 
@@ -180,8 +197,10 @@ def gzipped(body: bytes, content_type: str = EXPOSITION) -> Behaviour:
 
 def dynamic(make: Callable[[], bytes], content_type: str = EXPOSITION) -> Behaviour:
     """A new body for every request (``make()``)."""
+
     def behave(h: BaseHTTPRequestHandler) -> None:
         respond(make(), content_type=content_type)(h)
+
     return behave
 
 
@@ -195,4 +214,5 @@ def first_then(first: Behaviour, then: Behaviour, n: int = 1) -> Behaviour:
             seen["count"] += 1
             current = first if seen["count"] <= n else then
         current(h)
+
     return behave

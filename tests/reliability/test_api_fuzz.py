@@ -17,12 +17,12 @@ import schemathesis
 from schemathesis import checks
 from schemathesis.generation import GenerationMode
 
-from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.settings import ExporterSettings
+from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.server import serve_in_thread
-from kvdoctor.simulator.engine_server import EngineServer
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.simulator import gpu as simulated_gpu
+from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
 
 EXAMPLES = 25
@@ -32,8 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 @pytest.fixture(scope="module")
 def live_exporter():
     engine = EngineServer(Simulation("kv_thrashing", seed=1)).start()
-    settings = ExporterSettings(engine_url=engine.metrics_url, engine="vllm", nvml=False,
-                                interval=0.2, max_window_seconds=120)
+    settings = ExporterSettings(
+        engine_url=engine.metrics_url, engine="vllm", nvml=False, interval=0.2, max_window_seconds=120
+    )
     exporter = build_exporter(settings, extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url)])
     for _ in range(5):
         exporter.run_cycle()
@@ -48,8 +49,13 @@ def live_exporter():
 def fuzz(operation, base_url: str, mode: GenerationMode, to_run: list) -> int:
     calls = []
 
-    @hypothesis.settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
     def run(case):
         calls.append(case)
@@ -63,8 +69,12 @@ def test_no_server_error_valid_inputs_conform_and_invalid_ones_are_refused(live_
     schema = schemathesis.openapi.from_url(f"{live_exporter}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/metrics", "/api/v1/window", "/api/v1/diagnosis", "/api/v1/status"}
-    positive = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
-                checks.response_schema_conformance]
+    positive = [
+        checks.not_a_server_error,
+        checks.status_code_conformance,
+        checks.content_type_conformance,
+        checks.response_schema_conformance,
+    ]
     negative = [checks.not_a_server_error, checks.negative_data_rejection]
     fuzzed = {}
     for operation in operations:

@@ -23,9 +23,9 @@ import os
 import random
 import re
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
@@ -33,11 +33,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.collectors.engine import EngineCollector
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook
 from kvdoctor.exporter.server import serve_in_thread
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
-
 from tests.reliability import servers
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
@@ -83,6 +82,7 @@ def label_explosion() -> bytes:
 
 # ------------------------------------------------------------------------------------------ rig
 
+
 def parse_page(text: str) -> dict[tuple[str, frozenset], float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -96,10 +96,18 @@ class Rig:
 
     def __init__(self, engine_url: str, scrape_timeout: float = SCRAPE_TIMEOUT):
         os.environ.pop("KVDOCTOR_POD", None)
-        self.settings = ExporterSettings(engine_url=engine_url, interval=0.2, scrape_timeout=scrape_timeout,
-                                         nvml=False, max_body_bytes=MAX_BODY, max_series=MAX_SERIES, max_snapshots=4)
-        self.collector = EngineCollector(self.settings.engine_url, "auto", timeout=scrape_timeout,
-                                         max_body_bytes=MAX_BODY)
+        self.settings = ExporterSettings(
+            engine_url=engine_url,
+            interval=0.2,
+            scrape_timeout=scrape_timeout,
+            nvml=False,
+            max_body_bytes=MAX_BODY,
+            max_series=MAX_SERIES,
+            max_snapshots=4,
+        )
+        self.collector = EngineCollector(
+            self.settings.engine_url, "auto", timeout=scrape_timeout, max_body_bytes=MAX_BODY
+        )
         self.exporter = Exporter(self.settings, [self.collector], diagnose_hook=default_diagnose_hook(self.settings))
         self.http = serve_in_thread(create_app(self.exporter), "127.0.0.1", 0)
         self.client = httpx.Client(timeout=5)
@@ -147,6 +155,7 @@ def rig(engine, request):
 
 # --------------------------------------------------------------------------------- extra checks
 
+
 def not_doubled(rig: Rig) -> None:
     assert rig.engine_value(S.GENERATION_TOKENS) == FIXTURE_GEN, "a duplicated counter line was added up"
 
@@ -188,21 +197,48 @@ class Fault:
 NEEDS_ENGINE_CHANGE = "needs the engine collector change in the closing report (exporter/collectors/engine.py): "
 FAULTS = [
     Fault("reset_mid_body", lambda: servers.reset_mid_body(GOOD), "transport_error", 0.0),
-    Fault("http_404", lambda: servers.respond(b"404 page not found\n", status=404, content_type="text/plain"),
-          "http_404", 0.0),
-    Fault("slow_body_past_the_timeout", lambda: servers.trickle(GOOD, chunk=2048, pause=0.1), "timeout", 0.0,
-          slow=True),
+    Fault(
+        "http_404",
+        lambda: servers.respond(b"404 page not found\n", status=404, content_type="text/plain"),
+        "http_404",
+        0.0,
+    ),
+    Fault(
+        "slow_body_past_the_timeout", lambda: servers.trickle(GOOD, chunk=2048, pause=0.1), "timeout", 0.0, slow=True
+    ),
     Fault("declared_gigantic_body", lambda: servers.declared_huge(200 * 2**20), "body_too_large", 0.0, slow=True),
     Fault("gzip_bomb", lambda: servers.gzipped(servers.gzip_bomb(256 * 2**20)), "body_too_large", 0.0, slow=True),
     Fault("invalid_utf8", lambda: servers.respond(INVALID_UTF8), "parse_error", 0.0),
-    Fault("duplicate_series", lambda: servers.respond(GOOD + f"{GEN} {FIXTURE_GEN!r}\n".encode()), "duplicate_series",
-          1.0, check=not_doubled),
-    Fault("nan_and_inf", lambda: servers.respond(page(**{KV: "NaN", GEN: "+Inf"})), "non_finite_value", 1.0,
-          check=no_infinite_counter),
-    Fault("counter_decrease", lambda: servers.respond(page(**{GEN: "10.0", PROMPT: "5.0"})), "counter_reset", 1.0,
-          check=reset_passes_through_and_rates_stay_sane),
-    Fault("label_explosion", lambda: servers.dynamic(label_explosion), "series_cap", 1.0,
-          check=capped, scrape_timeout=3.0, slow=True),
+    Fault(
+        "duplicate_series",
+        lambda: servers.respond(GOOD + f"{GEN} {FIXTURE_GEN!r}\n".encode()),
+        "duplicate_series",
+        1.0,
+        check=not_doubled,
+    ),
+    Fault(
+        "nan_and_inf",
+        lambda: servers.respond(page(**{KV: "NaN", GEN: "+Inf"})),
+        "non_finite_value",
+        1.0,
+        check=no_infinite_counter,
+    ),
+    Fault(
+        "counter_decrease",
+        lambda: servers.respond(page(**{GEN: "10.0", PROMPT: "5.0"})),
+        "counter_reset",
+        1.0,
+        check=reset_passes_through_and_rates_stay_sane,
+    ),
+    Fault(
+        "label_explosion",
+        lambda: servers.dynamic(label_explosion),
+        "series_cap",
+        1.0,
+        check=capped,
+        scrape_timeout=3.0,
+        slow=True,
+    ),
 ]
 
 

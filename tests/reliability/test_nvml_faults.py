@@ -13,14 +13,13 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.collectors.nvml import BACKOFF_MAX, NvmlCollector
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.window import labels_of
-
 from tests.exporter.test_nvml_collector import Clock, FakeNvml, by_gpu, h100
 
 
@@ -145,7 +144,10 @@ def test_a_gpu_that_never_comes_back_leaves_the_survivors_correctly_labelled():
     del nv.gpus[1]  # fell off the bus: NVML enumerates two GPUs from now on, GPU-c at index 1
     clock.now += 1.0
     out = collector.collect()
-    by_uuid = {dict(labels)["uuid"]: dict(labels)["gpu"] for (name, labels), _ in out.samples.items()
-               if name == S.GPU_MEMORY_USED}
+    by_uuid = {
+        dict(labels)["uuid"]: dict(labels)["gpu"]
+        for (name, labels), _ in out.samples.items()
+        if name == S.GPU_MEMORY_USED
+    }
     assert by_uuid == {"GPU-a": "0", "GPU-c": "1"}
     assert out.partial_errors == []

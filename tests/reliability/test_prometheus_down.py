@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 
@@ -29,7 +29,6 @@ from kvdoctor.dashboard.sources import (
     fetch_live_from_prometheus,
     prometheus_diagnosis,
 )
-
 from tests import tools
 from tests.reliability import servers
 
@@ -37,8 +36,9 @@ TIMEOUT = 0.5
 EMPTY = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
 # The newest-sample query of `diagnose --prometheus` answered, so the next query is reached.
 NOW = time.time()
-NEWEST = json.dumps({"status": "success",
-                     "data": {"resultType": "vector", "result": [{"metric": {}, "value": [NOW, str(NOW)]}]}}).encode()
+NEWEST = json.dumps(
+    {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [NOW, str(NOW)]}]}}
+).encode()
 JSON = "application/json"
 
 
@@ -60,18 +60,38 @@ FAULTS = [
     Fault("hangs_past_the_timeout", lambda: servers.respond(EMPTY, content_type=JSON, delay=TIMEOUT * 6)),
     Fault("reset_mid_answer", lambda: servers.reset_mid_body(EMPTY + b" " * 200, content_type=JSON)),
     Fault("http_503_html", lambda: servers.respond(b"<html>upstream down</html>", 503, "text/html")),
-    Fault("dies_after_the_first_query", lambda: servers.first_then(servers.respond(NEWEST, content_type=JSON),
-                                                                   servers.reset_mid_body(EMPTY, content_type=JSON)),
-          single_request_ok=True),
+    Fault(
+        "dies_after_the_first_query",
+        lambda: servers.first_then(
+            servers.respond(NEWEST, content_type=JSON), servers.reset_mid_body(EMPTY, content_type=JSON)
+        ),
+        single_request_ok=True,
+    ),
     # ~13 s to send 266 bytes, each read well inside the timeout.
-    Fault("trickles_past_the_timeout",
-          lambda: servers.trickle(EMPTY + b" " * 200, chunk=4, pause=0.2, content_type=JSON)),
-    Fault("data_is_not_an_object", lambda: servers.respond(b'{"status":"success","data":[1,2]}', content_type=JSON), must_fail=False),
-    Fault("sample_without_a_value", lambda: servers.respond(
-        b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}', content_type=JSON), must_fail=False),
-    Fault("matrix_with_bad_points", lambda: servers.respond(
-        b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"__name__":"kvdoctor_x"},'
-        b'"values":[["x"]]}]}}', content_type=JSON), must_fail=False),
+    Fault(
+        "trickles_past_the_timeout", lambda: servers.trickle(EMPTY + b" " * 200, chunk=4, pause=0.2, content_type=JSON)
+    ),
+    Fault(
+        "data_is_not_an_object",
+        lambda: servers.respond(b'{"status":"success","data":[1,2]}', content_type=JSON),
+        must_fail=False,
+    ),
+    Fault(
+        "sample_without_a_value",
+        lambda: servers.respond(
+            b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}', content_type=JSON
+        ),
+        must_fail=False,
+    ),
+    Fault(
+        "matrix_with_bad_points",
+        lambda: servers.respond(
+            b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"__name__":"kvdoctor_x"},'
+            b'"values":[["x"]]}]}}',
+            content_type=JSON,
+        ),
+        must_fail=False,
+    ),
 ]
 
 
@@ -118,22 +138,28 @@ def assert_one_line_naming(message: str, url: str) -> None:
 
 # ----------------------------------------------------------------------------- dashboard sources
 
+
 @pytest.mark.parametrize("fault", params("dashboard"))
 def test_dashboard_sources_raise_one_clear_error_in_time(fault: Fault, prometheus: FaultyPrometheus):
     client = PrometheusClient(prometheus.url, TIMEOUT)
     end = time.time()
     calls = {}
     if not fault.single_request_ok:  # first: a slow answer costs one request's time here, not ten
-        calls.update({
-            "query": lambda: client.query("up"),
-            "query_range": lambda: client.query_range("up", end - 60, end, 1.0),
-            "prometheus_diagnosis": lambda: prometheus_diagnosis(client, "10.0.0.1:9745", end),
-        })
-    calls.update({
-        "fetch_fleet": lambda: fetch_fleet(client, end, 3600, 2000, 10.0),
-        "fetch_live_from_prometheus": lambda: fetch_live_from_prometheus(client, "10.0.0.1:9745", {}, end - 60, end,
-                                                                         1.0, 10.0),
-    })
+        calls.update(
+            {
+                "query": lambda: client.query("up"),
+                "query_range": lambda: client.query_range("up", end - 60, end, 1.0),
+                "prometheus_diagnosis": lambda: prometheus_diagnosis(client, "10.0.0.1:9745", end),
+            }
+        )
+    calls.update(
+        {
+            "fetch_fleet": lambda: fetch_fleet(client, end, 3600, 2000, 10.0),
+            "fetch_live_from_prometheus": lambda: fetch_live_from_prometheus(
+                client, "10.0.0.1:9745", {}, end - 60, end, 1.0, 10.0
+            ),
+        }
+    )
     for name, call in calls.items():
         prometheus.rearm()
         started = time.monotonic()
@@ -166,11 +192,20 @@ def test_fleet_and_live_pages_show_prometheus_down_as_a_state(prometheus: Faulty
 
 # ------------------------------------------------------------------------- kvdoctor diagnose (CLI)
 
+
 @pytest.mark.parametrize("fault", params("cli"))
 def test_diagnose_prometheus_exits_2_with_one_line_in_time(fault: Fault, prometheus: FaultyPrometheus, run_cli):
     started = time.monotonic()
-    result = run_cli("diagnose", "--prometheus", prometheus.url, "--selector", '{pod="vllm-0"}',
-                     "--timeout", str(TIMEOUT * 2), timeout=60)
+    result = run_cli(
+        "diagnose",
+        "--prometheus",
+        prometheus.url,
+        "--selector",
+        '{pod="vllm-0"}',
+        "--timeout",
+        str(TIMEOUT * 2),
+        timeout=60,
+    )
     elapsed = time.monotonic() - started
     assert result.rc == 2, (result.rc, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()

@@ -32,10 +32,9 @@ import psutil
 import pytest
 
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import serve_in_thread
-
+from kvdoctor.exporter.settings import ExporterSettings
 from tests import tools
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
 
@@ -48,9 +47,15 @@ class Command:
     def __init__(self, *args: str, env: dict | None = None):
         # No KVDOCTOR_* from the caller's environment: "by default" means no configuration at all.
         base = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvdoctor", *args], cwd=ROOT, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     env={**base, **(env or {})})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvdoctor", *args],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env={**base, **(env or {})},
+        )
 
     def listening(self, expected: int, timeout: float = 60.0) -> list[tuple[str, int]]:
         """The (address, port) pairs the process listens on, once there are ``expected`` of them."""
@@ -59,8 +64,9 @@ class Command:
         def probe():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"exited {self.proc.returncode}: {self.proc.stderr.read()}")
-            found = sorted({(c.laddr.ip, c.laddr.port) for c in ps.net_connections(kind="inet")
-                            if c.status == psutil.CONN_LISTEN})
+            found = sorted(
+                {(c.laddr.ip, c.laddr.port) for c in ps.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+            )
             return found if len(found) >= expected else None
 
         return tools.wait_until(probe, timeout=timeout, interval=0.2, what=f"{expected} listening sockets")
@@ -81,12 +87,17 @@ def is_loopback(address: str) -> bool:
 
 # ------------------------------------------------------------------------------------ binding
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("args, sockets", [
-    (("exporter", "--port", "0", "--no-nvml"), 1),
-    (("dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0"), 1),
-    (("demo", "--port", "0", "--dashboard-port", "0", "--status-every", "0"), 3),  # engine, exporter, dashboard
-], ids=["exporter", "dashboard", "demo"])
+@pytest.mark.parametrize(
+    "args, sockets",
+    [
+        (("exporter", "--port", "0", "--no-nvml"), 1),
+        (("dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0"), 1),
+        (("demo", "--port", "0", "--dashboard-port", "0", "--status-every", "0"), 3),  # engine, exporter, dashboard
+    ],
+    ids=["exporter", "dashboard", "demo"],
+)
 def test_every_server_listens_on_loopback_only_by_default(args, sockets):
     command = Command(*args)
     try:
@@ -109,6 +120,7 @@ def test_the_exporter_listens_on_every_interface_only_when_configured():
 
 # --------------------------------------------------------------------------- dashboard basic auth
 
+
 def basic(user: str, password: str) -> dict:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
@@ -122,8 +134,12 @@ def start_dashboard(env: dict) -> tuple[Command, str]:
     return command, line.split(": ", 1)[1].rstrip("/")
 
 
-CALLBACK = {"output": "live-badge.children", "outputs": {"id": "live-badge", "property": "children"},
-            "inputs": [{"id": "live-health", "property": "data", "value": None}], "changedPropIds": []}
+CALLBACK = {
+    "output": "live-badge.children",
+    "outputs": {"id": "live-badge", "property": "children"},
+    "inputs": [{"id": "live-health", "property": "data", "value": None}],
+    "changedPropIds": [],
+}
 
 
 @pytest.mark.slow
@@ -141,21 +157,30 @@ def test_dashboard_basic_auth_guards_pages_and_callbacks(source, tmp_path):
             for headers in ({}, basic("ann", "wrong"), basic("mallory", "s3cret-pw"), {"Authorization": "Basic ???"}):
                 page = client.get(url + "/", headers=headers)
                 assert page.status_code == 401 and "Basic" in page.headers["WWW-Authenticate"]
-                assert "kvdoctor" not in page.text.lower().replace("realm=\"kvdoctor\"", "")
+                assert "kvdoctor" not in page.text.lower().replace('realm="kvdoctor"', "")
                 callback = client.post(url + "/_dash-update-component", json=CALLBACK, headers=headers)
                 assert callback.status_code == 401
             assert client.get(url + "/", headers=basic("ann", "s3cret-pw")).status_code == 200
-            assert client.post(url + "/_dash-update-component", json=CALLBACK,
-                               headers=basic("ann", "s3cret-pw")).status_code != 401
+            assert (
+                client.post(
+                    url + "/_dash-update-component", json=CALLBACK, headers=basic("ann", "s3cret-pw")
+                ).status_code
+                != 401
+            )
     finally:
         command.stop()
 
 
 @pytest.mark.slow
 def test_a_malformed_users_list_fails_at_start_without_echoing_passwords():
-    result = subprocess.run([sys.executable, "-m", "kvdoctor", "dashboard", "--exporter", "http://127.0.0.1:9",
-                             "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                            env={**os.environ, "KVDOCTOR_DASHBOARD_USERS": "ann:hunter2-secret,bob-without-password"})
+    result = subprocess.run(
+        [sys.executable, "-m", "kvdoctor", "dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "KVDOCTOR_DASHBOARD_USERS": "ann:hunter2-secret,bob-without-password"},
+    )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert "entry 2" in result.stderr and "hunter2" not in result.stderr
@@ -170,10 +195,12 @@ MAX_SNAPSHOTS = 150
 
 @pytest.fixture(scope="module")
 def live_exporter():
-    settings = ExporterSettings(interval=0.05, nvml=False, max_window_seconds=MAX_WINDOW, max_series=MAX_SERIES,
-                                max_snapshots=MAX_SNAPSHOTS)
-    exporter = Exporter(settings, [StaticCollector("engine", engine_samples),
-                                   StaticCollector("gpu", lambda step: gpu_samples(8, step))])
+    settings = ExporterSettings(
+        interval=0.05, nvml=False, max_window_seconds=MAX_WINDOW, max_series=MAX_SERIES, max_snapshots=MAX_SNAPSHOTS
+    )
+    exporter = Exporter(
+        settings, [StaticCollector("engine", engine_samples), StaticCollector("gpu", lambda step: gpu_samples(8, step))]
+    )
     for _ in range(MAX_SNAPSHOTS + 20):  # the store at its bounds
         exporter.run_cycle()
     http = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
@@ -182,11 +209,26 @@ def live_exporter():
     exporter.stop()
 
 
-@pytest.mark.parametrize("query", [
-    "seconds=1" + "0" * 40, "seconds=-0", "seconds=+60", "seconds=0x10", "seconds=60_000", "seconds=%D9%A1%D9%A2",
-    "seconds=1e2", "seconds=%2060%20", "seconds=60%00", "seconds=NaN", "seconds=inf", "seconds=" + "9" * 5000,
-    "seconds=60&seconds=100000", "seconds[]=60", "seconds=%ff%fe",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "seconds=1" + "0" * 40,
+        "seconds=-0",
+        "seconds=+60",
+        "seconds=0x10",
+        "seconds=60_000",
+        "seconds=%D9%A1%D9%A2",
+        "seconds=1e2",
+        "seconds=%2060%20",
+        "seconds=60%00",
+        "seconds=NaN",
+        "seconds=inf",
+        "seconds=" + "9" * 5000,
+        "seconds=60&seconds=100000",
+        "seconds[]=60",
+        "seconds=%ff%fe",
+    ],
+)
 def test_window_odd_seconds_are_refused_or_bounded_never_a_server_error(live_exporter, query):
     resp = httpx.get(f"{live_exporter.url}/api/v1/window?{query}", timeout=10)
     assert resp.status_code < 500, resp.text[:200]
@@ -207,10 +249,17 @@ def test_the_largest_window_answer_is_bounded_by_the_store(live_exporter):
     assert len(resp.content) < MAX_SNAPSHOTS * MAX_SERIES * 25 + 200 * MAX_SERIES
 
 
-@pytest.mark.parametrize("method, path, expected", [
-    ("POST", "/api/v1/window", 405), ("DELETE", "/metrics", 405), ("PUT", "/api/v1/diagnosis", 405),
-    ("GET", "/api/v1/../../etc/passwd", 404), ("GET", "/api/v2/window", 404), ("GET", "/%2e%2e/%2e%2e/etc/passwd", 404),
-])
+@pytest.mark.parametrize(
+    "method, path, expected",
+    [
+        ("POST", "/api/v1/window", 405),
+        ("DELETE", "/metrics", 405),
+        ("PUT", "/api/v1/diagnosis", 405),
+        ("GET", "/api/v1/../../etc/passwd", 404),
+        ("GET", "/api/v2/window", 404),
+        ("GET", "/%2e%2e/%2e%2e/etc/passwd", 404),
+    ],
+)
 def test_methods_and_paths_outside_the_api_are_refused(live_exporter, method, path, expected):
     with socket.create_connection(("127.0.0.1", live_exporter.port), timeout=10) as sock:
         sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())

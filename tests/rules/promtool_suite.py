@@ -19,7 +19,6 @@ from pathlib import Path
 from kvdoctor.rules import promql, tree
 from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
 from kvdoctor.rules.thresholds import Thresholds
-
 from tests.rules.scenarios import Scenario
 
 EVALUATION_INTERVAL = "30s"
@@ -31,8 +30,9 @@ def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str
     return labels
 
 
-def _annotations(rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str],
-                 value: float) -> dict[str, str]:
+def _annotations(
+    rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str], value: float
+) -> dict[str, str]:
     return {k: promql.render_template(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
 
 
@@ -44,13 +44,11 @@ def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, d
         if spec.verdict is not None and spec.verdict == diagnosis.verdict and scenario.settles:
             labels = _engine_alert_labels(scenario, spec)
             value = diagnosis.features.get(spec.value_feature, math.nan)
-            out[spec.name] = [{"exp_labels": labels,
-                               "exp_annotations": _annotations(rules, spec, labels, value)}]
+            out[spec.name] = [{"exp_labels": labels, "exp_annotations": _annotations(rules, spec, labels, value)}]
         if spec.verdict is None:
             for source in scenario.sources_down:
                 labels = {"source": source, "pod": scenario.pod, "severity": spec.severity}
-                out[spec.name].append({"exp_labels": labels,
-                                       "exp_annotations": _annotations(rules, spec, labels, 0.0)})
+                out[spec.name].append({"exp_labels": labels, "exp_annotations": _annotations(rules, spec, labels, 0.0)})
     return out
 
 
@@ -59,8 +57,11 @@ def _alerts_series(scenario: Scenario, verdict: str) -> list[dict]:
     if name is None:
         return []
     spec = promql.ALERT_BY_NAME[name]
-    labels = {"alertname": name, "alertstate": "firing" if scenario.settles else "pending",
-              **_engine_alert_labels(scenario, spec)}
+    labels = {
+        "alertname": name,
+        "alertstate": "firing" if scenario.settles else "pending",
+        **_engine_alert_labels(scenario, spec),
+    }
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return [{"labels": f"ALERTS{{{inner}}}", "value": 1}]
 
@@ -80,14 +81,22 @@ def scenario_group(scenario: Scenario, rules: dict[str, dict], thresholds: Thres
             for name, exp in expected_alerts(scenario, diagnosis, rules).items()
         ],
         "promql_expr_test": [
-            {"expr": f'ALERTS{{alertname=~"{verdict_alerts}"}}', "eval_time": at,
-             "exp_samples": _alerts_series(scenario, verdict)},
+            {
+                "expr": f'ALERTS{{alertname=~"{verdict_alerts}"}}',
+                "eval_time": at,
+                "exp_samples": _alerts_series(scenario, verdict),
+            },
         ],
     }
 
 
-def write_test_file(path: Path, rule_file: Path, scenarios: list[Scenario], thresholds: Thresholds | None = None,
-                    slo_seconds: float = promql.DEFAULT_SLO_SECONDS) -> Path:
+def write_test_file(
+    path: Path,
+    rule_file: Path,
+    scenarios: list[Scenario],
+    thresholds: Thresholds | None = None,
+    slo_seconds: float = promql.DEFAULT_SLO_SECONDS,
+) -> Path:
     t = thresholds or Thresholds()
     rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds)}
     doc = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
+
 import numpy as np
 
 from kvdoctor.rules.promql import ALERT_BY_NAME, VERDICT_ALERT
@@ -47,8 +48,28 @@ from kvdoctor.rules.signals import (
 from kvdoctor.rules.window import SeriesKey, Window, format_series, labels_of
 
 # vLLM's inter-token-latency buckets (vllm/v1/metrics/loggers.py).
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0, math.inf)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    math.inf,
+)
 WINDOW_SECONDS = 60.0
 SETTLE_MARGIN = 60.0  # beyond the window and the alert's `for`, so the alert is surely firing
 H100 = "NVIDIA H100 80GB HBM3"
@@ -56,6 +77,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 # ------------------------------------------------------------------------------- patterns
 # A pattern gives a value at each time t (seconds, 0..duration); ``end`` is the last instant.
+
 
 @dataclass(frozen=True)
 class Const:
@@ -137,6 +159,7 @@ def _p(value) -> Pattern:
 
 
 # ------------------------------------------------------------------------------- the model
+
 
 @dataclass(frozen=True)
 class Latency:
@@ -254,11 +277,17 @@ class Scenario:
             put(REQUESTS_WAITING, np.round(_p(self.waiting).at(t, end) * share))
             put(KV_CACHE_USAGE, kv)
             put(KV_CACHE_CAPACITY, np.full(len(t), self.kv_capacity_tokens * share))
-            put(PREEMPTIONS, counter(whole(np.full(len(t), self.preemptions_per_minute / 60 * share)),
-                                     self.preemptions_before))
+            put(
+                PREEMPTIONS,
+                counter(whole(np.full(len(t), self.preemptions_per_minute / 60 * share)), self.preemptions_before),
+            )
             if self.kv_to_gpu_bytes_per_second is not None:
-                put(KV_TRANSFER_BYTES, counter(whole(_p(self.kv_to_gpu_bytes_per_second).at(t, end) * share)),
-                    direction="to_gpu", tier="host")
+                put(
+                    KV_TRANSFER_BYTES,
+                    counter(whole(_p(self.kv_to_gpu_bytes_per_second).at(t, end) * share)),
+                    direction="to_gpu",
+                    tier="host",
+                )
                 put(KV_TRANSFER_BYTES, counter(whole(np.full(len(t), 5e8 * share))), direction="from_gpu", tier="host")
             if self.hits_by_tier:
                 for tier, rate in self.hits_by_tier:
@@ -343,11 +372,11 @@ class Scenario:
     def extra_alerts(self) -> tuple[str, ...]:
         return ("KvdoctorSourceDown",) if self.sources_down else ()
 
-    def but(self, **changes) -> "Scenario":
+    def but(self, **changes) -> Scenario:
         return replace(self, **changes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoded(scenario: Scenario) -> tuple[tuple[SeriesKey, str], ...]:
     return tuple((key, encode_series(values)) for key, values in scenario.series().items())
 
@@ -366,6 +395,7 @@ def _le(bound: float) -> str:
 
 
 # ------------------------------------------------------------------ expanding notation
+
 
 def _num(v: float) -> str:
     return np.format_float_positional(float(v), unique=True, trim="-")
@@ -427,7 +457,9 @@ def decode_series(text: str, length: int | None = None) -> np.ndarray:
             if sign is None:
                 out.extend([float(head)] * (k + 1))
             else:
-                a_text, b_text = head.split(sign, 1) if sign == "+" else (head[: head.index("-", 1)], head[head.index("-", 1) + 1:])
+                a_text, b_text = (
+                    head.split(sign, 1) if sign == "+" else (head[: head.index("-", 1)], head[head.index("-", 1) + 1 :])
+                )
                 a, b = float(a_text), float(b_text) * (1 if sign == "+" else -1)
                 x = a
                 for _ in range(k + 1):
@@ -453,132 +485,346 @@ _WIDE = ((0.25, 0.7), (0.25, 0.9), (0.25, 1.1), (0.25, 1.3))
 
 SCENARIOS: tuple[Scenario, ...] = (
     BASE,
-    BASE.but(name="idle_stale_kv", expected="idle",
-             why="no tokens for minutes; KV usage left high from earlier traffic does not count as activity",
-             generation_tokens_per_second=0, prompt_tokens_per_second=0, running=0, kv_usage=0.93,
-             prefix_queries_per_second=0, gpus=(Gpu(dram=0.0, sm=0.0, pcie_rx=1e5),)),
-    BASE.but(name="idle_threshold_just_over", expected="healthy",
-             why="one token every two seconds is activity (idle means no tokens at all)",
-             generation_tokens_per_second=0.5, prompt_tokens_per_second=2, running=1, kv_usage=0.02),
-    BASE.but(name="healthy_high_hit_ratio", expected="healthy",
-             why="a high prefix hit ratio with fast decode is simply healthy", prefix_hit_ratio=0.92),
-    BASE.but(name="thrashing_kv_oscillates_under_preemption", expected="kv_thrashing",
-             why="vLLM preempts; each preemption frees blocks, so KV usage oscillates below the ceiling at times",
-             kv_usage=Cycle((0.78, 0.99, 0.86, 0.97, 0.81, 0.99, 0.9, 0.95)), preemptions_per_minute=3, waiting=9,
-             latency=Latency(base=0.03, jump_at=0.95, jump=4.0)),
-    BASE.but(name="preemptions_just_under", expected="kv_capacity_pressure",
-             why="pool full and queue backed up, preemption counter has history but none in the window",
-             preemptions_before=57, **_FULL_POOL),
-    BASE.but(name="preemptions_just_over", expected="kv_thrashing",
-             why="one preemption a minute is proof the pool ran out", preemptions_per_minute=1.0, **_FULL_POOL),
-    BASE.but(name="thrashing_reload_into_full_pool", expected="kv_thrashing",
-             why="KV reloaded from host into a pool at the ceiling: evict and reload, no preemption counted",
-             kv_usage=0.96, kv_to_gpu_bytes_per_second=3e9),
-    BASE.but(name="tier_miss_cache_hit_but_slow", expected="kv_tier_miss",
-             why="prefix hits come from the host tier while the GPU pool has room",
-             kv_usage=0.6, kv_to_gpu_bytes_per_second=2.5e9, prefix_hit_ratio=0.85,
-             hits_by_tier=(("device", 1500), ("host", 1000)), latency=_SLOW),
-    BASE.but(name="kv_transfer_just_under", expected="healthy", why="0.9 GB/s of KV loads is under the 1 GB/s bar",
-             kv_usage=0.6, kv_to_gpu_bytes_per_second=0.9e9),
-    BASE.but(name="kv_transfer_just_over", expected="kv_tier_miss", why="1.1 GB/s of KV loads is over the 1 GB/s bar",
-             kv_usage=0.6, kv_to_gpu_bytes_per_second=1.1e9),
-    BASE.but(name="pcie_just_under", expected="healthy", why="PCIe receive 0.9 GB/s",
-             gpus=(Gpu(pcie_rx=0.9e9),)),
-    BASE.but(name="pcie_just_over", expected="kv_tier_miss", why="PCIe receive 1.1 GB/s, no transfer counter",
-             gpus=(Gpu(pcie_rx=1.1e9),)),
-    BASE.but(name="slow_tier_hits_just_under", expected="healthy", why="18% of hit tokens from the host tier",
-             hits_by_tier=(("device", 820), ("host", 180))),
-    BASE.but(name="slow_tier_hits_just_over", expected="kv_tier_miss", why="22% of hit tokens from the host tier",
-             hits_by_tier=(("device", 780), ("host", 220))),
-    BASE.but(name="kv_ceiling_just_under", expected="healthy", why="KV usage 88% with a queue: below the ceiling",
-             kv_usage=0.88, waiting=3),
-    BASE.but(name="kv_ceiling_just_over", expected="kv_capacity_pressure", why="KV usage 92% with a queue",
-             kv_usage=0.92, waiting=3),
-    BASE.but(name="full_pool_empty_queue", expected="healthy",
-             why="a full pool with nobody waiting is a well-used pool", kv_usage=0.95, waiting=0),
-    BASE.but(name="slo_just_under", expected="healthy", why="ITL p95 ~95 ms, SLO 100 ms",
-             latency=Latency(base=0.06, mix=((0.75, 1.0), (0.25, 1.5))), gpus=(Gpu(dram=0.85, sm=0.6),)),
-    BASE.but(name="slo_just_over", expected="memory_bandwidth_bound", why="ITL p95 ~105 ms, SLO 100 ms",
-             latency=Latency(base=0.06, mix=((0.944, 1.0), (0.056, 2.0))), gpus=(Gpu(dram=0.85, sm=0.6),)),
-    BASE.but(name="trend_just_under", expected="healthy", settles=False,
-             why="ITL climbs but the last third's median is under 1.5x the first third's",
-             latency=Latency(base=0.04, mix=_WIDE, over_time=RampAtEnd(1.0, 1.6, 40)), gpus=(Gpu(dram=0.85, sm=0.6),)),
-    BASE.but(name="trend_just_over", expected="memory_bandwidth_bound", settles=False,
-             why="ITL still under the SLO but rising fast: the last third's median is over 1.5x the first third's",
-             latency=Latency(base=0.04, mix=_WIDE, over_time=RampAtEnd(1.0, 1.9, 40)), gpus=(Gpu(dram=0.85, sm=0.6),)),
-    BASE.but(name="bandwidth_just_under", expected="compute_bound", why="DRAM 78% < 80% with SM 90%",
-             latency=_SLOW, gpus=(Gpu(dram=0.78, sm=0.9),)),
-    BASE.but(name="bandwidth_just_over", expected="memory_bandwidth_bound", why="DRAM 82% with SM 90% (not clearly above)",
-             latency=_SLOW, gpus=(Gpu(dram=0.82, sm=0.9),)),
-    BASE.but(name="sm_just_under", expected="memory_bandwidth_bound",
-             why="SM 78%, DRAM 60%: neither saturated, the GPU is busy enough not to blame the host",
-             latency=_SLOW, gpus=(Gpu(dram=0.6, sm=0.78),)),
-    BASE.but(name="sm_just_over", expected="compute_bound", why="SM 82%, DRAM 60%",
-             latency=_SLOW, gpus=(Gpu(dram=0.6, sm=0.82),)),
-    BASE.but(name="sm_not_clearly_above_bandwidth", expected="memory_bandwidth_bound",
-             why="DRAM 82%, SM 96%: within the 0.15 margin, bandwidth wins", latency=_SLOW,
-             gpus=(Gpu(dram=0.82, sm=0.96),)),
-    BASE.but(name="sm_clearly_above_bandwidth", expected="compute_bound", why="DRAM 82%, SM 98.5%: SM clearly above",
-             latency=_SLOW, gpus=(Gpu(dram=0.82, sm=0.985),)),
-    BASE.but(name="host_overhead_just_under", expected="host_overhead_bound", why="busiest GPU counter 45%",
-             latency=_SLOW, gpus=(Gpu(dram=0.3, sm=0.45),)),
-    BASE.but(name="host_overhead_just_over", expected="memory_bandwidth_bound",
-             why="busiest GPU counter 55%: not idle enough to blame the host", latency=_SLOW,
-             gpus=(Gpu(dram=0.3, sm=0.55),)),
-    BASE.but(name="prefill_ratio_just_under_no_gpu", expected="memory_bandwidth_bound",
-             why="no GPU counters, 9 prompt tokens per generated token", latency=_SLOW,
-             prompt_tokens_per_second=7200, **_NO_GPU),
-    BASE.but(name="prefill_ratio_just_over_no_gpu", expected="compute_bound",
-             why="no GPU counters, 11 prompt tokens per generated token", latency=_SLOW,
-             prompt_tokens_per_second=8800, **_NO_GPU),
-    BASE.but(name="cpu_engine_latency_rises_with_kv", expected="memory_bandwidth_bound",
-             why="a CPU engine without GPU counters; ITL rises with resident KV", engine="vllm",
-             kv_usage=Triangle(0.2, 0.9, 60), latency=Latency(base=0.06, per_kv=1.2), **_NO_GPU),
-    BASE.but(name="counter_reset_inside_window", expected="kv_capacity_pressure",
-             why="the engine restarted 30 s ago: counters drop to 0, which is not a burst of preemptions",
-             counter_reset_before_end=30, preemptions_before=57, **_FULL_POOL),
-    BASE.but(name="counter_reset_bandwidth_bound", expected="memory_bandwidth_bound",
-             why="histogram counters reset inside the window; the ITL p95 must still be right",
-             counter_reset_before_end=25, latency=_SLOW, gpus=(Gpu(dram=0.88, sm=0.6),)),
-    BASE.but(name="prefill_burst", expected="compute_bound",
-             why="a sustained burst of long prompts: SMs saturated, decode tokens wait behind prefill",
-             prompt_tokens_per_second=60000, latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
-             gpus=(Gpu(dram=0.5, sm=0.93),)),
-    BASE.but(name="short_spike_stays_healthy", expected="healthy", settles=False,
-             why="a 2 s latency spike (a prefill) is under 5% of tokens: p95 is robust to it",
-             latency=Latency(over_time=SpikeAtEnd(1.0, 16.0, 30, 2)),
-             gpus=(Gpu(sm=SpikeAtEnd(0.45, 0.98, 30, 2)),)),
-    BASE.but(name="capacity_pressure_recent_onset", expected="kv_capacity_pressure", settles=False,
-             why="the pool filled and a queue formed 12 s ago: state gauges are read over the recent "
-                 "sub-window, so the verdict follows within seconds instead of waiting for the whole window",
-             kv_usage=SpikeAtEnd(0.5, 0.95, 12, 13), waiting=SpikeAtEnd(0, 4, 12, 13)),
-    BASE.but(name="host_overhead_recent_onset", expected="host_overhead_bound", settles=False,
-             why="decode slow all window; the GPU went from bandwidth-bound to mostly idle 12 s ago: "
-                 "the recent sub-window's medians, not the whole window's, decide",
-             latency=_SLOW, gpus=(Gpu(dram=SpikeAtEnd(0.88, 0.3, 12, 13), sm=SpikeAtEnd(0.6, 0.4, 12, 13)),)),
-    BASE.but(name="high_hit_ratio_bandwidth_bound", expected="memory_bandwidth_bound",
-             why="cache hit but slow: 91% prefix hits, decode bound by HBM bandwidth", prefix_hit_ratio=0.91,
-             latency=_SLOW, gpus=(Gpu(dram=0.88, sm=0.7),)),
-    BASE.but(name="nvml_duty_cycles_idle_gpu", expected="host_overhead_bound",
-             why="only NVML duty cycles, both low: the GPU waits on the host", latency=_SLOW,
-             gpus=(Gpu(dram=0.2, sm=0.35, method="nvml_util"),)),
-    BASE.but(name="nvml_duty_cycle_is_not_compute", expected="memory_bandwidth_bound",
-             why="NVML's utilization.gpu near 100% is a duty cycle, not SM activity: not compute bound",
-             latency=_SLOW, gpus=(Gpu(dram=0.6, sm=0.97, method="nvml_util"),)),
-    BASE.but(name="gpu_source_down", expected="memory_bandwidth_bound",
-             why="the NVML source fails: no GPU counters, verdict from engine signals, source-down alert",
-             latency=_SLOW, sources_down=("nvml",), **_NO_GPU),
-    BASE.but(name="tensor_parallel_8_gpus", expected="memory_bandwidth_bound",
-             why="8 GPUs, one engine; the busiest GPU sets the step time",
-             latency=_SLOW, gpus=tuple(Gpu(dram=Noisy(0.86 if i == 3 else 0.7, 0.02, seed=i), sm=Noisy(0.6, 0.05, seed=10 + i))
-                                       for i in range(8))),
-    BASE.but(name="data_parallel_ranks", expected="kv_thrashing",
-             why="two data-parallel ranks; preemptions summed across ranks", dp_ranks=2, preemptions_per_minute=2,
-             kv_usage=0.97, waiting=6),
-    BASE.but(name="sglang_ratio_gauge", expected="memory_bandwidth_bound",
-             why="SGLang exports a hit-ratio gauge, not counters; high hits, bandwidth bound", engine="sglang",
-             model_name="qwen2.5-7b", pod="sglang-0", hit_ratio_gauge=0.8, latency=_SLOW,
-             gpus=(Gpu(dram=0.9, sm=0.55),)),
+    BASE.but(
+        name="idle_stale_kv",
+        expected="idle",
+        why="no tokens for minutes; KV usage left high from earlier traffic does not count as activity",
+        generation_tokens_per_second=0,
+        prompt_tokens_per_second=0,
+        running=0,
+        kv_usage=0.93,
+        prefix_queries_per_second=0,
+        gpus=(Gpu(dram=0.0, sm=0.0, pcie_rx=1e5),),
+    ),
+    BASE.but(
+        name="idle_threshold_just_over",
+        expected="healthy",
+        why="one token every two seconds is activity (idle means no tokens at all)",
+        generation_tokens_per_second=0.5,
+        prompt_tokens_per_second=2,
+        running=1,
+        kv_usage=0.02,
+    ),
+    BASE.but(
+        name="healthy_high_hit_ratio",
+        expected="healthy",
+        why="a high prefix hit ratio with fast decode is simply healthy",
+        prefix_hit_ratio=0.92,
+    ),
+    BASE.but(
+        name="thrashing_kv_oscillates_under_preemption",
+        expected="kv_thrashing",
+        why="vLLM preempts; each preemption frees blocks, so KV usage oscillates below the ceiling at times",
+        kv_usage=Cycle((0.78, 0.99, 0.86, 0.97, 0.81, 0.99, 0.9, 0.95)),
+        preemptions_per_minute=3,
+        waiting=9,
+        latency=Latency(base=0.03, jump_at=0.95, jump=4.0),
+    ),
+    BASE.but(
+        name="preemptions_just_under",
+        expected="kv_capacity_pressure",
+        why="pool full and queue backed up, preemption counter has history but none in the window",
+        preemptions_before=57,
+        **_FULL_POOL,
+    ),
+    BASE.but(
+        name="preemptions_just_over",
+        expected="kv_thrashing",
+        why="one preemption a minute is proof the pool ran out",
+        preemptions_per_minute=1.0,
+        **_FULL_POOL,
+    ),
+    BASE.but(
+        name="thrashing_reload_into_full_pool",
+        expected="kv_thrashing",
+        why="KV reloaded from host into a pool at the ceiling: evict and reload, no preemption counted",
+        kv_usage=0.96,
+        kv_to_gpu_bytes_per_second=3e9,
+    ),
+    BASE.but(
+        name="tier_miss_cache_hit_but_slow",
+        expected="kv_tier_miss",
+        why="prefix hits come from the host tier while the GPU pool has room",
+        kv_usage=0.6,
+        kv_to_gpu_bytes_per_second=2.5e9,
+        prefix_hit_ratio=0.85,
+        hits_by_tier=(("device", 1500), ("host", 1000)),
+        latency=_SLOW,
+    ),
+    BASE.but(
+        name="kv_transfer_just_under",
+        expected="healthy",
+        why="0.9 GB/s of KV loads is under the 1 GB/s bar",
+        kv_usage=0.6,
+        kv_to_gpu_bytes_per_second=0.9e9,
+    ),
+    BASE.but(
+        name="kv_transfer_just_over",
+        expected="kv_tier_miss",
+        why="1.1 GB/s of KV loads is over the 1 GB/s bar",
+        kv_usage=0.6,
+        kv_to_gpu_bytes_per_second=1.1e9,
+    ),
+    BASE.but(name="pcie_just_under", expected="healthy", why="PCIe receive 0.9 GB/s", gpus=(Gpu(pcie_rx=0.9e9),)),
+    BASE.but(
+        name="pcie_just_over",
+        expected="kv_tier_miss",
+        why="PCIe receive 1.1 GB/s, no transfer counter",
+        gpus=(Gpu(pcie_rx=1.1e9),),
+    ),
+    BASE.but(
+        name="slow_tier_hits_just_under",
+        expected="healthy",
+        why="18% of hit tokens from the host tier",
+        hits_by_tier=(("device", 820), ("host", 180)),
+    ),
+    BASE.but(
+        name="slow_tier_hits_just_over",
+        expected="kv_tier_miss",
+        why="22% of hit tokens from the host tier",
+        hits_by_tier=(("device", 780), ("host", 220)),
+    ),
+    BASE.but(
+        name="kv_ceiling_just_under",
+        expected="healthy",
+        why="KV usage 88% with a queue: below the ceiling",
+        kv_usage=0.88,
+        waiting=3,
+    ),
+    BASE.but(
+        name="kv_ceiling_just_over",
+        expected="kv_capacity_pressure",
+        why="KV usage 92% with a queue",
+        kv_usage=0.92,
+        waiting=3,
+    ),
+    BASE.but(
+        name="full_pool_empty_queue",
+        expected="healthy",
+        why="a full pool with nobody waiting is a well-used pool",
+        kv_usage=0.95,
+        waiting=0,
+    ),
+    BASE.but(
+        name="slo_just_under",
+        expected="healthy",
+        why="ITL p95 ~95 ms, SLO 100 ms",
+        latency=Latency(base=0.06, mix=((0.75, 1.0), (0.25, 1.5))),
+        gpus=(Gpu(dram=0.85, sm=0.6),),
+    ),
+    BASE.but(
+        name="slo_just_over",
+        expected="memory_bandwidth_bound",
+        why="ITL p95 ~105 ms, SLO 100 ms",
+        latency=Latency(base=0.06, mix=((0.944, 1.0), (0.056, 2.0))),
+        gpus=(Gpu(dram=0.85, sm=0.6),),
+    ),
+    BASE.but(
+        name="trend_just_under",
+        expected="healthy",
+        settles=False,
+        why="ITL climbs but the last third's median is under 1.5x the first third's",
+        latency=Latency(base=0.04, mix=_WIDE, over_time=RampAtEnd(1.0, 1.6, 40)),
+        gpus=(Gpu(dram=0.85, sm=0.6),),
+    ),
+    BASE.but(
+        name="trend_just_over",
+        expected="memory_bandwidth_bound",
+        settles=False,
+        why="ITL still under the SLO but rising fast: the last third's median is over 1.5x the first third's",
+        latency=Latency(base=0.04, mix=_WIDE, over_time=RampAtEnd(1.0, 1.9, 40)),
+        gpus=(Gpu(dram=0.85, sm=0.6),),
+    ),
+    BASE.but(
+        name="bandwidth_just_under",
+        expected="compute_bound",
+        why="DRAM 78% < 80% with SM 90%",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.78, sm=0.9),),
+    ),
+    BASE.but(
+        name="bandwidth_just_over",
+        expected="memory_bandwidth_bound",
+        why="DRAM 82% with SM 90% (not clearly above)",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.82, sm=0.9),),
+    ),
+    BASE.but(
+        name="sm_just_under",
+        expected="memory_bandwidth_bound",
+        why="SM 78%, DRAM 60%: neither saturated, the GPU is busy enough not to blame the host",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.6, sm=0.78),),
+    ),
+    BASE.but(
+        name="sm_just_over",
+        expected="compute_bound",
+        why="SM 82%, DRAM 60%",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.6, sm=0.82),),
+    ),
+    BASE.but(
+        name="sm_not_clearly_above_bandwidth",
+        expected="memory_bandwidth_bound",
+        why="DRAM 82%, SM 96%: within the 0.15 margin, bandwidth wins",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.82, sm=0.96),),
+    ),
+    BASE.but(
+        name="sm_clearly_above_bandwidth",
+        expected="compute_bound",
+        why="DRAM 82%, SM 98.5%: SM clearly above",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.82, sm=0.985),),
+    ),
+    BASE.but(
+        name="host_overhead_just_under",
+        expected="host_overhead_bound",
+        why="busiest GPU counter 45%",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.3, sm=0.45),),
+    ),
+    BASE.but(
+        name="host_overhead_just_over",
+        expected="memory_bandwidth_bound",
+        why="busiest GPU counter 55%: not idle enough to blame the host",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.3, sm=0.55),),
+    ),
+    BASE.but(
+        name="prefill_ratio_just_under_no_gpu",
+        expected="memory_bandwidth_bound",
+        why="no GPU counters, 9 prompt tokens per generated token",
+        latency=_SLOW,
+        prompt_tokens_per_second=7200,
+        **_NO_GPU,
+    ),
+    BASE.but(
+        name="prefill_ratio_just_over_no_gpu",
+        expected="compute_bound",
+        why="no GPU counters, 11 prompt tokens per generated token",
+        latency=_SLOW,
+        prompt_tokens_per_second=8800,
+        **_NO_GPU,
+    ),
+    BASE.but(
+        name="cpu_engine_latency_rises_with_kv",
+        expected="memory_bandwidth_bound",
+        why="a CPU engine without GPU counters; ITL rises with resident KV",
+        engine="vllm",
+        kv_usage=Triangle(0.2, 0.9, 60),
+        latency=Latency(base=0.06, per_kv=1.2),
+        **_NO_GPU,
+    ),
+    BASE.but(
+        name="counter_reset_inside_window",
+        expected="kv_capacity_pressure",
+        why="the engine restarted 30 s ago: counters drop to 0, which is not a burst of preemptions",
+        counter_reset_before_end=30,
+        preemptions_before=57,
+        **_FULL_POOL,
+    ),
+    BASE.but(
+        name="counter_reset_bandwidth_bound",
+        expected="memory_bandwidth_bound",
+        why="histogram counters reset inside the window; the ITL p95 must still be right",
+        counter_reset_before_end=25,
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.88, sm=0.6),),
+    ),
+    BASE.but(
+        name="prefill_burst",
+        expected="compute_bound",
+        why="a sustained burst of long prompts: SMs saturated, decode tokens wait behind prefill",
+        prompt_tokens_per_second=60000,
+        latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
+        gpus=(Gpu(dram=0.5, sm=0.93),),
+    ),
+    BASE.but(
+        name="short_spike_stays_healthy",
+        expected="healthy",
+        settles=False,
+        why="a 2 s latency spike (a prefill) is under 5% of tokens: p95 is robust to it",
+        latency=Latency(over_time=SpikeAtEnd(1.0, 16.0, 30, 2)),
+        gpus=(Gpu(sm=SpikeAtEnd(0.45, 0.98, 30, 2)),),
+    ),
+    BASE.but(
+        name="capacity_pressure_recent_onset",
+        expected="kv_capacity_pressure",
+        settles=False,
+        why="the pool filled and a queue formed 12 s ago: state gauges are read over the recent "
+        "sub-window, so the verdict follows within seconds instead of waiting for the whole window",
+        kv_usage=SpikeAtEnd(0.5, 0.95, 12, 13),
+        waiting=SpikeAtEnd(0, 4, 12, 13),
+    ),
+    BASE.but(
+        name="host_overhead_recent_onset",
+        expected="host_overhead_bound",
+        settles=False,
+        why="decode slow all window; the GPU went from bandwidth-bound to mostly idle 12 s ago: "
+        "the recent sub-window's medians, not the whole window's, decide",
+        latency=_SLOW,
+        gpus=(Gpu(dram=SpikeAtEnd(0.88, 0.3, 12, 13), sm=SpikeAtEnd(0.6, 0.4, 12, 13)),),
+    ),
+    BASE.but(
+        name="high_hit_ratio_bandwidth_bound",
+        expected="memory_bandwidth_bound",
+        why="cache hit but slow: 91% prefix hits, decode bound by HBM bandwidth",
+        prefix_hit_ratio=0.91,
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.88, sm=0.7),),
+    ),
+    BASE.but(
+        name="nvml_duty_cycles_idle_gpu",
+        expected="host_overhead_bound",
+        why="only NVML duty cycles, both low: the GPU waits on the host",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.2, sm=0.35, method="nvml_util"),),
+    ),
+    BASE.but(
+        name="nvml_duty_cycle_is_not_compute",
+        expected="memory_bandwidth_bound",
+        why="NVML's utilization.gpu near 100% is a duty cycle, not SM activity: not compute bound",
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.6, sm=0.97, method="nvml_util"),),
+    ),
+    BASE.but(
+        name="gpu_source_down",
+        expected="memory_bandwidth_bound",
+        why="the NVML source fails: no GPU counters, verdict from engine signals, source-down alert",
+        latency=_SLOW,
+        sources_down=("nvml",),
+        **_NO_GPU,
+    ),
+    BASE.but(
+        name="tensor_parallel_8_gpus",
+        expected="memory_bandwidth_bound",
+        why="8 GPUs, one engine; the busiest GPU sets the step time",
+        latency=_SLOW,
+        gpus=tuple(
+            Gpu(dram=Noisy(0.86 if i == 3 else 0.7, 0.02, seed=i), sm=Noisy(0.6, 0.05, seed=10 + i)) for i in range(8)
+        ),
+    ),
+    BASE.but(
+        name="data_parallel_ranks",
+        expected="kv_thrashing",
+        why="two data-parallel ranks; preemptions summed across ranks",
+        dp_ranks=2,
+        preemptions_per_minute=2,
+        kv_usage=0.97,
+        waiting=6,
+    ),
+    BASE.but(
+        name="sglang_ratio_gauge",
+        expected="memory_bandwidth_bound",
+        why="SGLang exports a hit-ratio gauge, not counters; high hits, bandwidth bound",
+        engine="sglang",
+        model_name="qwen2.5-7b",
+        pod="sglang-0",
+        hit_ratio_gauge=0.8,
+        latency=_SLOW,
+        gpus=(Gpu(dram=0.9, sm=0.55),),
+    ),
 )
 
 SCENARIO_BY_NAME = {s.name: s for s in SCENARIOS}

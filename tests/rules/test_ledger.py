@@ -43,6 +43,7 @@ LLAMA_8B_CONFIG = {
 
 # ------------------------------------------------------------------------------------- arithmetic
 
+
 def test_llama_3_1_8b_kv_bytes_per_token():
     assert L.kv_bytes_per_token(LLAMA_8B) == 131_072 == 128 * 1024
     assert L.kv_bytes_per_token(LLAMA_8B, "fp8") == 65_536 == 64 * 1024
@@ -90,6 +91,7 @@ def test_every_gpu_has_a_flops_peak():
 
 
 # ------------------------------------------------------------------------------------- what-ifs
+
 
 def rows_by_name(rows):
     return {row.name: row for row in rows}
@@ -145,6 +147,7 @@ def test_what_if_rows_are_json():
 
 # ------------------------------------------------------------------------------------- offload
 
+
 def test_nothing_to_offload_when_the_kv_fits():
     o = L.offload_feasibility(LLAMA_8B, H100, context=8192, batch=16)
     assert o.overflow_bytes == 0 and o.transfer_seconds_per_step == 0
@@ -172,6 +175,7 @@ def test_offload_limited_by_host_memory_when_slower_than_pcie():
 
 # ------------------------------------------------------------------------------------- the command
 
+
 def run_ledger(capsys, *args):
     """(exit code, stdout, stderr) of ``kvdoctor ledger ARGS`` run in-process."""
     try:
@@ -197,8 +201,9 @@ def test_ledger_table(capsys):
 def test_ledger_json_from_a_config_file(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA_8B_CONFIG))
-    rc, out, _ = run_ledger(capsys, "--model", str(config), "--gpu", "NVIDIA H100 80GB HBM3", "--kv-dtype", "fp8",
-                            "--json")
+    rc, out, _ = run_ledger(
+        capsys, "--model", str(config), "--gpu", "NVIDIA H100 80GB HBM3", "--kv-dtype", "fp8", "--json"
+    )
     assert rc == 0
     result = json.loads(out)
     assert result["model"]["name"] == "meta-llama/Llama-3.1-8B-Instruct"
@@ -245,5 +250,6 @@ def test_ledger_bad_input_through_the_console_script(run_cli, tmp_path):
     bad.write_text("{")
     result = run_cli("ledger", "--model", bad, "--gpu", "H100")
     assert result.rc == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == [f"kvdoctor ledger: error: '{bad}' is not JSON (Expecting property "
-                                                  "name enclosed in double quotes at line 1)"]
+    assert result.stderr.strip().splitlines() == [
+        f"kvdoctor ledger: error: '{bad}' is not JSON (Expecting property name enclosed in double quotes at line 1)"
+    ]

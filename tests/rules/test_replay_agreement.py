@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.sources.prometheus import PrometheusSource
-from kvdoctor.rules.trace import format_raw_captures, format_window
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.sources.traces import load_trace, write_window
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.trace import format_raw_captures, format_window
 from kvdoctor.rules.window import Snapshot, Window
-
+from kvdoctor.sources.prometheus import PrometheusSource
+from kvdoctor.sources.traces import load_trace, write_window
 from tests import tools
 from tests.rules.scenarios import SCENARIOS, Scenario
 
@@ -73,10 +72,19 @@ def fill_captures(start: float, files=FILL) -> list[tuple[float, str]]:
 
 # ------------------------------------------------------------------------------ the scenario suite
 
+
 def test_the_suite_is_big_enough_to_mean_something():
     assert len(SCENARIOS) >= 20
-    assert {s.expected for s in SCENARIOS} >= {"idle", "healthy", "kv_thrashing", "kv_tier_miss", "kv_capacity_pressure",
-                                             "memory_bandwidth_bound", "compute_bound", "host_overhead_bound"}
+    assert {s.expected for s in SCENARIOS} >= {
+        "idle",
+        "healthy",
+        "kv_thrashing",
+        "kv_tier_miss",
+        "kv_capacity_pressure",
+        "memory_bandwidth_bound",
+        "compute_bound",
+        "host_overhead_bound",
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -103,8 +111,15 @@ def test_every_scenario_through_the_real_entry_point(tmp_path, run_cli):
         write_window(scenario_trace_window(scenario), paths[scenario.name])
 
     def replay(scenario: Scenario):
-        return scenario, run_cli("diagnose", "--replay", paths[scenario.name], "--json",
-                                 "--window", f"{scenario.window_seconds:g}", timeout=180)
+        return scenario, run_cli(
+            "diagnose",
+            "--replay",
+            paths[scenario.name],
+            "--json",
+            "--window",
+            f"{scenario.window_seconds:g}",
+            timeout=180,
+        )
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(replay, SCENARIOS))
@@ -117,6 +132,7 @@ def test_every_scenario_through_the_real_entry_point(tmp_path, run_cli):
 
 
 # ------------------------------------------------------------------------- real vLLM recordings
+
 
 def test_a_real_vllm_fill_sequence_replays_as_kv_capacity_pressure(tmp_path):
     """16 scrapes of a real vLLM 0.32 (CPU) while 16 requests fill an 8 MiB KV cache: usage at 0.97
@@ -169,6 +185,7 @@ def test_the_recorded_simulator_trace_replays(tmp_path):
 
 # --------------------------------------------------------------------- a real Prometheus, backfilled
 
+
 @pytest.fixture
 def backfilled_prometheus(request, monkeypatch, tmp_path):
     """Factory: backfill a trace with `promtool tsdb create-blocks-from openmetrics` and start a real
@@ -179,15 +196,20 @@ def backfilled_prometheus(request, monkeypatch, tmp_path):
 
     def start(trace: Path):
         blocks = tmp_path / "blocks"
-        made = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(trace), str(blocks)],
-                              capture_output=True, text=True, timeout=300)
+        made = subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(trace), str(blocks)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert made.returncode == 0, made.stderr
         wrapper = tmp_path / "prometheus-with-backfill"
         wrapper.write_text(
             "#!/bin/sh\n"
-            "for arg in \"$@\"; do case \"$arg\" in --storage.tsdb.path=*)\n"
-            "  dir=\"${arg#*=}\"; mkdir -p \"$dir\" && cp -R " + f'"{blocks}"' + "/. \"$dir\"/ ;; esac; done\n"
-            f'exec "{real}" "$@"\n')
+            'for arg in "$@"; do case "$arg" in --storage.tsdb.path=*)\n'
+            '  dir="${arg#*=}"; mkdir -p "$dir" && cp -R ' + f'"{blocks}"' + '/. "$dir"/ ;; esac; done\n'
+            f'exec "{real}" "$@"\n'
+        )
         wrapper.chmod(0o755)
         monkeypatch.setitem(tools.TOOLS, "prometheus", (lambda: str(wrapper), *tools.TOOLS["prometheus"][1:]))
         factory = request.getfixturevalue("prometheus_server")
@@ -229,7 +251,9 @@ def test_prometheus_holding_the_same_samples_gives_the_same_diagnosis(tmp_path, 
 
     mismatches = []
     for pod, want in replays.items():
-        _, got = replay_json("--prometheus", prom.url, "--selector", f'{{pod="{pod}"}}', "--window", f"{seconds[pod]:g}")
+        _, got = replay_json(
+            "--prometheus", prom.url, "--selector", f'{{pod="{pod}"}}', "--window", f"{seconds[pod]:g}"
+        )
         if got["verdict"] != want["verdict"]:
             mismatches.append(f"{pod}: replay {want['verdict']}, prometheus {got['verdict']}")
             continue
@@ -258,8 +282,10 @@ def test_prometheus_holding_the_same_samples_gives_the_same_diagnosis(tmp_path, 
 
 
 def relabelled(window: Window, **labels: str) -> Window:
-    return Window(window.timestamps, {(name, tuple(sorted({**dict(lb), **labels}.items()))): values
-                                      for (name, lb), values in window.series.items()})
+    return Window(
+        window.timestamps,
+        {(name, tuple(sorted({**dict(lb), **labels}.items()))): values for (name, lb), values in window.series.items()},
+    )
 
 
 def merged(windows: list[Window]) -> Window:

@@ -42,13 +42,16 @@ def test_check_mode(tmp_path, capsys):
     assert "out of date" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["rules"], "missing action"),
-    (["rules", "export", "--slo-ms", "0"], "--slo-ms must be positive"),
-    (["rules", "export", "-o", "/nonexistent-dir/alerts.yaml"], "does not exist"),
-    (["rules", "export", "--thresholds", "/nonexistent.yaml"], "cannot read thresholds file"),
-    (["rules", "export", "--check"], "--check needs -o FILE"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["rules"], "missing action"),
+        (["rules", "export", "--slo-ms", "0"], "--slo-ms must be positive"),
+        (["rules", "export", "-o", "/nonexistent-dir/alerts.yaml"], "does not exist"),
+        (["rules", "export", "--thresholds", "/nonexistent.yaml"], "cannot read thresholds file"),
+        (["rules", "export", "--check"], "--check needs -o FILE"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err

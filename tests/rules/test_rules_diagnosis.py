@@ -25,8 +25,16 @@ def window(name: str) -> Window:
 
 
 def test_verdicts_are_exactly_the_contract():
-    assert VERDICTS == ("idle", "healthy", "kv_thrashing", "kv_tier_miss", "kv_capacity_pressure",
-                        "memory_bandwidth_bound", "compute_bound", "host_overhead_bound")
+    assert VERDICTS == (
+        "idle",
+        "healthy",
+        "kv_thrashing",
+        "kv_tier_miss",
+        "kv_capacity_pressure",
+        "memory_bandwidth_bound",
+        "compute_bound",
+        "host_overhead_bound",
+    )
 
 
 def test_context_defaults():
@@ -110,8 +118,11 @@ def test_actions_carry_the_ledger_effect_when_the_model_is_known():
     assert "gqa_model" not in by_id  # Llama 3.1 already uses GQA
     fp8 = by_id["fp8_kv_cache"]
     assert fp8.flag_vllm == "--kv-cache-dtype fp8" and fp8.flag_sglang == "--kv-cache-dtype fp8_e4m3"
-    assert re.fullmatch(r"FP8 KV: 128 KiB -> 64 KiB per token; decode floor (\d+\.\d) ms -> (\d+\.\d) ms; "
-                        r"the pool holds 400,000 -> 800,000 tokens", fp8.effect)
+    assert re.fullmatch(
+        r"FP8 KV: 128 KiB -> 64 KiB per token; decode floor (\d+\.\d) ms -> (\d+\.\d) ms; "
+        r"the pool holds 400,000 -> 800,000 tokens",
+        fp8.effect,
+    )
     before, after = map(float, re.findall(r"(\d+\.\d) ms", fp8.effect))
     assert after < before
     assert "each step re-reads" in d.headline
@@ -130,11 +141,14 @@ def test_actions_come_cheapest_first_and_drop_what_cannot_help():
     assert ids.index("cap_context") < ids.index("kv_offload_prefetch")
 
 
-@pytest.mark.parametrize("verdict_scenario, first_action", [
-    ("prefill_burst", "enable_prefix_caching"),
-    ("host_overhead_just_under", "cuda_graphs"),
-    ("kv_transfer_just_over", "fp8_kv_cache"),
-])
+@pytest.mark.parametrize(
+    "verdict_scenario, first_action",
+    [
+        ("prefill_burst", "enable_prefix_caching"),
+        ("host_overhead_just_under", "cuda_graphs"),
+        ("kv_transfer_just_over", "fp8_kv_cache"),
+    ],
+)
 def test_each_slow_verdict_has_actions(verdict_scenario, first_action):
     d = diagnose(window(verdict_scenario))
     assert d.actions and d.actions[0].id == first_action
@@ -158,9 +172,16 @@ def test_a_window_from_a_real_vllm_filling_its_kv_cache():
 
 def test_stale_kv_after_traffic_stopped_is_idle():
     """The same engine after the burst: counters flat, KV usage still reported high."""
-    snaps = [Snapshot(float(t), {("kvdoctor_generation_tokens_total", (("engine", "vllm"),)): 5000.0,
-                                 ("kvdoctor_kv_cache_usage_ratio", (("engine", "vllm"),)): 0.97})
-             for t in range(60)]
+    snaps = [
+        Snapshot(
+            float(t),
+            {
+                ("kvdoctor_generation_tokens_total", (("engine", "vllm"),)): 5000.0,
+                ("kvdoctor_kv_cache_usage_ratio", (("engine", "vllm"),)): 0.97,
+            },
+        )
+        for t in range(60)
+    ]
     d = diagnose(Window.from_snapshots(snaps))
     assert d.verdict == "idle" and "97%" in d.headline
 
@@ -196,10 +217,18 @@ def test_a_negative_peak_bandwidth_gauge_is_ignored_not_fatal():
     from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH
 
     healthy = window("high_hit_ratio_bandwidth_bound")
-    broken = Window(healthy.timestamps, {key: (np.full_like(values, -1.0) if key[0] == GPU_DRAM_PEAK_BANDWIDTH else values)
-                                         for key, values in healthy.series.items()})
+    broken = Window(
+        healthy.timestamps,
+        {
+            key: (np.full_like(values, -1.0) if key[0] == GPU_DRAM_PEAK_BANDWIDTH else values)
+            for key, values in healthy.series.items()
+        },
+    )
     assert any(key[0] == GPU_DRAM_PEAK_BANDWIDTH for key in broken.series)
     ctx = Context(model=COMMON_MODELS["Llama-3.1-8B"])
     d = diagnose(broken, ctx)  # was: ValueError("peak bandwidth must be positive")
     assert d.verdict == diagnose(healthy, ctx).verdict
-    assert d.to_json()["ledger"]["decode_step_floor_seconds"] is None or d.to_json()["ledger"]["decode_step_floor_seconds"] > 0
+    assert (
+        d.to_json()["ledger"]["decode_step_floor_seconds"] is None
+        or d.to_json()["ledger"]["decode_step_floor_seconds"] > 0
+    )

@@ -35,6 +35,7 @@ def bits(value) -> tuple:
 
 # ------------------------------------------------------------------ the reference view
 
+
 class ReferenceView:
     """The straightforward evaluation: each selector's series stacked on their own and each
     statistic called on them (what ``WindowView`` did before it batched)."""
@@ -119,6 +120,7 @@ def reference_nanmax(values: np.ndarray) -> float:
 
 # -------------------------------------------------------------------------- windows
 
+
 def resets(values: np.ndarray, rng: np.random.Generator, count: int) -> np.ndarray:
     """``count`` counter restarts to a non-integral value (their corrections do not add exactly)."""
     out = values.copy()
@@ -140,7 +142,7 @@ def perturbed(window: Window, rng: np.random.Generator) -> Window:
         elif n and r < 0.32:
             v[: rng.integers(0, n)] = NAN  # appeared late
         elif n and r < 0.39:
-            v[rng.integers(0, n):] = NAN  # vanished
+            v[rng.integers(0, n) :] = NAN  # vanished
         elif n > 3 and r < 0.6:
             v = resets(v, rng, int(rng.integers(1, 6)))
             if rng.random() < 0.3:
@@ -199,15 +201,21 @@ def multi_reset_window(gap: bool = True, restarts: int = 4) -> Window:
     return Window(ts, series)
 
 
-WINDOWS = windows() + [("multi_reset", multi_reset_window()),
-                       ("many_resets", multi_reset_window(gap=False, restarts=15))]
+WINDOWS = windows() + [
+    ("multi_reset", multi_reset_window()),
+    ("many_resets", multi_reset_window(gap=False, restarts=15)),
+]
 # for the slower, exhaustive comparison: a fifth of them, and every short or special one
-SOME_WINDOWS = [(name, w) for i, (name, w) in enumerate(WINDOWS)
-                if i % 5 == 0 or len(w) <= 3 or name in ("empty", "multi_reset", "many_resets")]
+SOME_WINDOWS = [
+    (name, w)
+    for i, (name, w) in enumerate(WINDOWS)
+    if i % 5 == 0 or len(w) <= 3 or name in ("empty", "multi_reset", "many_resets")
+]
 THRESHOLDS = (Thresholds(), Thresholds(state_window_seconds=7.0, kv_usage_quantile=0.75, itl_quantile=0.5))
 
 
 # ---------------------------------------------------------------------------- tests
+
 
 @pytest.mark.parametrize("name, window", WINDOWS, ids=[name for name, _ in WINDOWS])
 def test_batched_features_are_the_per_selector_ones(name, window):
@@ -260,9 +268,15 @@ def reference_ledger_facts(view, ctx):
     usage = usage[~np.isnan(usage)]
     cap = float(capacity.sum()) if len(capacity) else None
     live = float(usage.mean()) * cap if cap is not None and len(usage) else None
-    return diagnosis.LedgerFacts(model=ctx.model, kv_dtype=ctx.kv_dtype, peak_bandwidth=peak,
-                                 gpus=diagnosis._gpu_count(view), live_tokens=live, capacity_tokens=cap,
-                                 pcie_bandwidth=spec.pcie_bandwidth if spec else None)
+    return diagnosis.LedgerFacts(
+        model=ctx.model,
+        kv_dtype=ctx.kv_dtype,
+        peak_bandwidth=peak,
+        gpus=diagnosis._gpu_count(view),
+        live_tokens=live,
+        capacity_tokens=cap,
+        pcie_bandwidth=spec.pcie_bandwidth if spec else None,
+    )
 
 
 def test_the_reset_windows_tell_the_paths_apart():
@@ -302,15 +316,18 @@ def test_increase_without_gaps_matches_the_general_path(seed):
     ts = np.cumsum(rng.uniform(0.5, 15, n))
     gappy = v[:1].copy()
     gappy[0, int(rng.integers(0, n))] = NAN
-    for start, end in ((ts[0], ts[-1]), (ts[0] - rng.uniform(0, 30), ts[-1] + rng.uniform(0, 30)),
-                       (ts[0] - 0.01, ts[-1])):
+    for start, end in (
+        (ts[0], ts[-1]),
+        (ts[0] - rng.uniform(0, 30), ts[-1] + rng.uniform(0, 30)),
+        (ts[0] - 0.01, ts[-1]),
+    ):
         for is_rate in (False, True):
             faster = stats.increase(ts, v, start, end, is_rate)
             general = stats.increase(ts, np.vstack([v, gappy]), start, end, is_rate)[:-1]
             assert bits(faster) == bits(general)
             assert bits(faster) == bits(stats.increase_complete(ts, v, start, end, is_rate))
             for r in range(len(v)):  # row by row
-                assert bits(stats.increase_complete(ts, v[r:r + 1], start, end, is_rate)) == bits(faster[r])
+                assert bits(stats.increase_complete(ts, v[r : r + 1], start, end, is_rate)) == bits(faster[r])
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -385,10 +402,26 @@ def test_bucket_quantile_is_histogram_quantile(seed):
             assert bits(tree._Buckets(bounds).quantile(q, counts)) == bits(expected), (q, bounds, counts)
 
 
-@pytest.mark.parametrize("values", [
-    [], [NAN], [-0.0], [0.0], [2.5], [math.inf], [-math.inf], [NAN, NAN], [1.0, NAN, 3.0], [-0.0, -0.0],
-    [0.1, 0.2, 0.3], [math.inf, -math.inf], [1e308, 1e308], list(np.linspace(0.1, 3.3, 17)), [NAN] * 9,
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        [NAN],
+        [-0.0],
+        [0.0],
+        [2.5],
+        [math.inf],
+        [-math.inf],
+        [NAN, NAN],
+        [1.0, NAN, 3.0],
+        [-0.0, -0.0],
+        [0.1, 0.2, 0.3],
+        [math.inf, -math.inf],
+        [1e308, 1e308],
+        list(np.linspace(0.1, 3.3, 17)),
+        [NAN] * 9,
+    ],
+)
 def test_sum_and_max_shortcuts(values):
     arr = np.array(values, dtype=float)
     with np.errstate(invalid="ignore", over="ignore"):

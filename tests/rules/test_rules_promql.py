@@ -16,14 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "rules" / "alerts.yaml"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 EXPECTED_ALERTS = {
-    "KVCacheThrashing", "KVCacheTierMiss", "KVCacheCapacityPressure", "DecodeMemoryBandwidthBound",
-    "DecodeComputeBound", "DecodeHostOverheadBound", "KvdoctorSourceDown",
+    "KVCacheThrashing",
+    "KVCacheTierMiss",
+    "KVCacheCapacityPressure",
+    "DecodeMemoryBandwidthBound",
+    "DecodeComputeBound",
+    "DecodeHostOverheadBound",
+    "KvdoctorSourceDown",
 }
 
 
 def test_committed_rules_are_regenerated_unchanged():
     fresh = promql.render_rules_yaml()
-    assert COMMITTED.read_text() == fresh, "rules/alerts.yaml is stale: run `kvdoctor rules export -o rules/alerts.yaml`"
+    assert COMMITTED.read_text() == fresh, (
+        "rules/alerts.yaml is stale: run `kvdoctor rules export -o rules/alerts.yaml`"
+    )
 
 
 def test_header_says_generated_do_not_edit():
@@ -43,8 +50,14 @@ def _alerts() -> dict[str, dict]:
 
 def test_the_alerts_are_exactly_the_specified_ones():
     assert set(_alerts()) == EXPECTED_ALERTS
-    assert set(promql.VERDICT_ALERT) == {"kv_thrashing", "kv_tier_miss", "kv_capacity_pressure",
-                                         "memory_bandwidth_bound", "compute_bound", "host_overhead_bound"}
+    assert set(promql.VERDICT_ALERT) == {
+        "kv_thrashing",
+        "kv_tier_miss",
+        "kv_capacity_pressure",
+        "memory_bandwidth_bound",
+        "compute_bound",
+        "host_overhead_bound",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
@@ -79,6 +92,7 @@ def test_alerts_read_only_canonical_signals_and_recorded_features():
     text = COMMITTED.read_text()
     names = set(re.findall(r"\b(kvdoctor_[a-z_]+)", text))
     from kvdoctor.rules.signals import SIGNALS
+
     for name in names:
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         assert name in SIGNALS or base in SIGNALS, name
@@ -93,8 +107,9 @@ def test_each_verdict_alert_excludes_every_earlier_branch():
 
 
 def test_window_and_thresholds_flow_into_the_expressions():
-    doc = yaml.safe_load(promql.render_rules_yaml(Thresholds(window_seconds=120, kv_ceiling_ratio=0.95),
-                                                  slo_seconds=0.05))
+    doc = yaml.safe_load(
+        promql.render_rules_yaml(Thresholds(window_seconds=120, kv_ceiling_ratio=0.95), slo_seconds=0.05)
+    )
     text = "\n".join(str(rule) for rule in doc["groups"][0]["rules"])
     assert "[120s]" in text and "[40s] offset 80s" in text
     assert "kvdoctor:kv_usage:120s >= 0.95" in text
@@ -109,16 +124,25 @@ def test_durations_render_as_promql():
         promql.duration(0)
 
 
-@pytest.mark.parametrize("value, text", [
-    (0.1234, "123.4m"), (1.5e9, "1.5G"), (0, "0"), (math.nan, "NaN"), (3.0, "3"), (1234567, "1.235M"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (0.1234, "123.4m"),
+        (1.5e9, "1.5G"),
+        (0, "0"),
+        (math.nan, "NaN"),
+        (3.0, "3"),
+        (1234567, "1.235M"),
+    ],
+)
 def test_humanize_matches_prometheus(value, text):
     assert promql.humanize(value) == text
 
 
 def test_render_template():
-    out = promql.render_template("{{ $labels.pod }}: {{ $value | humanizePercentage }} ({{ $labels.none }})",
-                                 {"pod": "vllm-0"}, 0.953)
+    out = promql.render_template(
+        "{{ $labels.pod }}: {{ $value | humanizePercentage }} ({{ $labels.none }})", {"pod": "vllm-0"}, 0.953
+    )
     assert out == "vllm-0: 95.3% ()"
     with pytest.raises(ValueError, match="not supported"):
         promql.render_template("{{ $value | humanizeDuration }}", {}, 1.0)

@@ -26,26 +26,35 @@ def test_suite_covers_every_verdict_and_the_required_cases():
     assert len(SCENARIOS) >= 20
     assert {s.expected for s in SCENARIOS} == set(VERDICTS)
     names = set(SCENARIO_BY_NAME)
-    for required in ("idle_stale_kv", "counter_reset_inside_window", "prefill_burst", "gpu_source_down",
-                     "thrashing_kv_oscillates_under_preemption", "high_hit_ratio_bandwidth_bound"):
+    for required in (
+        "idle_stale_kv",
+        "counter_reset_inside_window",
+        "prefill_burst",
+        "gpu_source_down",
+        "thrashing_kv_oscillates_under_preemption",
+        "high_hit_ratio_bandwidth_bound",
+    ):
         assert required in names
     boundaries = [n for n in names if n.endswith("_just_under") or n.endswith("_just_over")]
     assert len(boundaries) >= 14
 
 
-@pytest.mark.parametrize("pair", [
-    ("preemptions_just_under", "preemptions_just_over"),
-    ("kv_transfer_just_under", "kv_transfer_just_over"),
-    ("pcie_just_under", "pcie_just_over"),
-    ("slow_tier_hits_just_under", "slow_tier_hits_just_over"),
-    ("kv_ceiling_just_under", "kv_ceiling_just_over"),
-    ("slo_just_under", "slo_just_over"),
-    ("trend_just_under", "trend_just_over"),
-    ("bandwidth_just_under", "bandwidth_just_over"),
-    ("sm_just_under", "sm_just_over"),
-    ("host_overhead_just_under", "host_overhead_just_over"),
-    ("prefill_ratio_just_under_no_gpu", "prefill_ratio_just_over_no_gpu"),
-])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ("preemptions_just_under", "preemptions_just_over"),
+        ("kv_transfer_just_under", "kv_transfer_just_over"),
+        ("pcie_just_under", "pcie_just_over"),
+        ("slow_tier_hits_just_under", "slow_tier_hits_just_over"),
+        ("kv_ceiling_just_under", "kv_ceiling_just_over"),
+        ("slo_just_under", "slo_just_over"),
+        ("trend_just_under", "trend_just_over"),
+        ("bandwidth_just_under", "bandwidth_just_over"),
+        ("sm_just_under", "sm_just_over"),
+        ("host_overhead_just_under", "host_overhead_just_over"),
+        ("prefill_ratio_just_under_no_gpu", "prefill_ratio_just_over_no_gpu"),
+    ],
+)
 def test_boundary_pairs_straddle_their_threshold(pair):
     under, over = (SCENARIO_BY_NAME[n] for n in pair)
     assert under.expected != over.expected
@@ -73,14 +82,17 @@ def test_idle_headline_mentions_stale_kv():
     assert "left over" in diagnosis.headline and diagnosis.actions == []
 
 
-@pytest.mark.parametrize("values", [
-    np.arange(10.0),
-    np.array([1.0, 1, 1, 1, 2, 3, 4, np.nan, np.nan, 5]),
-    np.cumsum(np.full(50, 0.1)),
-    np.array([0.78, 0.99, 0.86, 0.97] * 5),
-    np.array([3e11, 3.1e11, 0.0, 1e-05, 2e-05, 3e-05, 4e-05]),
-    np.array([10.0, 8, 6, 4, 2]),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(10.0),
+        np.array([1.0, 1, 1, 1, 2, 3, 4, np.nan, np.nan, 5]),
+        np.cumsum(np.full(50, 0.1)),
+        np.array([0.78, 0.99, 0.86, 0.97] * 5),
+        np.array([3e11, 3.1e11, 0.0, 1e-05, 2e-05, 3e-05, 4e-05]),
+        np.array([10.0, 8, 6, 4, 2]),
+    ],
+)
 def test_expanding_notation_round_trips_exactly(values):
     text = encode_series(values)
     back = decode_series(text, len(values))

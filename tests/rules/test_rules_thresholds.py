@@ -37,14 +37,17 @@ def test_empty_yaml_gives_the_defaults(tmp_path):
     assert Thresholds.from_yaml(path) == Thresholds()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("kv_ceilling_ratio: 0.9\n", "unknown threshold(s) kv_ceilling_ratio"),
-    ("kv_ceiling_ratio: 1.5\n", "kv_ceiling_ratio must be > 0 and <= 1"),
-    ("kv_ceiling_ratio: high\n", "kv_ceiling_ratio must be a number"),
-    ("preemptions_per_minute: 0\n", "preemptions_per_minute must be > 0"),
-    ("- 1\n- 2\n", "expected a mapping"),
-    ("a: [\n", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("kv_ceilling_ratio: 0.9\n", "unknown threshold(s) kv_ceilling_ratio"),
+        ("kv_ceiling_ratio: 1.5\n", "kv_ceiling_ratio must be > 0 and <= 1"),
+        ("kv_ceiling_ratio: high\n", "kv_ceiling_ratio must be a number"),
+        ("preemptions_per_minute: 0\n", "preemptions_per_minute must be > 0"),
+        ("- 1\n- 2\n", "expected a mapping"),
+        ("a: [\n", "is not valid YAML"),
+    ],
+)
 def test_bad_files_are_rejected_with_one_clear_line(tmp_path, text, message):
     path = tmp_path / "t.yaml"
     path.write_text(text)

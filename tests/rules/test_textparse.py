@@ -15,12 +15,19 @@ from kvdoctor.rules.textparse import ExpositionError, family_names, is_openmetri
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_FIXTURES = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu").rglob("*.txt"))
-WANTED = frozenset({
-    "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:cache_config_info",
-    "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_sum",
-    "vllm:inter_token_latency_seconds_count", "vllm:prompt_tokens_cached_by_source_total",
-    "process_open_fds", "http_requests_total",
-})
+WANTED = frozenset(
+    {
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:cache_config_info",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:prompt_tokens_cached_by_source_total",
+        "process_open_fds",
+        "http_requests_total",
+    }
+)
 
 
 def _key(value: float | None):
@@ -29,8 +36,9 @@ def _key(value: float | None):
 
 
 def ours(text: str, wanted=None, **kw) -> list[tuple]:
-    return sorted(((n, tuple(sorted(lab.items())), _key(v), ts) for n, lab, v, ts in iter_samples(text, wanted, **kw)),
-                  key=repr)
+    return sorted(
+        ((n, tuple(sorted(lab.items())), _key(v), ts) for n, lab, v, ts in iter_samples(text, wanted, **kw)), key=repr
+    )
 
 
 def reference(text: str, parser=text_string_to_metric_families) -> list[tuple]:
@@ -117,7 +125,7 @@ def test_openmetrics_seconds_exemplars_and_eof():
 
 
 def test_windows_line_endings_and_blank_or_indented_lines():
-    text = "# TYPE a gauge\r\na{x=\"1\"} 1\r\n\r\n   a{x=\"2\"} 2\r\n\tb 3\r\n"
+    text = '# TYPE a gauge\r\na{x="1"} 1\r\n\r\n   a{x="2"} 2\r\n\tb 3\r\n'
     assert ours(text) == [("a", (("x", "1"),), 1.0, None), ("a", (("x", "2"),), 2.0, None), ("b", (), 3.0, None)]
 
 
@@ -125,17 +133,20 @@ def test_quoted_metric_name_form():
     assert list(iter_samples('{"my.metric", a="b"} 7\n')) == [("my.metric", {"a": "b"}, 7.0, None)]
 
 
-@pytest.mark.parametrize("body", [
-    "<!DOCTYPE html>\n<html><body><h1>502 Bad Gateway</h1></body></html>\n",
-    '{"error": "not found"}\n',
-    "Internal Server Error\n",
-    "404 page not found\n",
-    "\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03",  # gzip header (and a NUL)
-    "up{job=\"a\" 1\n",  # unterminated label set
-    "up{job=\"a\",job=\"b\"} 1\n",  # duplicate label
-    "up 1_000\n",
-    "up\n",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "<!DOCTYPE html>\n<html><body><h1>502 Bad Gateway</h1></body></html>\n",
+        '{"error": "not found"}\n',
+        "Internal Server Error\n",
+        "404 page not found\n",
+        "\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03",  # gzip header (and a NUL)
+        'up{job="a" 1\n',  # unterminated label set
+        'up{job="a",job="b"} 1\n',  # duplicate label
+        "up 1_000\n",
+        "up\n",
+    ],
+)
 def test_not_an_exposition_is_refused_with_and_without_wanted(body):
     with pytest.raises(ExpositionError):
         list(iter_samples(body))
@@ -182,8 +193,13 @@ def test_untyped_samples_after_a_skipped_family_are_not_lost():
 
 def test_family_names_has_declared_families_and_sample_names():
     names = family_names(VLLM_FIXTURES[0].read_text())
-    assert {"vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_bucket",
-            "vllm:num_requests_running", "vllm:num_preemptions_total", "python_gc_objects_collected_total"} <= names
+    assert {
+        "vllm:inter_token_latency_seconds",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:num_requests_running",
+        "vllm:num_preemptions_total",
+        "python_gc_objects_collected_total",
+    } <= names
     assert family_names(OPENMETRICS) >= {"req", "req_total", "lat", "lat_bucket"}
 
 

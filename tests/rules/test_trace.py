@@ -10,16 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.replay import AdapterNormaliser
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.trace import TraceError, format_raw_captures, format_window
 from kvdoctor.rules.trace import parse_trace as parse_canonical
+from kvdoctor.rules.window import Snapshot, Window, labels_of
 from kvdoctor.sources.traces import load_trace as load_canonical
 from kvdoctor.sources.traces import write_raw_captures, write_window
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Snapshot, Window, labels_of
-
 from tests import tools
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -71,6 +70,7 @@ def assert_same_window(a: Window, b: Window) -> None:
 
 # ------------------------------------------------------------------------------------ round trip
 
+
 def test_a_canonical_window_survives_writing_and_reading_exactly():
     window = small_window()
     trace = parse_trace(format_window(window))
@@ -105,7 +105,10 @@ def test_a_histogram_point_keeps_buckets_count_and_sum_together_per_timestamp():
     # 6 lines (4 buckets, count, sum) per timestamp, timestamps in order, never revisited
     assert [stamps[i] for i in range(0, len(stamps), 6)] == sorted(set(stamps))
     first = [line.split("{")[0].split(" ")[0] for line in itl[:6]]
-    assert first == [S.INTER_TOKEN_LATENCY + "_bucket"] * 4 + [S.INTER_TOKEN_LATENCY + "_count", S.INTER_TOKEN_LATENCY + "_sum"]
+    assert first == [S.INTER_TOKEN_LATENCY + "_bucket"] * 4 + [
+        S.INTER_TOKEN_LATENCY + "_count",
+        S.INTER_TOKEN_LATENCY + "_sum",
+    ]
     assert 'le="+Inf"' in itl[3]
 
 
@@ -118,6 +121,7 @@ def test_write_window_replaces_the_file_atomically(tmp_path):
 
 
 # ----------------------------------------------------------------------------- raw engine traces
+
 
 def test_raw_vllm_captures_replay_through_the_same_adapter_as_a_live_scrape():
     captures = fill_captures()
@@ -181,7 +185,8 @@ def test_raw_and_canonical_families_in_one_trace_are_merged_per_timestamp():
     raw = format_raw_captures(captures)
     gpu = Window.from_snapshots(
         Snapshot(ts, {(S.GPU_SM_ACTIVE, labels_of(gpu="0", uuid="u", model="H100", method="gpm")): 0.5})
-        for ts, _ in captures)
+        for ts, _ in captures
+    )
     text = raw.replace("# EOF\n", "") + format_window(gpu)
     window = parse_trace(text).window
     assert len(window) == 4
@@ -189,8 +194,10 @@ def test_raw_and_canonical_families_in_one_trace_are_merged_per_timestamp():
 
 
 def test_dcgm_exporter_families_are_normalised_too():
-    page = ('# TYPE DCGM_FI_PROF_DRAM_ACTIVE gauge\n'
-            'DCGM_FI_PROF_DRAM_ACTIVE{gpu="0",UUID="GPU-1",modelName="NVIDIA H100 80GB HBM3"} 0.83\n')
+    page = (
+        "# TYPE DCGM_FI_PROF_DRAM_ACTIVE gauge\n"
+        'DCGM_FI_PROF_DRAM_ACTIVE{gpu="0",UUID="GPU-1",modelName="NVIDIA H100 80GB HBM3"} 0.83\n'
+    )
     text = format_raw_captures([(T0, page), (T0 + 1, page)])
     window = parse_trace(text).window
     (labels,) = window.select(S.GPU_DRAM_BANDWIDTH_UTILIZATION)
@@ -237,8 +244,10 @@ BAD_TRACES = {
     "text after EOF": (GOOD + "# EOF\nkvdoctor_kv_cache_usage_ratio 1 1700000001\n", "after its '# EOF'"),
     "no timestamps": (GOOD.replace(" 1700000000.000", "") + "# EOF\n", "has no timestamp"),
     "milliseconds": (GOOD.replace("1700000000.000", "1700000000000") + "# EOF\n", "looks like milliseconds"),
-    "backwards": (GOOD + GOOD.splitlines()[1].replace("1700000000.000", "1699999999.000") + "\n# EOF\n",
-                  "timestamps must increase"),
+    "backwards": (
+        GOOD + GOOD.splitlines()[1].replace("1700000000.000", "1699999999.000") + "\n# EOF\n",
+        "timestamps must increase",
+    ),
     "repeated timestamp": (GOOD + GOOD.splitlines()[1] + "\n# EOF\n", "repeats timestamp"),
     "nothing kvdoctor knows": ("# TYPE foo gauge\nfoo 1 1700000000\n# EOF\n", "no kvdoctor_\\* family"),
     "only EOF": ("# EOF\n", "no kvdoctor_\\* family"),
@@ -254,10 +263,13 @@ def test_bad_traces_raise_one_clear_line(case):
     assert str(info.value).startswith("t.om")
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\x00\x01\x02binary", "binary file"),
-    (b"\xff\xfe# TYPE \xff", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\x00\x01\x02binary", "binary file"),
+        (b"\xff\xfe# TYPE \xff", "not UTF-8"),
+    ],
+)
 def test_unreadable_files_raise_one_clear_line(tmp_path, content, message):
     path = tmp_path / "bad.om"
     path.write_bytes(content)
@@ -275,20 +287,24 @@ def test_awkward_but_valid_lines_read_as_the_exposition_parser_reads_them():
     from kvdoctor.rules.textparse import iter_samples
 
     name = S.REQUESTS_RUNNING
-    text = (f"# TYPE {name} gauge\n"
-            f'{name}{{engine="a b",model_name="x \\"q\\" y"}} 1 1700000000 # {{trace_id="t 1"}} 1 1700000000\n'
-            f'{name}{{engine="a b",model_name="x \\"q\\" y"}} 2 1700000001\n'
-            f'{name}{{engine="a b",model_name="x \\"q\\" y"}} NaN 1700000002\n'
-            f'{name}{{engine="a b",model_name="x \\"q\\" y"}} +Inf 1700000003\n'
-            f"{name} 7 1700000000.5\n"
-            f"{name}  8   1700000001.5\n"
-            "# EOF\n")
+    text = (
+        f"# TYPE {name} gauge\n"
+        f'{name}{{engine="a b",model_name="x \\"q\\" y"}} 1 1700000000 # {{trace_id="t 1"}} 1 1700000000\n'
+        f'{name}{{engine="a b",model_name="x \\"q\\" y"}} 2 1700000001\n'
+        f'{name}{{engine="a b",model_name="x \\"q\\" y"}} NaN 1700000002\n'
+        f'{name}{{engine="a b",model_name="x \\"q\\" y"}} +Inf 1700000003\n'
+        f"{name} 7 1700000000.5\n"
+        f"{name}  8   1700000001.5\n"
+        "# EOF\n"
+    )
     want: dict = {}
     for n, labels, value, ts in iter_samples(text, openmetrics=True):
         want.setdefault((n, tuple(sorted(labels.items()))), []).append((ts, value))
     window = parse_trace(text).window
-    got = {key: [(t, v) for t, v in zip(window.timestamps, values) if not np.isnan(v)]
-           for key, values in window.series.items()}
+    got = {
+        key: [(t, v) for t, v in zip(window.timestamps, values) if not np.isnan(v)]
+        for key, values in window.series.items()
+    }
     # NaN is a real value in a trace but "absent" in a Window
     want = {key: [(t, v) for t, v in points if not np.isnan(v)] for key, points in want.items()}
     assert got == want
@@ -303,14 +319,17 @@ def test_a_bad_line_deep_in_a_trace_is_reported_with_its_line_number():
 
 def test_non_monotonic_timestamps_are_checked_per_series_not_across_series():
     # series-major layout: b's first sample is older than a's last one, which is fine
-    text = ("# TYPE kvdoctor_requests_running gauge\n"
-            'kvdoctor_requests_running{engine="a"} 1 1700000001\n'
-            'kvdoctor_requests_running{engine="a"} 1 1700000002\n'
-            'kvdoctor_requests_running{engine="b"} 1 1700000001\n# EOF\n')
+    text = (
+        "# TYPE kvdoctor_requests_running gauge\n"
+        'kvdoctor_requests_running{engine="a"} 1 1700000001\n'
+        'kvdoctor_requests_running{engine="a"} 1 1700000002\n'
+        'kvdoctor_requests_running{engine="b"} 1 1700000001\n# EOF\n'
+    )
     assert len(parse_trace(text).window) == 2
 
 
 # ------------------------------------------------------------------------------- promtool accepts
+
 
 @pytest.mark.slow
 @tools.requires_promtool
@@ -319,12 +338,18 @@ def test_promtool_backfills_every_sample_of_a_trace(tmp_path, kind):
     text = format_window(small_window()) if kind == "canonical" else format_raw_captures(fill_captures())
     path = tmp_path / "trace.om"
     path.write_text(text)
-    out = subprocess.run([tools.promtool(), "tsdb", "create-blocks-from", "openmetrics", str(path), str(tmp_path / "data")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [tools.promtool(), "tsdb", "create-blocks-from", "openmetrics", str(path), str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     # the summary table: BLOCK ULID, MIN TIME, MAX TIME, DURATION, NUM SAMPLES, ...
     row = out.stdout.strip().splitlines()[-1].split()
     assert int(row[4]) == samples
-    assert math.isclose(int(row[1]) / 1000, min(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                                if line and not line.startswith("#")))
+    assert math.isclose(
+        int(row[1]) / 1000,
+        min(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")),
+    )

@@ -8,18 +8,24 @@ import time
 import httpx
 import pytest
 
-from kvdoctor.rules.collection import NotApplicable, SourceError
-
 from kvdoctor.exporter.collectors.base import REGISTRY
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.gpu import HttpSource, SimulatedGpuCollector, for_engine_url, gpu_uuid
 from kvdoctor.simulator.physics import Simulation
-from kvdoctor.rules import signals as S
 
 T0 = 1_800_000_000.0
 
-GPU_SIGNALS = {S.GPU_DRAM_BANDWIDTH_UTILIZATION, S.GPU_SM_ACTIVE, S.GPU_MEMORY_USED, S.GPU_MEMORY_TOTAL,
-               S.GPU_PCIE_RX, S.GPU_PCIE_TX, S.GPU_DRAM_PEAK_BANDWIDTH}
+GPU_SIGNALS = {
+    S.GPU_DRAM_BANDWIDTH_UTILIZATION,
+    S.GPU_SM_ACTIVE,
+    S.GPU_MEMORY_USED,
+    S.GPU_MEMORY_TOTAL,
+    S.GPU_PCIE_RX,
+    S.GPU_PCIE_TX,
+    S.GPU_DRAM_PEAK_BANDWIDTH,
+}
 
 
 class Clock:

@@ -10,10 +10,10 @@ import dataclasses
 
 import pytest
 
+from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
 from kvdoctor.simulator import physics, scenarios
 from kvdoctor.simulator.physics import EngineConfig, Simulation
 from kvdoctor.simulator.scenarios import SCENARIOS, Scenario
-from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
 
 T0 = 1_800_000_000.0
 
@@ -26,8 +26,14 @@ class Clock:
         return self.t
 
 
-def run(scenario: str, seconds: float = 20.0, seed: int = 0, warmup: float = 12.0, step: float = 1.0,
-        monkey_scenarios: dict[str, Scenario] | None = None):
+def run(
+    scenario: str,
+    seconds: float = 20.0,
+    seed: int = 0,
+    warmup: float = 12.0,
+    step: float = 1.0,
+    monkey_scenarios: dict[str, Scenario] | None = None,
+):
     """(sim, per-step readings): each reading is (state, stats, gpu) after ``step`` more seconds."""
     clock = Clock()
     sim = Simulation(scenario, seed=seed, clock=clock, warmup=warmup)
@@ -65,6 +71,7 @@ def counter(stats, name: str) -> float:
 
 # ------------------------------------------------------------------------------------- the ledger
 
+
 def test_the_pool_is_the_ledgers_pool():
     cfg = EngineConfig()
     assert cfg.kv_bytes_per_token == kv_bytes_per_token(cfg.shape) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B, fp16
@@ -79,8 +86,9 @@ def test_decode_steps_never_beat_the_ledgers_floor():
     sim, readings = run("bandwidth_bound", seconds=10)
     (s0, st0, _), (s1, st1, _) = readings[0], readings[-1]
     resident_tokens = (s0.used_blocks + s1.used_blocks) / 2 * sim.config.block_size
-    floor = decode_step_floor(sim.config.shape.weight_bytes, resident_tokens * sim.config.kv_bytes_per_token,
-                              sim.config.gpu.peak_bandwidth)
+    floor = decode_step_floor(
+        sim.config.shape.weight_bytes, resident_tokens * sim.config.kv_bytes_per_token, sim.config.gpu.peak_bandwidth
+    )
     itl = mean_itl(st0, st1)
     assert floor < itl < 1.35 * floor
 
@@ -89,8 +97,9 @@ def test_itl_rises_with_resident_kv():
     """Same clients, longer contexts: more KV resident, and ITL grows with it."""
     points = []
     for prompt in (500, 1500, 3000):
-        variant = dataclasses.replace(SCENARIOS["bandwidth_bound"], name="probe", prompt_tokens=prompt,
-                                      output_tokens=800, clients=20)
+        variant = dataclasses.replace(
+            SCENARIOS["bandwidth_bound"], name="probe", prompt_tokens=prompt, output_tokens=800, clients=20
+        )
         with pytest.MonkeyPatch.context() as mp:
             mp.setitem(scenarios.SCENARIOS, "probe", variant)
             sim, readings = run("probe", seconds=6)
@@ -103,6 +112,7 @@ def test_itl_rises_with_resident_kv():
 
 
 # ------------------------------------------------------------------------------------- preemption
+
 
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n != "kv_thrashing"])
 def test_no_preemption_while_demand_fits_the_pool(name):
@@ -155,6 +165,7 @@ def test_capacity_pressure_fills_the_pool_and_grows_the_queue_without_preempting
 
 # ------------------------------------------------------------------------------------- the GPU
 
+
 def test_bandwidth_bound_saturates_dram_not_sms():
     sim, readings = run("bandwidth_bound", seconds=15)
     dram, sm, rx = gpu_ratios(sim, readings[0][2], readings[-1][2])
@@ -179,9 +190,14 @@ def test_tier_miss_moves_prefix_hits_over_pcie():
     sim, readings = run("tier_miss", seconds=15)
     first, last = readings[0][1], readings[-1][1]
     _, _, rx = gpu_ratios(sim, readings[0][2], readings[-1][2])
-    loaded = last.labelled["vllm:kv_offload_total_bytes"]["CPU_to_GPU"] - first.labelled["vllm:kv_offload_total_bytes"]["CPU_to_GPU"]
-    host_hits = (last.labelled["vllm:prompt_tokens_cached_by_source"]["host"]
-                 - first.labelled["vllm:prompt_tokens_cached_by_source"]["host"])
+    loaded = (
+        last.labelled["vllm:kv_offload_total_bytes"]["CPU_to_GPU"]
+        - first.labelled["vllm:kv_offload_total_bytes"]["CPU_to_GPU"]
+    )
+    host_hits = (
+        last.labelled["vllm:prompt_tokens_cached_by_source"]["host"]
+        - first.labelled["vllm:prompt_tokens_cached_by_source"]["host"]
+    )
     assert rx > 5e9  # GB/s of KV over PCIe
     assert loaded == pytest.approx(host_hits * sim.config.kv_bytes_per_token)
     assert loaded / 15 == pytest.approx(rx, rel=0.05)  # PCIe RX is the KV loads (plus token ids)
@@ -198,6 +214,7 @@ def test_no_pcie_traffic_without_a_host_tier(name):
 
 
 # ------------------------------------------------------------------------------------- bookkeeping
+
 
 def test_counters_and_histograms_only_grow_across_scenario_switches():
     clock = Clock()
@@ -291,5 +308,8 @@ def test_a_model_that_does_not_fit_is_refused():
     from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
 
     with pytest.raises(ValueError, match="no room for a KV cache"):
-        Simulation(config=EngineConfig(shape=COMMON_MODELS["Llama-3.1-70B"], gpu=GPU_CATALOGUE["H100"]),
-                   clock=Clock(), warmup=0)
+        Simulation(
+            config=EngineConfig(shape=COMMON_MODELS["Llama-3.1-70B"], gpu=GPU_CATALOGUE["H100"]),
+            clock=Clock(),
+            warmup=0,
+        )

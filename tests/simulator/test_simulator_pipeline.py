@@ -13,11 +13,11 @@ import pytest
 from kvdoctor.commands.demo import DEFAULT_SLO_MS
 from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.settings import load_settings
-from kvdoctor.simulator.engine_server import EngineServer
+from kvdoctor.rules import signals as S
 from kvdoctor.simulator import gpu as simulated_gpu
+from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import SCENARIOS
-from kvdoctor.rules import signals as S
 
 CYCLES = 8
 SETTLED = 3  # cycles after which the verdict must hold (the first one has no GPU ratios yet)
@@ -35,11 +35,18 @@ def run_pipeline(scenario: str, cycles: int = CYCLES):
     clock = Clock()
     sim = Simulation(scenario, seed=0, clock=clock, warmup=20)
     with EngineServer(sim) as engine:
-        settings = load_settings(engine_url=engine.metrics_url, engine="vllm", nvml=False,
-                                 port=0, scrape_timeout=5,
-                                 gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth, slo_ms=DEFAULT_SLO_MS)
-        exporter = build_exporter(settings, clock=clock,
-                                  extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url, 5)])
+        settings = load_settings(
+            engine_url=engine.metrics_url,
+            engine="vllm",
+            nvml=False,
+            port=0,
+            scrape_timeout=5,
+            gpu_peak_bandwidth=sim.config.gpu.peak_bandwidth,
+            slo_ms=DEFAULT_SLO_MS,
+        )
+        exporter = build_exporter(
+            settings, clock=clock, extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url, 5)]
+        )
         verdicts = []
         try:
             for _ in range(cycles):

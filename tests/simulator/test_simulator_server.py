@@ -17,16 +17,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import adapters
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.textparse import family_names, iter_samples
 from kvdoctor.simulator.engine_server import EngineServer, render_metrics
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import SCENARIO_CHOICES
-from kvdoctor.rules.textparse import family_names, iter_samples
-from kvdoctor.rules import signals as S
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu" / "big-model-after-long-decode.txt"
 # Families the simulated engine adds: the offloading connector's counters (it runs with a CPU tier).
-OFFLOAD_FAMILIES = {"vllm:kv_offload_total_bytes", "vllm:kv_offload_total_time",
-                    "vllm:kv_offload_total_bytes_created", "vllm:kv_offload_total_time_created"}
+OFFLOAD_FAMILIES = {
+    "vllm:kv_offload_total_bytes",
+    "vllm:kv_offload_total_time",
+    "vllm:kv_offload_total_bytes_created",
+    "vllm:kv_offload_total_time_created",
+}
 T0 = 1_800_000_000.0
 
 
@@ -78,6 +82,7 @@ def test_same_histogram_buckets_and_labels_as_real_vllm(real, simulated):
     for name, fam in vllm_only(real).items():
         got = vllm_only(simulated)[name]
         if fam.type == "histogram":
+
             def bounds(f):
                 return [s.labels["le"] for s in f.samples if s.name.endswith("_bucket")]
 
@@ -116,9 +121,19 @@ def test_maps_through_the_vllm_adapter(sim, text):
     samples = [(name, labels, value) for name, labels, value, _ in iter_samples(text, adapter.wanted_names())]
     canonical = adapter.normalise(samples)
     names = {name for name, _ in canonical}
-    for signal in (S.KV_CACHE_USAGE, S.KV_CACHE_CAPACITY, S.PREEMPTIONS, S.REQUESTS_RUNNING, S.REQUESTS_WAITING,
-                   S.GENERATION_TOKENS, S.PROMPT_TOKENS, S.PREFIX_CACHE_QUERIES, S.PREFIX_CACHE_HITS,
-                   S.PREFIX_CACHE_HITS_BY_TIER, S.KV_TRANSFER_BYTES):
+    for signal in (
+        S.KV_CACHE_USAGE,
+        S.KV_CACHE_CAPACITY,
+        S.PREEMPTIONS,
+        S.REQUESTS_RUNNING,
+        S.REQUESTS_WAITING,
+        S.GENERATION_TOKENS,
+        S.PROMPT_TOKENS,
+        S.PREFIX_CACHE_QUERIES,
+        S.PREFIX_CACHE_HITS,
+        S.PREFIX_CACHE_HITS_BY_TIER,
+        S.KV_TRANSFER_BYTES,
+    ):
         assert signal in names, signal
     for hist in (S.INTER_TOKEN_LATENCY, S.TIME_TO_FIRST_TOKEN):
         assert {hist + "_bucket", hist + "_sum", hist + "_count"} <= names
@@ -140,6 +155,7 @@ def test_maps_through_the_vllm_adapter(sim, text):
 
 
 # ------------------------------------------------------------------------------------- over HTTP
+
 
 @pytest.fixture
 def server():

@@ -16,6 +16,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.window import Snapshot, Window, labels_of
+from kvdoctor.stress.load import EndpointError, _chunk_tokens, api_root, make_prompt
 from kvdoctor.stress.plan import (
     BANDWIDTH,
     NO_KNEE,
@@ -31,9 +34,6 @@ from kvdoctor.stress.plan import (
     stress_verdict,
     summarise_steps,
 )
-from kvdoctor.stress.load import EndpointError, _chunk_tokens, api_root, make_prompt
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Snapshot, Window, labels_of
 
 T0 = 1_700_000_000.0
 ENGINE = labels_of(engine="vllm", model_name="tiny")
@@ -43,9 +43,16 @@ FILL = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu
 
 # ----------------------------------------------------------------------------------------- helpers
 
-def recorded_window(kv: list[float], itl: list[float], tokens_per_interval: float = 100.0,
-                    preemptions: list[float] | None = None, start: float = T0, interval: float = 1.0,
-                    reset_at: int | None = None) -> Window:
+
+def recorded_window(
+    kv: list[float],
+    itl: list[float],
+    tokens_per_interval: float = 100.0,
+    preemptions: list[float] | None = None,
+    start: float = T0,
+    interval: float = 1.0,
+    reset_at: int | None = None,
+) -> Window:
     """What an exporter records: one snapshot per interval, KV usage, the preemption counter, and the
     ITL histogram with ``tokens_per_interval`` tokens per interval all at latency ``itl[i]`` (the
     first snapshot is the baseline). ``reset_at``: the engine restarted there (counters from zero)."""
@@ -68,7 +75,11 @@ def recorded_window(kv: list[float], itl: list[float], tokens_per_interval: floa
         snap.add(S.PREEMPTIONS, pre_total, ENGINE)
         snap.add(S.REQUESTS_WAITING, 0.0, ENGINE)
         for le in LE:
-            snap.add(S.INTER_TOKEN_LATENCY + "_bucket", cumulative[le], dict(ENGINE, le="+Inf" if math.isinf(le) else repr(le)))
+            snap.add(
+                S.INTER_TOKEN_LATENCY + "_bucket",
+                cumulative[le],
+                dict(ENGINE, le="+Inf" if math.isinf(le) else repr(le)),
+            )
         snap.add(S.INTER_TOKEN_LATENCY + "_sum", total, ENGINE)
         snap.add(S.INTER_TOKEN_LATENCY + "_count", count, ENGINE)
         snaps.append(snap)
@@ -77,7 +88,7 @@ def recorded_window(kv: list[float], itl: list[float], tokens_per_interval: floa
 
 def steps_over(n_intervals: int, per_step: int, start: float = T0) -> list[StepRecord]:
     """Steps x1, x2, x4, ... of ``per_step`` intervals each, covering ``n_intervals``."""
-    levels = [2 ** i for i in range(math.ceil(n_intervals / per_step))]
+    levels = [2**i for i in range(math.ceil(n_intervals / per_step))]
     return [StepRecord(i, c, start + i * per_step, start + (i + 1) * per_step) for i, c in enumerate(levels)]
 
 
@@ -87,13 +98,17 @@ def bins_of(window: Window, steps: list[StepRecord]) -> Bins:
 
 # ---------------------------------------------------------------------------------------- schedule
 
-@pytest.mark.parametrize("start, maximum, expected", [
-    (1, 1, [1]),
-    (1, 16, [1, 2, 4, 8, 16]),
-    (1, 24, [1, 2, 4, 8, 16, 24]),
-    (3, 20, [3, 6, 12, 20]),
-    (4, 4, [4]),
-])
+
+@pytest.mark.parametrize(
+    "start, maximum, expected",
+    [
+        (1, 1, [1]),
+        (1, 16, [1, 2, 4, 8, 16]),
+        (1, 24, [1, 2, 4, 8, 16, 24]),
+        (3, 20, [3, 6, 12, 20]),
+        (4, 4, [4]),
+    ],
+)
 def test_step_schedule_doubles_up_to_the_maximum(start, maximum, expected):
     assert step_schedule(start, maximum) == expected
 
@@ -104,21 +119,25 @@ def test_step_schedule_refuses_impossible_ranges(start, maximum):
         step_schedule(start, maximum)
 
 
-@pytest.mark.parametrize("changes, flag", [
-    (dict(prompt_tokens=0), "--prompt-tokens"),
-    (dict(max_tokens=1), "--max-tokens"),
-    (dict(start_concurrency=0), "--start-concurrency"),
-    (dict(start_concurrency=8, max_concurrency=4), "--max-concurrency"),
-    (dict(step_seconds=0), "--step-seconds"),
-    (dict(step_seconds=math.nan), "--step-seconds"),
-    (dict(kv_saturation=1.5), "--kv-saturation"),
-])
+@pytest.mark.parametrize(
+    "changes, flag",
+    [
+        (dict(prompt_tokens=0), "--prompt-tokens"),
+        (dict(max_tokens=1), "--max-tokens"),
+        (dict(start_concurrency=0), "--start-concurrency"),
+        (dict(start_concurrency=8, max_concurrency=4), "--max-concurrency"),
+        (dict(step_seconds=0), "--step-seconds"),
+        (dict(step_seconds=math.nan), "--step-seconds"),
+        (dict(kv_saturation=1.5), "--kv-saturation"),
+    ],
+)
 def test_settings_name_the_flag_that_is_wrong(changes, flag):
     with pytest.raises(ValueError, match=flag):
         StressSettings(endpoint="http://x", **changes).validate()
 
 
 # ----------------------------------------------------------------------------------------- binning
+
 
 def test_bins_follow_the_exporter_intervals_with_the_engine_latency():
     kv = [0.0, 0.1, 0.2, 0.3, 0.4]
@@ -175,6 +194,7 @@ def test_a_missed_exporter_cycle_keeps_the_last_kv_for_two_bins_only():
 
 
 # -------------------------------------------------------------------------- saturation and verdict
+
 
 def test_saturation_is_the_first_preemption_with_the_fullest_kv_seen_until_then():
     kv = [0.0, 0.3, 0.6, 0.92, 0.4, 0.9]  # a preemption frees blocks: usage dips as it happens
@@ -251,13 +271,17 @@ def test_step_summaries_count_requests_tokens_and_the_exporter_signals():
 
 # ----------------------------------------------------------------------------------- the endpoint
 
-@pytest.mark.parametrize("url, expected", [
-    ("http://h:8000", "http://h:8000/v1"),
-    ("http://h:8000/", "http://h:8000/v1"),
-    ("http://h:8000/v1", "http://h:8000/v1"),
-    ("http://h:8000/v1/completions", "http://h:8000/v1"),
-    ("https://gw.example/llm/v1/chat/completions", "https://gw.example/llm/v1"),
-])
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("http://h:8000", "http://h:8000/v1"),
+        ("http://h:8000/", "http://h:8000/v1"),
+        ("http://h:8000/v1", "http://h:8000/v1"),
+        ("http://h:8000/v1/completions", "http://h:8000/v1"),
+        ("https://gw.example/llm/v1/chat/completions", "https://gw.example/llm/v1"),
+    ],
+)
 def test_api_root_accepts_the_server_its_v1_or_an_endpoint(url, expected):
     assert api_root(url) == expected
 
@@ -268,16 +292,19 @@ def test_api_root_refuses_what_is_not_an_http_url(url):
         api_root(url)
 
 
-@pytest.mark.parametrize("data, kind, expected", [
-    ('{"choices":[{"text":"ab","finish_reason":null}]}', "completions", (1, None)),
-    ('{"choices":[{"text":"","finish_reason":null}]}', "completions", (1, None)),
-    ('{"choices":[{"text":"","finish_reason":"length"}]}', "completions", (0, None)),
-    ('{"choices":[{"text":"x"}],"usage":{"completion_tokens":7}}', "completions", (1, 7)),
-    ('{"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}', "chat", (1, None)),
-    ('{"choices":[],"usage":{"completion_tokens":32}}', "completions", (None, 32)),
-    ("[DONE]", "completions", (None, None)),
-    ("not json", "completions", (None, None)),
-])
+@pytest.mark.parametrize(
+    "data, kind, expected",
+    [
+        ('{"choices":[{"text":"ab","finish_reason":null}]}', "completions", (1, None)),
+        ('{"choices":[{"text":"","finish_reason":null}]}', "completions", (1, None)),
+        ('{"choices":[{"text":"","finish_reason":"length"}]}', "completions", (0, None)),
+        ('{"choices":[{"text":"x"}],"usage":{"completion_tokens":7}}', "completions", (1, 7)),
+        ('{"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}', "chat", (1, None)),
+        ('{"choices":[],"usage":{"completion_tokens":32}}', "completions", (None, 32)),
+        ("[DONE]", "completions", (None, None)),
+        ("not json", "completions", (None, None)),
+    ],
+)
 def test_streamed_chunks_are_read_as_tokens(data, kind, expected):
     assert _chunk_tokens(data, kind) == expected
 
@@ -289,6 +316,7 @@ def test_prompts_share_the_text_after_a_per_request_tag():
 
 
 # ------------------------------------------------------ the command against a small server in process
+
 
 class FakeEngine:
     """An OpenAI-compatible server (completions, streamed) whose /metrics replays real vLLM 0.32
@@ -325,14 +353,19 @@ class FakeEngine:
             body = await request.json()
             self.requests.append(body)
             if strict and "ignore_eos" in body:  # an OpenAI-strict server: unknown fields are errors
-                return JSONResponse({"error": {"message": "Unrecognized request argument: ignore_eos"}}, status_code=400)
+                return JSONResponse(
+                    {"error": {"message": "Unrecognized request argument: ignore_eos"}}, status_code=400
+                )
             prompt = body["prompt"] if kind == "completions" else body["messages"][0]["content"]
             prompt_tokens = 2 * len(prompt.split()) + (0 if kind == "completions" else 5)
             if prompt_tokens > 4000:
                 return JSONResponse({"error": {"message": "prompt too long"}}, status_code=400)
             n = int(body["max_tokens"])
             if not body.get("stream"):
-                return {"choices": [{"text": "x" * n}], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n}}
+                return {
+                    "choices": [{"text": "x" * n}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n},
+                }
 
             async def chunks():
                 for i in range(n):
@@ -348,7 +381,7 @@ class FakeEngine:
 
         self.app = app
 
-    def __enter__(self) -> "FakeEngine":
+    def __enter__(self) -> FakeEngine:
         from kvdoctor.exporter.server import serve_in_thread
 
         self.handle = serve_in_thread(self.app, "127.0.0.1", 0)
@@ -368,8 +401,22 @@ def run_stress(argv: list[str]) -> int:
 def test_stress_writes_the_report_folder_from_an_in_process_exporter(tmp_path, capsys):
     out = tmp_path / "report"
     with FakeEngine() as engine:
-        rc = run_stress(["--endpoint", engine.url, "--prompt-tokens", "200", "--max-tokens", "40",
-                         "--max-concurrency", "4", "--step-seconds", "1", "-o", str(out)])
+        rc = run_stress(
+            [
+                "--endpoint",
+                engine.url,
+                "--prompt-tokens",
+                "200",
+                "--max-tokens",
+                "40",
+                "--max-concurrency",
+                "4",
+                "--step-seconds",
+                "1",
+                "-o",
+                str(out),
+            ]
+        )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert sorted(p.name for p in out.iterdir()) == ["kv-latency.png", "report.html", "summary.json", "trace.om"]
@@ -395,15 +442,32 @@ def test_stress_writes_the_report_folder_from_an_in_process_exporter(tmp_path, c
     assert "step 1/" in captured.err  # plain progress lines: stderr is not a terminal here
 
 
-@pytest.mark.parametrize("engine_options, kind, note", [
-    (dict(chat_only=True), "chat", "using /v1/chat/completions"),
-    (dict(strict=True), "completions", "the server refused ignore_eos"),
-])
+@pytest.mark.parametrize(
+    "engine_options, kind, note",
+    [
+        (dict(chat_only=True), "chat", "using /v1/chat/completions"),
+        (dict(strict=True), "completions", "the server refused ignore_eos"),
+    ],
+)
 def test_stress_adapts_to_what_the_endpoint_accepts(engine_options, kind, note, tmp_path, capsys):
     out = tmp_path / "report"
     with FakeEngine(**engine_options) as engine:
-        rc = run_stress(["--endpoint", engine.url, "--prompt-tokens", "100", "--max-tokens", "20",
-                         "--max-concurrency", "1", "--step-seconds", "0.5", "-o", str(out)])
+        rc = run_stress(
+            [
+                "--endpoint",
+                engine.url,
+                "--prompt-tokens",
+                "100",
+                "--max-tokens",
+                "20",
+                "--max-concurrency",
+                "1",
+                "--step-seconds",
+                "0.5",
+                "-o",
+                str(out),
+            ]
+        )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     summary = json.loads((out / "summary.json").read_text())
@@ -412,14 +476,17 @@ def test_stress_adapts_to_what_the_endpoint_accepts(engine_options, kind, note, 
     assert summary["steps"][0]["tokens"] > 0 and summary["steps"][0]["requests_failed"] == 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--endpoint", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused"),
-    (["--endpoint", "ftp://x"], "--endpoint needs an http(s) URL"),
-    (["--max-concurrency", "0"], "--max-concurrency (0) is below --start-concurrency (1)"),
-    (["--prompt-tokens", "5000"], "refused a ~5000-token prompt: prompt too long"),
-    (["--model", "other"], "model 'other' is not served"),
-    (["--exporter", "http://127.0.0.1:1"], "cannot reach the exporter at http://127.0.0.1:1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--endpoint", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused"),
+        (["--endpoint", "ftp://x"], "--endpoint needs an http(s) URL"),
+        (["--max-concurrency", "0"], "--max-concurrency (0) is below --start-concurrency (1)"),
+        (["--prompt-tokens", "5000"], "refused a ~5000-token prompt: prompt too long"),
+        (["--model", "other"], "model 'other' is not served"),
+        (["--exporter", "http://127.0.0.1:1"], "cannot reach the exporter at http://127.0.0.1:1"),
+    ],
+)
 def test_a_bad_endpoint_or_exporter_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with FakeEngine() as engine:
         if "--endpoint" not in argv:
