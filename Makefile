@@ -9,15 +9,16 @@ PYTEST_ARGS ?=
 # Extra arguments for the demo, e.g. make demo ARGS="--scenario kv_thrashing"
 ARGS ?=
 
-.PHONY: help setup dev test-deps demo test test-fast bench bench-quick
+.PHONY: help setup dev test-deps demo lint test test-fast bench bench-quick
 
 help:
 	@echo "make setup      create .venv with kvdoctor (editable)"
 	@echo "make dev        same, plus the [dev] extras the tests need"
 	@echo "make demo       run 'kvdoctor demo' (simulated engine + GPU, exporter, dashboard)"
 	@echo "make test-deps  install promtool/prometheus, helm, chromium, vLLM CPU + tiny model (scripts/install-test-deps.sh)"
-	@echo "make test       test-deps, then the whole test suite (what CI runs)"
-	@echo "make test-fast  the fast tests only (-m 'not slow'); needs no test-deps"
+	@echo "make lint       ruff, ruff format --check, import-linter layers, mypy --strict (scripts/lint.sh)"
+	@echo "make test       test-deps, lint, then the whole test suite (what CI runs)"
+	@echo "make test-fast  lint, then the fast tests only (-m 'not slow and not needs_tools'); needs no test-deps"
 	@echo "make bench      run every benchmark (bench/run; the soak takes 30 minutes)"
 	@echo "make bench-quick  the same at CI sizes (a few minutes)"
 
@@ -46,11 +47,14 @@ define run_pytest
 	exit $$rc
 endef
 
-test: test-deps
+lint: $(VENV)/.kvdoctor-dev
+	bash scripts/lint.sh
+
+test: test-deps lint
 	$(call run_pytest,-rs --durations=15)
 
-test-fast: $(VENV)/.kvdoctor-dev
-	$(call run_pytest,-m "not slow" -q -rs)
+test-fast: lint
+	$(call run_pytest,-m "not slow and not needs_tools" -q -rs)
 
 # bench/run runs every benchmark in its own process and prints one table of figures and ratios
 # against floors measured in the same run (BENCH_ARGS, e.g. "--only parse,diagnose").
