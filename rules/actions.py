@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ledger import ModelShape, decode_step_floor, dtype_bytes, host_transfer_seconds, kv_bytes_per_token
+from .ledger import DEFAULT_HOST_BANDWIDTH, PCIE4_X16, decode_step_floor, host_transfer_seconds, kv_bytes_per_token
+from .model import ModelShape, dtype_bytes
+from .units import GB, fmt_bytes, fmt_ms
 
-KIB = 1024
-MIB = 1024 * 1024
-GB = 1e9
-# Host side of a KV transfer when nothing better is known: DDR5 across 8 channels; PCIe is the limit.
-HOST_MEMORY_BANDWIDTH = 8 * 38.4 * GB
-PCIE4_X16 = 31.5 * GB
 GQA_KV_HEADS = 8
 PREFIX_TOKENS_EXAMPLE = 1000
 
@@ -32,7 +28,7 @@ class Action:
     why: str
     effect: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str | None]:
         return {
             "id": self.id,
             "title": self.title,
@@ -212,24 +208,10 @@ class LedgerFacts:
         return decode_step_floor(weights, kv_per_token * live, self.peak_bandwidth * max(1, self.gpus))
 
 
-def fmt_bytes(n: float) -> str:
-    if n >= GB:
-        return f"{n / GB:.1f} GB"
-    if n >= MIB:
-        return f"{n / MIB:.0f} MiB"
-    return f"{n / KIB:.0f} KiB"
-
-
-def fmt_ms(seconds: float) -> str:
-    """Milliseconds with one decimal, trailing zero dropped: ``11.2 ms``, ``100 ms``."""
-    text = f"{seconds * 1000:.1f}"
-    return (text[:-2] if text.endswith(".0") else text) + " ms"
-
-
 def _floor_change(facts: LedgerFacts, before: float | None, after: float | None) -> str:
     if before is None or after is None:
         return ""
-    return f"; decode floor {fmt_ms(before)} -> {fmt_ms(after)}"
+    return f"; decode floor {fmt_ms(before, trim=True)} -> {fmt_ms(after, trim=True)}"
 
 
 def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
@@ -243,6 +225,8 @@ def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
             return False, None  # already MLA / GQA / MQA
         gqa = replace(model, num_kv_heads=GQA_KV_HEADS)
         after = facts.kv_bytes(gqa)
+        if per_token is None or after is None:  # a KV dtype the ledger does not know
+            return True, None
         return True, (
             f"GQA with {GQA_KV_HEADS} KV heads: {fmt_bytes(per_token)} -> {fmt_bytes(after)} per token"
             + _floor_change(facts, facts.floor(per_token), facts.floor(after))
@@ -256,6 +240,8 @@ def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
         except ValueError:
             return True, None
         after = facts.kv_bytes(kv_dtype="fp8")
+        if per_token is None or after is None:
+            return True, None
         text = f"FP8 KV: {fmt_bytes(per_token)} -> {fmt_bytes(after)} per token"
         text += _floor_change(facts, facts.floor(per_token), facts.floor(after))
         if facts.capacity_tokens:
@@ -280,17 +266,18 @@ def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
             return True, None
         before = facts.floor(per_token)
         after = facts.floor(per_token, live_tokens=facts.live_tokens / 2)
-        text = f"halving resident KV ({fmt_bytes(per_token * facts.live_tokens)} -> {fmt_bytes(per_token * facts.live_tokens / 2)})"
+        resident = per_token * facts.live_tokens
+        text = f"halving resident KV ({fmt_bytes(resident)} -> {fmt_bytes(resident / 2)})"
         return True, text + _floor_change(facts, before, after)
     if action_id == "kv_offload_prefetch":
         if per_token is None:
             return True, None
         pcie = facts.pcie_bandwidth or PCIE4_X16
         nbytes = per_token * PREFIX_TOKENS_EXAMPLE
-        load = host_transfer_seconds(nbytes, HOST_MEMORY_BANDWIDTH, pcie)
+        load = host_transfer_seconds(nbytes, DEFAULT_HOST_BANDWIDTH, pcie)
         text = (
             f"loading a {PREFIX_TOKENS_EXAMPLE:,}-token prefix from host memory: {fmt_bytes(nbytes)} in "
-            f"{fmt_ms(load)} over PCIe ({pcie / GB:.1f} GB/s)"
+            f"{fmt_ms(load, trim=True)} over PCIe ({pcie / GB:.1f} GB/s)"
         )
         floor = facts.floor(per_token)
         if floor:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .thresholds import Thresholds
+from .units import fmt_pct
 
 RISES_WITH_KV = "rises_with_kv"
 JUMP = "jump"
@@ -42,7 +43,7 @@ class Knee:
     points: int = 0
     note: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str | float | int | None]:
         return {
             "kind": self.kind,
             "kv_level": None if self.kv_level is None else round(float(self.kv_level), 4),
@@ -75,7 +76,7 @@ def detect_knee(
         return Knee(points=n, note=f"{n} intervals with tokens; need {int(t.knee_min_points)}")
     span = float(x.max() - x.min())
     if span < t.knee_min_kv_span:
-        return Knee(points=n, note=f"KV usage moved only {span:.1%} in the window")
+        return Knee(points=n, note=f"KV usage moved only {fmt_pct(span, 1)} in the window")
 
     order = np.argsort(x, kind="stable")
     x, y, w = x[order], y[order], w[order]
@@ -115,12 +116,11 @@ def detect_knee(
     if best_step is not None:
         sse_step, level, ratio = best_step
         if sse_step <= _STEP_BEATS_LINE * sse_line and ratio >= t.knee_jump_ratio:
-            return Knee(JUMP, level, ratio, n, f"ITL jumps x{ratio:.1f} once KV usage passes ~{level:.0%}")
+            return Knee(JUMP, level, ratio, n, f"ITL jumps x{ratio:.1f} once KV usage passes ~{fmt_pct(level)}")
 
     rise = math.exp(slope * span)
     r2 = 1.0 - sse_line / sst
     if rise >= t.knee_rise_ratio and r2 >= 0.3:
-        return Knee(
-            RISES_WITH_KV, float(x[0]), rise, n, f"ITL rises x{rise:.2f} as KV usage goes {x[0]:.0%} -> {x[-1]:.0%}"
-        )
+        note = f"ITL rises x{rise:.2f} as KV usage goes {fmt_pct(x[0])} -> {fmt_pct(x[-1])}"
+        return Knee(RISES_WITH_KV, float(x[0]), rise, n, note)
     return Knee(points=n, note="no knee: latency does not follow KV usage")

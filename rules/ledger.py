@@ -8,7 +8,7 @@ Every decode step re-reads the weights and the KV cache of every running sequenc
     tokens/s ceiling   = 1 / floor (per sequence; the batch shares the step)
     host transfer time = bytes / min(host memory bandwidth, PCIe bandwidth)
 
-Pure functions, no I/O: the caller reads ``config.json`` and passes the dict.
+Pure functions, no I/O. The model's shape and its loader are in ``rules/model.py``.
 """
 
 from __future__ import annotations
@@ -16,101 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-GB = 1e9
-KIB = 1024
-
-DTYPE_BYTES: dict[str, float] = {
-    "float32": 4,
-    "fp32": 4,
-    "float16": 2,
-    "fp16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "bf16": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "float8_e4m3fn": 1,
-    "int8": 1,
-    "int4": 0.5,
-}
-
-
-def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of a dtype name (``bf16``, ``torch.float16``, ``fp8_e4m3``...)."""
-    key = str(dtype).lower().removeprefix("torch.")
-    if key not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
-    return DTYPE_BYTES[key]
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the ledger needs to know about a model.
-
-    ``kv_latent_dim`` is set for MLA models (DeepSeek-V2/V3): they cache one compressed latent
-    per layer (kv_lora_rank + qk_rope_head_dim elements) instead of K and V per KV head.
-    ``num_parameters`` is estimated from the shape when the config does not say.
-    """
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str = "bfloat16"
-    num_parameters: float | None = None
-    kv_latent_dim: int | None = None
-
-    @classmethod
-    def from_hf_config(cls, config: dict, name: str | None = None) -> ModelShape:
-        """Read a Hugging Face ``config.json`` dict; raises ``ValueError`` naming a missing field."""
-        cfg = config.get("text_config") or config  # multimodal configs nest the language model
-        try:
-            layers = int(cfg["num_hidden_layers"])
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-        except KeyError as exc:
-            raise ValueError(f"model config lacks {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"model config has a non-integer shape field: {exc}") from None
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16")
-        latent = None
-        if cfg.get("kv_lora_rank"):
-            latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
-        shape = cls(
-            name=name or str(config.get("_name_or_path") or (config.get("architectures") or ["model"])[0]),
-            num_layers=layers,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            dtype=dtype.removeprefix("torch."),
-            kv_latent_dim=latent,
-        )
-        return replace(shape, num_parameters=_estimate_parameters(cfg, shape))
-
-    @property
-    def weight_bytes(self) -> float:
-        return (self.num_parameters or 0.0) * dtype_bytes(self.dtype)
-
-
-def _estimate_parameters(cfg: dict, shape: ModelShape) -> float | None:
-    """Dense decoder estimate: embeddings + per layer (attention + gated MLP); None if unknown."""
-    vocab = cfg.get("vocab_size")
-    inter = cfg.get("intermediate_size")
-    if not vocab or not inter:
-        return None
-    h, d = shape.hidden_size, shape.head_dim
-    attention = h * shape.num_attention_heads * d * 2 + h * shape.num_kv_heads * d * 2
-    experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 1)
-    moe_inter = int(cfg.get("moe_intermediate_size") or inter)
-    mlp = 3 * h * (moe_inter * experts if experts > 1 else inter)
-    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
-    return float(embeddings + shape.num_layers * (attention + mlp + 2 * h) + h)
+from .model import ModelShape, dtype_bytes
+from .units import GB
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_dtype: str | None = None) -> float:
@@ -216,35 +123,6 @@ def compute_ledger(
     )
 
 
-def _shape(name, layers, hidden, heads, kv_heads, inter, vocab, tied=False, dtype="bfloat16"):
-    return ModelShape.from_hf_config(
-        {
-            "num_hidden_layers": layers,
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads,
-            "intermediate_size": inter,
-            "vocab_size": vocab,
-            "tie_word_embeddings": tied,
-            "torch_dtype": dtype,
-        },
-        name=name,
-    )
-
-
-# Shapes from the models' published config.json files, for the dashboard's picker and the demo.
-COMMON_MODELS: dict[str, ModelShape] = {
-    m.name: m
-    for m in (
-        _shape("Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256),
-        _shape("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256),
-        _shape("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000),
-        _shape("Mistral-7B", 32, 4096, 32, 8, 14336, 32768),
-        _shape("Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064),
-    )
-}
-
-
 # --------------------------------------------------------------------------- capacity and what-ifs
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
@@ -290,7 +168,7 @@ class WhatIf:
     step_floor_ratio: float
     tokens_per_second_ratio: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str | int | float | bool]:
         return {
             "name": self.name,
             "label": self.label,
@@ -402,7 +280,7 @@ class OffloadFeasibility:
     prefix_load_seconds: float  # loading one sequence's whole context from the host (a tier-miss hit)
     prefix_load_steps: float  # the same, in decode steps
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, float | bool]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 

@@ -12,10 +12,10 @@ counters, ratios 0..1, no colons. Counters are exported raw, never as pre-comput
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
     HISTOGRAM = "histogram"
@@ -45,12 +45,12 @@ class Signal:
         return (self.name,)
 
 
-def _gpu(name, kind, unit, help, extra=(), source=""):
-    return Signal(name, kind, unit, help, GPU_LABELS + tuple(extra), source)
+def _gpu(name: str, kind: Kind, unit: str, help: str, extra: tuple[str, ...] = (), source: str = "") -> Signal:
+    return Signal(name, kind, unit, help, GPU_LABELS + extra, source)
 
 
-def _engine(name, kind, unit, help, extra=(), source=""):
-    return Signal(name, kind, unit, help, ENGINE_LABELS + tuple(extra), source)
+def _engine(name: str, kind: Kind, unit: str, help: str, extra: tuple[str, ...] = (), source: str = "") -> Signal:
+    return Signal(name, kind, unit, help, ENGINE_LABELS + extra, source)
 
 
 GPU_DRAM_BANDWIDTH_UTILIZATION = "kvdoctor_gpu_dram_bandwidth_utilization_ratio"
@@ -82,6 +82,35 @@ DECODE_STEP_FLOOR = "kvdoctor_decode_step_floor_seconds"
 SOURCE_UP = "kvdoctor_source_up"
 SOURCE_SCRAPE_DURATION = "kvdoctor_source_scrape_duration_seconds"
 SOURCE_ERRORS = "kvdoctor_source_errors_total"
+
+# Values of the ``method`` label on the GPU ratio signals: how the number was measured.
+METHOD_GPM = "gpm"  # NVML GPM (Hopper+): DRAM bandwidth and SM activity
+METHOD_DCGM = "dcgm"  # dcgm-exporter's profiling counters: the same quantities
+METHOD_NVML_UTIL = "nvml_util"  # NVML utilisation rates: duty cycles, not bandwidth or SM activity
+
+# vLLM's inter-token-latency histogram bounds in seconds (vllm/v1/metrics/loggers.py), +Inf left
+# out: what the simulated engine exposes and what tests and benchmarks build histograms on.
+ITL_BUCKETS: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 SIGNALS: dict[str, Signal] = {

@@ -139,7 +139,7 @@ def increase_complete(
     first_v = v[:, 0]
     prev = v[:, :-1]
     correction = np.where(v[:, 1:] < prev, prev, 0.0).sum(axis=1)
-    result = v[:, -1] - first_v + correction
+    result: np.ndarray = v[:, -1] - first_v + correction
     duration_to_start = first_t - range_start
     duration_to_end = range_end - last_t
     average = sampled / (n - 1)
@@ -153,6 +153,7 @@ def increase_complete(
         with np.errstate(invalid="ignore", divide="ignore"):
             to_zero = sampled * (first_v / result)
             clamp = (result > 0) & (first_v >= 0) & (to_zero < duration_to_start)
+    interval: np.ndarray | float  # per row where the zero point clamps, else one for every row
     if clamp is not None and clamp.any():
         start_part = np.where(clamp, to_zero, duration_to_start)
         interval = sampled + np.where(start_part < threshold, start_part, half)
@@ -228,7 +229,8 @@ def quantile_of_complete(q: float, srt: np.ndarray) -> np.ndarray:
     lower = max(0.0, floor)
     upper = min(n - 1.0, lower + 1.0)
     weight = rank - floor
-    return srt[:, int(lower)] * (1 - weight) + srt[:, int(upper)] * weight
+    out: np.ndarray = srt[:, int(lower)] * (1 - weight) + srt[:, int(upper)] * weight
+    return out
 
 
 def histogram_quantile_rows(q: float, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -298,7 +300,7 @@ def bucket_quantile(q: float, upper_bounds: list[float], counts: list[float]) ->
         return -math.inf
     if q > 1:
         return math.inf
-    pairs = [(b, c) for b, c in zip(upper_bounds, counts) if c == c]  # drop absent buckets
+    pairs = [(b, c) for b, c in zip(upper_bounds, counts, strict=False) if c == c]  # drop absent buckets
     if not pairs:
         return math.nan
     if any(b != b for b, _ in pairs):

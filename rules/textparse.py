@@ -48,6 +48,7 @@ from collections.abc import Generator, Iterable, Iterator
 __all__ = ["ExpositionError", "Sample", "family_names", "is_openmetrics", "iter_samples", "iter_samples_streamed"]
 
 Sample = tuple[str, dict[str, str], float, "float | None"]
+Wanted = frozenset[str] | set[str] | None  # the sample names to yield (None: all)
 
 
 class ExpositionError(ValueError):
@@ -126,7 +127,7 @@ def _parse_labels(text: str, p: int, end: int, line: int) -> tuple[dict[str, str
     m = _LABEL_SET_RE.match(text, p, end)
     if m is not None:
         return _labels_of(m.group(1), text, line, end), m.end(), None
-    labels = {}
+    labels: dict[str, str] = {}
     quoted_name = None
     while True:
         while p < end and text[p] in " \t":
@@ -251,9 +252,7 @@ def _prefixes(wanted: frozenset[str]) -> frozenset[str]:
     return frozenset(name[:i] for name in wanted for i in range(1, len(name) + 1))
 
 
-def iter_samples(
-    text: str, wanted: frozenset[str] | set[str] | None = None, *, openmetrics: bool | None = None
-) -> Iterator[Sample]:
+def iter_samples(text: str, wanted: Wanted = None, *, openmetrics: bool | None = None) -> Iterator[Sample]:
     """Yield ``(name, labels, value, timestamp_seconds_or_None)`` for every sample line.
 
     ``wanted``: only samples whose name (``x_bucket``, ``x_total``, ... as written) is in it;
@@ -267,7 +266,7 @@ def iter_samples(
 
 
 def iter_samples_streamed(
-    pieces: Iterable[str], wanted: frozenset[str] | set[str] | None = None, *, names: set[str] | None = None
+    pieces: Iterable[str], wanted: Wanted = None, *, names: set[str] | None = None
 ) -> Iterator[tuple[str, dict[str, str], float]]:
     """``iter_samples`` over ``"".join(pieces)`` without ever joining them: ``(name, labels, value)``.
 
@@ -312,8 +311,15 @@ def iter_samples_streamed(
 
 
 def _walk_region(
-    text: str, pos: int, n: int, wanted, wanted_prefixes, checked_one: bool, names: set[str] | None, lines_before: int
-) -> Iterator[tuple[str, dict[str, str], float]]:
+    text: str,
+    pos: int,
+    n: int,
+    wanted: Wanted,
+    wanted_prefixes: frozenset[str] | None,
+    checked_one: bool,
+    names: set[str] | None,
+    lines_before: int,
+) -> Generator[tuple[str, dict[str, str], float], None, bool]:
     """The samples of the whole lines ``text[pos:n]``, one piece of a streamed text; returns ``checked_one``.
 
     ``text`` holds the page from line ``lines_before + 1`` (a piece's first line may be the end
@@ -327,7 +333,7 @@ def _walk_region(
             try:
                 name, labels, value, _ts = next(walk)
             except StopIteration as done:
-                return done.value
+                return bool(done.value)
             yield name, labels, value
     except ExpositionError as exc:
         if exc.line is None or not lines_before:
@@ -336,7 +342,13 @@ def _walk_region(
 
 
 def _walk(
-    text: str, pos: int, n: int, wanted, wanted_prefixes, openmetrics: bool, checked_one: bool
+    text: str,
+    pos: int,
+    n: int,
+    wanted: Wanted,
+    wanted_prefixes: frozenset[str] | None,
+    openmetrics: bool,
+    checked_one: bool,
 ) -> Generator[Sample, None, bool]:
     """The samples of the lines of ``text[pos:n]`` (``n`` at a line end); returns ``checked_one``.
 

@@ -11,20 +11,28 @@ DESIGN.md. Override any subset from YAML::
     Thresholds.from_yaml("thresholds.yaml")
 
 Unknown keys and out-of-range values are rejected with one clear line (``ValueError``).
-The latency SLO is not here: it is part of the service, so it comes with ``Context.slo_seconds``
-(and ``kvdoctor rules export --slo-ms``).
+The latency SLO is not a threshold: it is part of the service, so it comes with
+``Context.slo_seconds`` (and ``kvdoctor rules export --slo-ms``); its default is ``DEFAULT_SLO_SECONDS``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
 
-def _knob(default: float, help: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False):
+# The window a verdict is read from (seconds): the exporter's live diagnosis, the dashboard's and
+# ``kvdoctor stress``'s read the last this many seconds; the alert rules' ranges are this long.
+DIAGNOSIS_WINDOW_SECONDS = 60.0
+# The per-token latency SLO (ITL p95, seconds) a diagnosis and the alert rules use unless told.
+DEFAULT_SLO_SECONDS = 0.1
+
+
+def _knob(default: float, help: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False) -> float:
     return field(default=default, metadata={"help": help, "range": (lo, hi, lo_open)})
 
 
@@ -34,7 +42,7 @@ class Thresholds:
 
     # --- the window
     window_seconds: float = _knob(
-        60.0,
+        DIAGNOSIS_WINDOW_SECONDS,
         "Length of the evaluation window in seconds: the alert rules' range selectors and the "
         "window the exporter diagnoses. Raise it (e.g. 120) when Prometheus scrapes less often than every 15 s.",
         lo=3.0,
@@ -220,8 +228,6 @@ class Thresholds:
     @classmethod
     def from_yaml(cls, path: str | Path) -> Thresholds:
         """Defaults overridden by a YAML mapping in ``path`` (an empty file gives the defaults)."""
-        import yaml
-
         try:
             text = Path(path).read_text()
         except OSError as exc:
@@ -231,9 +237,6 @@ class Thresholds:
         except yaml.YAMLError as exc:
             raise ValueError(f"thresholds file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
         return cls.from_mapping(data, source=f"thresholds file {path}")
-
-    def with_overrides(self, **overrides: float) -> Thresholds:
-        return replace(self, **overrides)
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

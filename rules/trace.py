@@ -39,7 +39,7 @@ import numpy as np
 from kvdoctor.rules.signals import Kind, signal_for_series
 from kvdoctor.rules.textformat import HISTOGRAM_OPENMETRICS_ORDER, escape_help, format_value, le_order, series_text
 from kvdoctor.rules.textparse import ExpositionError, is_openmetrics, iter_samples
-from kvdoctor.rules.window import SeriesKey, Window, format_series
+from kvdoctor.rules.window import Labels, SeriesKey, Window, format_series
 
 __all__ = [
     "CANONICAL_PREFIX",
@@ -160,8 +160,8 @@ def parse_trace(text: str, normaliser: RawNormaliser | None = None, source: str 
             points[1].append(value)
     for key, (times, values) in canonical.items():
         if key in columns:  # the same canonical series from raw families too: the canonical samples win
-            merged = dict(zip(*columns[key]))
-            merged.update(zip(times, values))
+            merged = dict(zip(*columns[key], strict=True))
+            merged.update(zip(times, values, strict=True))
             times, values = sorted(merged), [merged[t] for t in sorted(merged)]
         columns[key] = (times, values)
     if not columns:
@@ -182,7 +182,8 @@ def _window_of(columns: Mapping[SeriesKey, tuple[list[float], list[float]]]) -> 
     return Window(timestamps, series)
 
 
-_UNSEEN = object()
+# known.get()'s answer for a series text not seen yet (compared by identity)
+_UNSEEN: tuple[SeriesKey, dict[str, str]] = (("", ()), {})
 _SAMPLE_NAME_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
 _DECLARED_NAME_RE = re.compile(r"^# (?:TYPE|HELP) ([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
 
@@ -193,7 +194,9 @@ def _names(text: str) -> set[str]:
     return set(_SAMPLE_NAME_RE.findall(text)) | set(_DECLARED_NAME_RE.findall(text))
 
 
-def _trace_samples(text: str, wanted: frozenset[str]) -> Iterator[tuple[SeriesKey, dict, float, float | None]]:
+def _trace_samples(
+    text: str, wanted: frozenset[str]
+) -> Iterator[tuple[SeriesKey, dict[str, str], float, float | None]]:
     """``(series key, labels, value, timestamp)`` for the wanted samples of an OpenMetrics trace.
 
     A trace repeats the same series text (``name{labels}``) once per snapshot, so each distinct
@@ -201,7 +204,7 @@ def _trace_samples(text: str, wanted: frozenset[str]) -> Iterator[tuple[SeriesKe
     line with that text costs a split and two ``float()``s. A line the shortcut cannot vouch for
     (a new series, an exemplar, blanks where they are not expected) goes through the parser.
     """
-    known: dict[str, tuple[SeriesKey, dict] | None] = {}  # series text -> key and labels, None: unwanted
+    known: dict[str, tuple[SeriesKey, dict[str, str]] | None] = {}  # series text -> key and labels, None: unwanted
     for number, line in enumerate(text.splitlines(), 1):
         if not line or line[0] == "#":
             if line == "# EOF":
@@ -265,7 +268,7 @@ def _check_openmetrics(text: str, source: str) -> None:
     raise TraceError(f"{source} is truncated or not OpenMetrics: it does not end with a '# EOF' line")
 
 
-def _check_timestamps(source: str, key: tuple[str, tuple], times: list[float]) -> None:
+def _check_timestamps(source: str, key: SeriesKey, times: list[float]) -> None:
     """Timestamps of one series: finite Unix seconds, strictly increasing in file order."""
     ts = np.asarray(times, dtype=float)
     bad = ~np.isfinite(ts)
@@ -291,7 +294,7 @@ def _check_timestamps(source: str, key: tuple[str, tuple], times: list[float]) -
 
 def format_window(window: Window) -> str:
     """A window of canonical series as a trace (OpenMetrics text, ``# EOF`` terminated)."""
-    families: dict[str, tuple[str, str | None, list[tuple[str, tuple]]]] = {}
+    families: dict[str, tuple[str, str | None, list[SeriesKey]]] = {}
     for name, labels in window.series:
         signal = signal_for_series(name)
         if signal is None:
@@ -314,18 +317,16 @@ def format_window(window: Window) -> str:
         else:
             for key in sorted(keys):
                 text = series_text(*key)
-                for value, ts in zip(window.series[key], timestamps):
+                for value, ts in zip(window.series[key], timestamps, strict=True):
                     if not math.isnan(value):
                         out.append(f"{text} {format_value(float(value))} {ts}\n")
     out.append("# EOF\n")
     return "".join(out)
 
 
-def _write_histogram(
-    out: list[str], family: str, keys: list[tuple[str, tuple]], window: Window, timestamps: list[str]
-) -> None:
+def _write_histogram(out: list[str], family: str, keys: list[SeriesKey], window: Window, timestamps: list[str]) -> None:
     """One histogram family: per label set (without ``le``), per timestamp, buckets then count, sum."""
-    groups: dict[tuple, list[tuple[tuple, str, tuple]]] = {}
+    groups: dict[Labels, list[tuple[tuple[int, float], str, Labels]]] = {}
     for name, labels in keys:
         suffix = name[len(family) :]
         base = tuple(kv for kv in labels if kv[0] != "le")
@@ -337,7 +338,7 @@ def _write_histogram(
         texts = [series_text(name, labels) for _, name, labels in members]
         columns = [window.series[(name, labels)] for _, name, labels in members]
         for i, ts in enumerate(timestamps):
-            for text, column in zip(texts, columns):
+            for text, column in zip(texts, columns, strict=True):
                 value = column[i]
                 if not math.isnan(value):
                     out.append(f"{text} {format_value(float(value))} {ts}\n")
@@ -348,7 +349,7 @@ def format_raw_captures(captures: Iterable[tuple[float, str]]) -> str:
     one trace. Family metadata (HELP, TYPE) comes from the pages; Prometheus-text counters declared
     with their ``_total`` name become OpenMetrics counter families without it."""
     meta: dict[str, dict[str, str]] = {}  # family as declared -> {"type": ..., "help": ...}
-    points: dict[tuple[str, tuple], list[tuple[float, float]]] = {}
+    points: dict[SeriesKey, list[tuple[float, float]]] = {}
     first_seen: dict[str, int] = {}
     last_ts: float | None = None
     for ts, text in captures:
@@ -376,7 +377,7 @@ def format_raw_captures(captures: Iterable[tuple[float, str]]) -> str:
                 return name[: -len(suffix)]
         return name
 
-    families: dict[str, list[tuple[str, tuple]]] = {}
+    families: dict[str, list[SeriesKey]] = {}
     for key in sorted(points, key=lambda k: (first_seen[k[0]], k)):
         families.setdefault(family_of(key[0]), []).append(key)
 
@@ -391,12 +392,13 @@ def format_raw_captures(captures: Iterable[tuple[float, str]]) -> str:
             out.append(f"# HELP {family} {info['help']}\n")
         out.append(f"# TYPE {family} {kind}\n")
         if kind == "histogram":
-            by_base: dict[tuple, list[tuple[tuple, tuple[str, tuple]]]] = {}
-            for name, labels in keys:
+            by_base: dict[Labels, list[tuple[tuple[int, float], SeriesKey]]] = {}
+            for name, label_set in keys:
                 suffix = name[len(declared) :]
-                le = next((v for k, v in labels if k == "le"), "")
+                le = next((v for k, v in label_set if k == "le"), "")
                 order = (HISTOGRAM_OPENMETRICS_ORDER.get(suffix, 3), le_order(le) if suffix == "_bucket" else 0.0)
-                by_base.setdefault(tuple(kv for kv in labels if kv[0] != "le"), []).append((order, (name, labels)))
+                base_labels = tuple(kv for kv in label_set if kv[0] != "le")
+                by_base.setdefault(base_labels, []).append((order, (name, label_set)))
             for base in by_base:
                 members = [key for _, key in sorted(by_base[base])]
                 merged: dict[float, list[str]] = {}

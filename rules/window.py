@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,7 @@ class Window:
                     snap.samples[key] = float(v)
             yield snap
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The ``/api/v1/window`` payload: columns, ``null`` where a series was absent."""
         return {
             "timestamps": [float(t) for t in self.timestamps],
@@ -140,7 +141,7 @@ class Window:
         }
 
     @classmethod
-    def from_json(cls, payload: dict) -> Window:
+    def from_json(cls, payload: Mapping[str, Any]) -> Window:
         """Inverse of ``to_json``; raises ``ValueError`` on a malformed payload."""
         try:
             ts = np.asarray(payload["timestamps"], dtype=float)

@@ -16,16 +16,17 @@ import json
 import math
 from pathlib import Path
 
-from kvdoctor.rules import promql, tree
+from kvdoctor.rules import promql
 from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
-from kvdoctor.rules.thresholds import Thresholds
-from tests.rules.scenarios import Scenario
+from kvdoctor.rules.features import ENGINE_KEYS
+from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from tests.support.scenarios import Scenario
 
 EVALUATION_INTERVAL = "30s"
 
 
 def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str, str]:
-    labels = {k: v for k, v in scenario.engine_labels().items() if k in tree.ENGINE_KEYS}
+    labels = {k: v for k, v in scenario.engine_labels().items() if k in ENGINE_KEYS}
     labels["severity"] = spec.severity
     return labels
 
@@ -95,7 +96,7 @@ def write_test_file(
     rule_file: Path,
     scenarios: list[Scenario],
     thresholds: Thresholds | None = None,
-    slo_seconds: float = promql.DEFAULT_SLO_SECONDS,
+    slo_seconds: float = DEFAULT_SLO_SECONDS,
 ) -> Path:
     t = thresholds or Thresholds()
     rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds)}

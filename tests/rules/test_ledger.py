@@ -23,8 +23,9 @@ import pytest
 
 from kvdoctor import cli
 from kvdoctor.rules import ledger as L
+from kvdoctor.rules.model import COMMON_MODELS, ModelShape
 
-LLAMA_8B = L.COMMON_MODELS["Llama-3.1-8B"]
+LLAMA_8B = COMMON_MODELS["Llama-3.1-8B"]
 H100 = L.GPU_CATALOGUE["H100"]
 LLAMA_8B_CONFIG = {
     "_name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
@@ -65,7 +66,7 @@ def test_llama_3_1_8b_ledger_on_h100():
 
 
 def test_the_config_file_and_the_catalogue_agree():
-    shape = L.ModelShape.from_hf_config(LLAMA_8B_CONFIG)
+    shape = ModelShape.from_hf_config(LLAMA_8B_CONFIG)
     assert shape.num_parameters == LLAMA_8B.num_parameters
     assert L.kv_bytes_per_token(shape) == L.kv_bytes_per_token(LLAMA_8B)
 
@@ -73,7 +74,7 @@ def test_the_config_file_and_the_catalogue_agree():
 def test_kv_pool_is_the_engines_share_minus_weights():
     assert L.kv_pool_bytes(LLAMA_8B, H100) == pytest.approx(0.9 * 80e9 - 16_060_522_496)
     assert L.kv_pool_bytes(LLAMA_8B, H100, 0.5, reserve_bytes=2e9) == pytest.approx(40e9 - 16_060_522_496 - 2e9)
-    assert L.kv_pool_bytes(L.COMMON_MODELS["Llama-3.1-70B"], H100) == 0  # 141 GB of weights
+    assert L.kv_pool_bytes(COMMON_MODELS["Llama-3.1-70B"], H100) == 0  # 141 GB of weights
 
 
 def test_forward_flops():
@@ -115,7 +116,7 @@ def test_what_if_rows_for_llama_3_1_8b():
 
 
 def test_what_if_adds_gqa_for_an_mha_model_and_says_what_does_not_fit():
-    mha = L.COMMON_MODELS["Llama-2-7B"]  # 32 KV heads: 512 KiB per token
+    mha = COMMON_MODELS["Llama-2-7B"]  # 32 KV heads: 512 KiB per token
     rows = rows_by_name(L.what_if_rows(mha, H100, context=4096, batch=64))
     assert list(rows) == ["baseline", "fp8_kv", "half_context", "gqa_8"]
     gqa = rows["gqa_8"]

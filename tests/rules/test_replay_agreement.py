@@ -25,8 +25,8 @@ from kvdoctor.rules.trace import format_raw_captures, format_window
 from kvdoctor.rules.window import Snapshot, Window
 from kvdoctor.sources.prometheus import PrometheusSource
 from kvdoctor.sources.traces import load_trace, write_window
-from tests import tools
-from tests.rules.scenarios import SCENARIOS, Scenario
+from tests.support import tools
+from tests.support.scenarios import SCENARIOS, Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 FILL = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence").glob("*.txt"))

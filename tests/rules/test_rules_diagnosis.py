@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from kvdoctor.rules.diagnosis import VERDICTS, Context, Diagnosis, diagnose
-from kvdoctor.rules.ledger import COMMON_MODELS
+from kvdoctor.rules.model import COMMON_MODELS
 from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, INTER_TOKEN_LATENCY
 from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.rules.window import Snapshot, Window
-from tests.rules.scenarios import SCENARIO_BY_NAME
+from tests.support.scenarios import SCENARIO_BY_NAME
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
 

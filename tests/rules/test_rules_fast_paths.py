@@ -16,13 +16,14 @@ import struct
 import numpy as np
 import pytest
 
-from kvdoctor.rules import diagnosis, stats, tree
+from kvdoctor.rules import diagnosis, features, stats
+from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.knee import detect_knee
 from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH, INTER_TOKEN_LATENCY, KV_CACHE_CAPACITY, KV_CACHE_USAGE
 from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.tree import FEATURES, Selector, WindowView
+from kvdoctor.rules.view import Selector, WindowView, _Buckets, nanmax, nansum, parse_le
 from kvdoctor.rules.window import Window
-from tests.rules.scenarios import SCENARIOS
+from tests.support.scenarios import SCENARIOS
 
 NAN = math.nan
 
@@ -101,7 +102,7 @@ class ReferenceView:
         if not labels:
             return math.nan
         inc = stats.increase(ts, arr, start, end)
-        bounds = np.array([tree._le(lb.get("le")) for lb in labels])
+        bounds = np.array([parse_le(lb.get("le")) for lb in labels])
         keep = ~np.isnan(inc) & ~np.isnan(bounds)
         if not keep.any():
             return math.nan
@@ -196,12 +197,13 @@ def multi_reset_window(gap: bool = True, restarts: int = 4) -> Window:
         values = resets(np.cumsum(rng.uniform(0, 100 * (i + 1), n)), rng, restarts)
         if gap and i == 7:
             values[20] = NAN
-        series[(INTER_TOKEN_LATENCY + "_bucket", tuple(sorted(engine + (("le", le),))))] = values
+        series[(INTER_TOKEN_LATENCY + "_bucket", tuple(sorted((*engine, ("le", le)))))] = values
     series[(KV_CACHE_USAGE, engine)] = rng.uniform(0.2, 0.9, n)
     return Window(ts, series)
 
 
-WINDOWS = windows() + [
+WINDOWS = [
+    *windows(),
     ("multi_reset", multi_reset_window()),
     ("many_resets", multi_reset_window(gap=False, restarts=15)),
 ]
@@ -220,9 +222,9 @@ THRESHOLDS = (Thresholds(), Thresholds(state_window_seconds=7.0, kv_usage_quanti
 @pytest.mark.parametrize("name, window", WINDOWS, ids=[name for name, _ in WINDOWS])
 def test_batched_features_are_the_per_selector_ones(name, window):
     for t in THRESHOLDS:
-        expected = tree.compute_features(ReferenceView(window, t.state_window_seconds), t)
+        expected = features.compute_features(ReferenceView(window, t.state_window_seconds), t)
         for batches in (None, diagnosis._BATCHES):
-            got = tree.compute_features(WindowView(window, t.state_window_seconds, batches=batches), t)
+            got = features.compute_features(WindowView(window, t.state_window_seconds, batches=batches), t)
             assert list(got) == list(expected)
             for feature in FEATURES:
                 assert bits(got[feature]) == bits(expected[feature]), (feature, got[feature], expected[feature])
@@ -395,11 +397,11 @@ def test_bucket_quantile_is_histogram_quantile(seed):
             expected = stats.histogram_quantile(q, np.array(bounds), np.array(counts))
         assert bits(stats.bucket_quantile(q, bounds, counts)) == bits(expected), (q, bounds, counts)
         # the view's buckets (order worked out once), which drop a bucket without a bound or count
-        keep = [b == b and c == c for b, c in zip(bounds, counts)]
+        keep = [b == b and c == c for b, c in zip(bounds, counts, strict=False)]
         if any(keep):
             with np.errstate(invalid="ignore"):
                 expected = stats.histogram_quantile(q, np.array(bounds)[keep], np.array(counts)[keep])
-            assert bits(tree._Buckets(bounds).quantile(q, counts)) == bits(expected), (q, bounds, counts)
+            assert bits(_Buckets(bounds).quantile(q, counts)) == bits(expected), (q, bounds, counts)
 
 
 @pytest.mark.parametrize(
@@ -425,8 +427,8 @@ def test_bucket_quantile_is_histogram_quantile(seed):
 def test_sum_and_max_shortcuts(values):
     arr = np.array(values, dtype=float)
     with np.errstate(invalid="ignore", over="ignore"):
-        assert bits(tree._nansum(arr)) == bits(reference_nansum(arr))
-        assert bits(tree._nanmax(arr)) == bits(reference_nanmax(arr))
+        assert bits(nansum(arr)) == bits(reference_nansum(arr))
+        assert bits(nanmax(arr)) == bits(reference_nanmax(arr))
     present = diagnosis._present(arr)
     assert len(present) == np.count_nonzero(~np.isnan(arr))
     assert bits(present) == bits(arr[~np.isnan(arr)]) or len(present) == 0

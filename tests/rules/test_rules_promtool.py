@@ -11,13 +11,13 @@ import pytest
 from kvdoctor.rules import promql
 from kvdoctor.rules.thresholds import Thresholds
 from tests.rules.promtool_suite import write_test_file
-from tests.rules.scenarios import SCENARIO_BY_NAME, SCENARIOS
-from tests.tools import promtool, requires_promtool
+from tests.support.scenarios import SCENARIO_BY_NAME, SCENARIOS
+from tests.support.tools import promtool, requires_promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "rules" / "alerts.yaml"
 
-pytestmark = [pytest.mark.slow, requires_promtool]
+pytestmark = requires_promtool
 
 
 def _promtool(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -30,6 +30,7 @@ def test_promtool_check_rules_passes_on_the_committed_file():
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.slow
 def test_every_scenario_fires_the_matching_alert_and_no_other(tmp_path):
     test_file = write_test_file(tmp_path / "scenarios.test.yaml", COMMITTED, list(SCENARIOS))
     result = _promtool("test", "rules", str(test_file))

@@ -13,7 +13,7 @@ import pytest
 
 from kvdoctor.rules.diagnosis import VERDICTS, diagnose
 from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, SIGNALS
-from tests.rules.scenarios import SCENARIO_BY_NAME, SCENARIOS, decode_series, encode_series
+from tests.support.scenarios import SCENARIO_BY_NAME, SCENARIOS, decode_series, encode_series
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)

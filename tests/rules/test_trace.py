@@ -19,7 +19,7 @@ from kvdoctor.rules.trace import parse_trace as parse_canonical
 from kvdoctor.rules.window import Snapshot, Window, labels_of
 from kvdoctor.sources.traces import load_trace as load_canonical
 from kvdoctor.sources.traces import write_raw_captures, write_window
-from tests import tools
+from tests.support import tools
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FILL = sorted((FIXTURES / "vllm-0.32-cpu" / "fill-sequence").glob("*.txt"))
@@ -129,7 +129,7 @@ def test_raw_vllm_captures_replay_through_the_same_adapter_as_a_live_scrape():
     assert trace.engine == "vllm" and trace.raw_families and not trace.canonical_families
     assert len(trace.window) == len(FILL) == 16
     snapshots = list(trace.window.snapshots())
-    for (ts, text), snap in zip(captures, snapshots):
+    for (ts, text), snap in zip(captures, snapshots, strict=True):
         live = EngineCollector(None).normalise(text)  # the engine collector's own path
         assert snap.ts == ts
         assert snap.samples == live
@@ -302,7 +302,7 @@ def test_awkward_but_valid_lines_read_as_the_exposition_parser_reads_them():
         want.setdefault((n, tuple(sorted(labels.items()))), []).append((ts, value))
     window = parse_trace(text).window
     got = {
-        key: [(t, v) for t, v in zip(window.timestamps, values) if not np.isnan(v)]
+        key: [(t, v) for t, v in zip(window.timestamps, values, strict=True) if not np.isnan(v)]
         for key, values in window.series.items()
     }
     # NaN is a real value in a trace but "absent" in a Window
@@ -331,7 +331,6 @@ def test_non_monotonic_timestamps_are_checked_per_series_not_across_series():
 # ------------------------------------------------------------------------------- promtool accepts
 
 
-@pytest.mark.slow
 @tools.requires_promtool
 @pytest.mark.parametrize("kind", ["canonical", "raw vllm"])
 def test_promtool_backfills_every_sample_of_a_trace(tmp_path, kind):

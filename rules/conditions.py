@@ -1,0 +1,147 @@
+"""The tree's small predicates: comparisons of features with thresholds, and their combinations.
+
+A condition is data (frozen dataclasses), so the same condition is evaluated in Python
+(``evaluate``) and compiled to PromQL (``rules/promql.py``). A feature with no value is NaN; a
+comparison on it is false, as PromQL drops the sample.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TypeAlias
+
+
+@dataclass(frozen=True)
+class Param:
+    """A threshold: ``Thresholds.<name>`` (or ``slo_seconds``), optionally times another one."""
+
+    name: str
+    times: str | None = None
+
+    def value(self, params: Mapping[str, float]) -> float:
+        v = float(params[self.name])
+        return v * float(params[self.times]) if self.times else v
+
+    def describe(self) -> str:
+        return f"{self.name} x {self.times}" if self.times else self.name
+
+
+@dataclass(frozen=True)
+class Cmp:
+    """``feature <op> threshold``."""
+
+    feature: str
+    op: str
+    threshold: Param
+
+
+@dataclass(frozen=True)
+class CmpFeatures:
+    """``left <op> right x scale + offset``: two features of one scope compared."""
+
+    left: str
+    op: str
+    right: str
+    scale: Param | None = None
+    offset: Param | None = None
+
+
+@dataclass(frozen=True)
+class Present:
+    """The feature has a value in the window."""
+
+    feature: str
+
+
+@dataclass(frozen=True)
+class All:
+    terms: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True)
+class Any:
+    terms: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True)
+class Not:
+    term: Condition
+
+
+@dataclass(frozen=True)
+class Named:
+    """A sub-condition with a name: the PromQL half records it (``kvdoctor:<name>:<window>``) and
+    refers to it by that name, which keeps the alert expressions readable."""
+
+    name: str
+    condition: Condition
+
+
+Condition: TypeAlias = Cmp | CmpFeatures | Present | All | Any | Not | Named
+Atom: TypeAlias = Cmp | CmpFeatures | Present
+
+TRUE = All(())
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
+
+
+def right_side(c: CmpFeatures, values: Mapping[str, float], params: Mapping[str, float]) -> float:
+    v = values.get(c.right, math.nan)
+    if c.scale is not None:
+        v = v * c.scale.value(params)
+    if c.offset is not None:
+        v = v + c.offset.value(params)
+    return v
+
+
+def evaluate(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
+    """The condition on computed feature values; missing (NaN) features make comparisons false."""
+    if isinstance(cond, Cmp):
+        v = values.get(cond.feature, math.nan)
+        return not math.isnan(v) and OPS[cond.op](v, cond.threshold.value(params))
+    if isinstance(cond, CmpFeatures):
+        left = values.get(cond.left, math.nan)
+        right = right_side(cond, values, params)
+        return not (math.isnan(left) or math.isnan(right)) and OPS[cond.op](left, right)
+    if isinstance(cond, Present):
+        return not math.isnan(values.get(cond.feature, math.nan))
+    if isinstance(cond, All):
+        return all(evaluate(t, values, params) for t in cond.terms)
+    if isinstance(cond, Any):
+        return any(evaluate(t, values, params) for t in cond.terms)
+    if isinstance(cond, Not):
+        return not evaluate(cond.term, values, params)
+    if isinstance(cond, Named):
+        return evaluate(cond.condition, values, params)
+    raise TypeError(f"not a condition: {cond!r}")
+
+
+def atoms(cond: Condition) -> Iterator[Atom]:
+    """The comparisons a condition reads, in order."""
+    if isinstance(cond, (Cmp, CmpFeatures, Present)):
+        yield cond
+    elif isinstance(cond, (All, Any)):
+        for term in cond.terms:
+            yield from atoms(term)
+    elif isinstance(cond, Not):
+        yield from atoms(cond.term)
+    elif isinstance(cond, Named):
+        yield from atoms(cond.condition)
+
+
+def features_of(cond: Condition) -> list[str]:
+    """The features a condition reads, in order, once each."""
+    out: list[str] = []
+    for a in atoms(cond):
+        for name in (a.left, a.right) if isinstance(a, CmpFeatures) else (a.feature,):
+            if name not in out:
+                out.append(name)
+    return out
