@@ -1,4 +1,9 @@
-"""Read a ``Window`` of canonical ``kvdoctor_*`` series from a Prometheus HTTP API.
+"""The Prometheus HTTP API: instant and range queries, and canonical windows read through them.
+
+``PrometheusClient(url)`` asks one Prometheus (or anything with its query API: VictoriaMetrics,
+Thanos, Mimir): ``query(expr, at)`` (an instant vector), ``query_series(expr, at)`` (an instant
+query of a range vector: the raw samples) and ``query_range(expr, start, end, step)``. Queries are
+POSTed form-encoded (long expressions stay out of the URL) and asked uncompressed.
 
 ``PrometheusSource(url, selector).window(seconds, at)`` returns the samples of every
 ``kvdoctor_*`` series matching the selector (label matchers such as ``{pod="vllm-0"}``) in the
@@ -14,48 +19,147 @@
   with ``default_step``: the exporter interval when known, or ``seconds / MAX_POINTS``,
   whichever is larger.
 
-Every failure is a ``PrometheusSourceError`` with one line: unreachable, too slow, an HTTP error,
-a selector Prometheus rejects, an answer that is not Prometheus', no matching samples, or a
-selector matching more than one pod (the decision tree judges one engine at a time).
+Every failure is a ``SourceError`` with one line: unreachable, too slow, an HTTP error, a query
+Prometheus rejects, an answer that is not Prometheus', no matching samples, or a selector matching
+more than one pod (the decision tree judges one engine at a time).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import numpy as np
+import numpy.typing as npt
 
 from kvdoctor.rules.signals import SIGNALS
 from kvdoctor.rules.window import SeriesKey, Window, labels_of
+from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, Closing, HttpClient, SourceError, one_line
 
 __all__ = [
     "MAX_POINTS",
     "MAX_RAW_SECONDS",
+    "PrometheusClient",
     "PrometheusSource",
-    "PrometheusSourceError",
+    "QueryRejected",
+    "RangeSeries",
     "default_step",
     "parse_selector",
 ]
 
+QUERY_PATH = "/api/v1/query"
+QUERY_RANGE_PATH = "/api/v1/query_range"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_POINTS = 1000  # range queries: at most this many steps per series
 MAX_RAW_SECONDS = 3600  # longer windows are read with a range query instead of raw samples
-MAX_BODY_BYTES = 256 * 1024 * 1024  # a bigger answer is refused, not parsed
+MAX_POINTS_PER_SERIES = 11000  # Prometheus refuses a range query with more points per series
 LOOKBACK_SECONDS = 300  # Prometheus' default lookback delta: an instant query sees samples this old
+# Uncompressed: a day of history is a few MB of JSON, and Prometheus gzipping it (and us gunzipping
+# it) costs more than moving the bytes between a client and a Prometheus in one cluster: a fifth
+# to two fifths of a day's history fetch, measured on two cores.
+HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity"}
 
 # Names whose newest sample tells where the data ends (histogram buckets add nothing to _count).
 _HEARTBEAT_NAMES = tuple(sorted(n for s in SIGNALS.values() for n in s.series_names if not n.endswith("_bucket")))
 _NAME_MATCHER = '__name__=~"kvdoctor_.+"'
 _MATCHER_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
 
+FloatArray = npt.NDArray[np.float64]
 
-class PrometheusSourceError(Exception):
-    """Prometheus could not give the window; the message is one line saying why."""
+
+class QueryRejected(SourceError):
+    """Prometheus refused the query itself (``bad_data``); ``detail`` is its reason."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+@dataclass
+class RangeSeries:
+    """One series of a matrix answer: its labels (``__name__`` included), timestamps and values."""
+
+    labels: dict[str, str]
+    ts: FloatArray
+    values: FloatArray
+
+
+class PrometheusClient(ApiClient):
+    """Instant and range queries against one Prometheus HTTP API."""
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        super().__init__(HttpClient(url, name="Prometheus", timeout=timeout, max_bytes=max_bytes, headers=HEADERS))
+
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query: ``(labels, value)`` per series of the vector (one unlabelled for a scalar)."""
+        data = self._data(QUERY_PATH, _instant_form(expr, at))
+        kind = data.get("resultType")
+        result: Any = data.get("result")
+        try:
+            if kind == "scalar":
+                return [({}, _value(result[1]))]
+            if kind != "vector":
+                raise self._unexpected(QUERY_PATH, f"a {kind} where a vector was expected")
+            return [(_labels(item), _value(item["value"][1])) for item in result or []]
+        except (AttributeError, KeyError, IndexError, TypeError) as exc:
+            raise self._malformed(QUERY_PATH, exc) from None
+
+    def query_series(self, expr: str, at: float | None = None) -> list[RangeSeries]:
+        """An instant query of a range vector (``x[60s]``): the raw samples of each series."""
+        return self._matrix(QUERY_PATH, self._data(QUERY_PATH, _instant_form(expr, at)))
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[RangeSeries]:
+        """A range query: each series evaluated every ``step`` seconds from ``start`` to ``end``."""
+        form = {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}
+        return self._matrix(QUERY_RANGE_PATH, self._data(QUERY_RANGE_PATH, form))
+
+    def _data(self, path: str, form: Mapping[str, str]) -> dict[str, Any]:
+        answer = self._http.post_form(path, form)
+        where = self._http.where(path)
+        try:
+            body = answer.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
+            if answer.status != 200:
+                raise self._http.status_error(answer)
+            raise SourceError(f"{where} does not answer like a Prometheus HTTP API (no Prometheus JSON)")
+        if body["status"] == "error":
+            error = one_line(body.get("error") or "")
+            if body.get("errorType") == "bad_data" or answer.status == 400:
+                raise QueryRejected(one_line(f"{where} rejected the query: {error}"), error)
+            raise SourceError(
+                one_line(f"{where} answered HTTP {answer.status}: {body.get('errorType') or 'error'}: {error}")
+            )
+        data = body.get("data") or {}
+        if not isinstance(data, dict):
+            raise self._unexpected(path, f"data is a {type(data).__name__}, not an object")
+        return data
+
+    def _matrix(self, path: str, data: dict[str, Any]) -> list[RangeSeries]:
+        if data.get("resultType") != "matrix":
+            raise self._unexpected(path, f"a {data.get('resultType')} where a matrix was expected")
+        out = []
+        try:
+            for item in data.get("result") or []:
+                points = item.get("values") or []
+                ts = np.fromiter((float(p[0]) for p in points), dtype=np.float64, count=len(points))
+                values = np.fromiter((_value(p[1]) for p in points), dtype=np.float64, count=len(points))
+                out.append(RangeSeries(_labels(item), ts, values))
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise self._malformed(path, exc) from None
+        return out
+
+    def _unexpected(self, path: str, what: str) -> SourceError:
+        return SourceError(one_line(f"{self._http.where(path)} sent an unexpected answer: {what}"))
+
+    def _malformed(self, path: str, exc: Exception) -> SourceError:
+        return SourceError(one_line(f"{self._http.where(path)} sent a malformed series: {type(exc).__name__}: {exc}"))
 
 
 def parse_selector(selector: str | None) -> str:
@@ -95,7 +199,7 @@ def default_step(seconds: float, interval: float | None = None) -> float:
     return max(float(interval or 0.0), seconds / MAX_POINTS, 0.001)
 
 
-class PrometheusSource:
+class PrometheusSource(Closing):
     """Canonical windows from one Prometheus (``url``) for the series matching ``selector``."""
 
     def __init__(
@@ -103,19 +207,17 @@ class PrometheusSource:
         url: str,
         selector: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        client: httpx.Client | None = None,
-    ):
-        if not re.match(r"https?://[^/\s]+", url or ""):
-            raise PrometheusSourceError(f"--prometheus needs an http(s) URL, got {url!r}")
+        client: PrometheusClient | None = None,
+    ) -> None:
+        self._client = client or PrometheusClient(url, timeout)
+        self._owns_client = client is None
         try:
             self.matchers = parse_selector(selector)
         except ValueError as exc:
-            raise PrometheusSourceError(str(exc)) from None
-        self.url = url.rstrip("/")
+            self.close()
+            raise SourceError(str(exc)) from None
+        self.url = self._client.url
         self.selector = "{" + self.matchers + "}"
-        self.timeout = float(timeout)
-        self._client = client or httpx.Client(timeout=self.timeout, follow_redirects=True)
-        self._owns_client = client is None
 
     @property
     def series_selector(self) -> str:
@@ -127,16 +229,10 @@ class PrometheusSource:
         """The timestamp of the newest matching sample at or before ``at`` (default: now), looking
         back ``LOOKBACK_SECONDS`` as an instant query does."""
         at = time.time() if at is None else at
-        result = self._get("query", {"query": self._newest_expression(), "time": _ts(at)})
-        try:
-            values = [float(r["value"][1]) for r in _vector(result)]
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise PrometheusSourceError(
-                f"unexpected Prometheus answer from {self.url} to the newest-sample query: "
-                f"{' '.join(str(result).split())[:80]}"
-            ) from None
+        with self._naming_the_selector():
+            values = [value for _, value in self._client.query(self._newest_expression(), at)]
         if not values or math.isnan(values[0]):
-            raise PrometheusSourceError(
+            raise SourceError(
                 f"no kvdoctor_* series match {self.selector} at {self.url} in the {LOOKBACK_SECONDS // 60} minutes "
                 f"before {_iso(at)} (for older data give --at)"
             )
@@ -160,142 +256,73 @@ class PrometheusSource:
         ``step=S``: a range query every ``S`` seconds.
         """
         if not seconds > 0:
-            raise PrometheusSourceError(f"the window must be positive, got {seconds!r} s")
+            raise SourceError(f"the window must be positive, got {seconds!r} s")
         end = self.newest_sample_time() if at is None else float(at)
         start = end - seconds
         if step is None and seconds > MAX_RAW_SECONDS:
             step = default_step(seconds)
-        if step is None:
-            rng = int(math.ceil(seconds)) + 1  # a little wider than the window, then cut exactly here
-            result = self._get("query", {"query": f"{self.series_selector}[{rng}s]", "time": _ts(end)})
-            window = _matrix_window(result, raw=True).slice(start, end)
-        else:
-            if not step > 0:
-                raise PrometheusSourceError(f"the step must be positive, got {step!r} s")
-            if seconds / step > 11000:  # Prometheus refuses more points per series than this
-                raise PrometheusSourceError(
-                    f"a {seconds:g} s window at a {step:g} s step is over Prometheus' "
-                    "11,000 points per series: raise the step"
-                )
-            result = self._get(
-                "query_range",
-                {"query": self.series_selector, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"},
-            )
-            window = _matrix_window(result, raw=False)
+        with self._naming_the_selector():
+            if step is None:
+                rng = math.ceil(seconds) + 1  # a little wider than the window, then cut exactly here
+                series = self._client.query_series(f"{self.series_selector}[{rng}s]", end)
+                window = _series_window(series).slice(start, end)
+            else:
+                if not step > 0:
+                    raise SourceError(f"the step must be positive, got {step!r} s")
+                if seconds / step > MAX_POINTS_PER_SERIES:
+                    raise SourceError(
+                        f"a {seconds:g} s window at a {step:g} s step is over Prometheus' "
+                        f"{MAX_POINTS_PER_SERIES:,} points per series: raise the step"
+                    )
+                window = _series_window(self._client.query_range(self.series_selector, start, end, step))
         if not len(window) or not window.series:
-            raise PrometheusSourceError(
+            raise SourceError(
                 f"no kvdoctor_* samples match {self.selector} at {self.url} between {_iso(start)} and {_iso(end)}"
             )
         _check_one_target(window, self.selector)
         return window
 
-    # --------------------------------------------------------------------------------- HTTP
-    def _get(self, path: str, params: dict[str, str]) -> Any:
-        url = f"{self.url}/api/v1/{path}"
+    @contextmanager
+    def _naming_the_selector(self) -> Iterator[None]:
+        """A rejected query is the selector's fault (kvdoctor writes the rest): say which one."""
         try:
-            # POST (form-encoded), which the query endpoints accept, keeps long expressions out of the URL
-            # httpx's timeout bounds each read, not the answer: read the body against one deadline.
-            deadline = time.monotonic() + self.timeout
-            with self._client.stream("POST", url, data=params, timeout=self.timeout) as response:
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        raise PrometheusSourceError(
-                            f"Prometheus at {self.url} sent an answer over "
-                            f"{MAX_BODY_BYTES // (1024 * 1024)} MiB: narrow the selector "
-                            "or the window"
-                        )
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise PrometheusSourceError(
-                            f"Prometheus at {self.url} did not finish answering within {self.timeout:g} s"
-                        )
-            raw = b"".join(chunks)
-        except httpx.TimeoutException:
-            raise PrometheusSourceError(f"Prometheus at {self.url} did not answer within {self.timeout:g} s") from None
-        except httpx.ConnectError as exc:
-            why = "connection refused" if "refused" in str(exc).lower() else (str(exc) or type(exc).__name__)
-            raise PrometheusSourceError(f"cannot reach Prometheus at {self.url}: {why}") from None
-        except httpx.HTTPError as exc:
-            raise PrometheusSourceError(f"Prometheus at {self.url}: {type(exc).__name__}: {exc}") from None
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
-            if response.status_code >= 400:
-                raise PrometheusSourceError(
-                    f"Prometheus at {self.url} answered HTTP {response.status_code} {response.reason_phrase}".rstrip()
-                )
-            raise PrometheusSourceError(
-                f"{self.url} does not answer like a Prometheus HTTP API (GET /api/v1/{path} gave no Prometheus JSON)"
-            )
-        if body["status"] == "error":
-            error = " ".join(str(body.get("error") or "").split())
-            if body.get("errorType") == "bad_data" or response.status_code == 400:
-                raise PrometheusSourceError(f"Prometheus rejected the query for selector {self.selector}: {error}")
-            raise PrometheusSourceError(
-                f"Prometheus at {self.url} answered HTTP {response.status_code}: "
-                f"{body.get('errorType') or 'error'}: {error}"
-            )
-        return body.get("data") or {}
+            yield
+        except QueryRejected as exc:
+            raise SourceError(
+                one_line(f"Prometheus rejected the query for selector {self.selector}: {exc.detail}")
+            ) from None
 
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
 
-    def __enter__(self) -> PrometheusSource:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _vector(data: Any) -> list[dict]:
-    if not isinstance(data, dict) or data.get("resultType") not in ("vector", "scalar"):
-        raise PrometheusSourceError(f"unexpected Prometheus answer: {str(data)[:80]}")
-    result = data.get("result") or []
-    if data["resultType"] == "scalar":
-        return [{"metric": {}, "value": result}]
-    return result
-
-
-def _matrix_window(data: Any, raw: bool) -> Window:
-    """A Window from a matrix result: one column per series, rows at the union of timestamps."""
-    if not isinstance(data, dict) or data.get("resultType") != "matrix":
-        raise PrometheusSourceError(f"unexpected Prometheus answer: {str(data)[:80]}")
-    rows: list[tuple[SeriesKey, np.ndarray, np.ndarray]] = []
-    for item in data.get("result") or []:
-        metric = dict(item.get("metric") or {})
-        name = metric.pop("__name__", None)
-        if not name:
-            continue
-        points = item.get("values") or []
-        if not points:
-            continue
-        ts = np.array([float(p[0]) for p in points])
-        values = np.array([_float(p[1]) for p in points])
-        rows.append(((name, labels_of(metric)), ts, values))
+def _series_window(series: list[RangeSeries]) -> Window:
+    """A Window from matrix series: one column per series, rows at the union of their timestamps."""
+    rows: list[tuple[SeriesKey, FloatArray, FloatArray]] = []
+    for s in series:
+        labels = dict(s.labels)
+        name = labels.pop("__name__", None)
+        if name and len(s.ts):
+            rows.append(((name, labels_of(labels)), s.ts, s.values))
     if not rows:
         return Window.empty()
     timestamps = np.unique(np.concatenate([ts for _, ts, _ in rows]))
-    series: dict[SeriesKey, np.ndarray] = {}
+    columns: dict[SeriesKey, FloatArray] = {}
     for key, ts, values in rows:
         column = np.full(len(timestamps), np.nan)
         column[np.searchsorted(timestamps, ts)] = values
-        series[key] = column
-    return Window(timestamps, series)
+        columns[key] = column
+    return Window(timestamps, columns)
 
 
 def _check_one_target(window: Window, selector: str) -> None:
     """The decision tree judges one engine and its GPUs: refuse a selector matching several pods."""
     for label in ("pod", "instance"):
-        values = sorted({dict(labels).get(label) for _, labels in window.series} - {None})
+        values = sorted({value for _, labels in window.series for key, value in labels if key == label})
         if len(values) > 1:
             shown = ", ".join(values[:4]) + (", ..." if len(values) > 4 else "")
-            raise PrometheusSourceError(
+            raise SourceError(
                 f"selector {selector} matches {len(values)} {label}s ({shown}): narrow it to one, "
                 f"e.g. --selector '{{{label}=\"{values[0]}\"}}'"
             )
@@ -303,7 +330,16 @@ def _check_one_target(window: Window, selector: str) -> None:
             return
 
 
-def _float(text: Any) -> float:
+def _instant_form(expr: str, at: float | None) -> dict[str, str]:
+    return {"query": expr} if at is None else {"query": expr, "time": _ts(at)}
+
+
+def _labels(item: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+
+
+def _value(text: Any) -> float:
+    """A sample value; NaN for one that is not a number (Prometheus writes NaN and ±Inf as text)."""
     try:
         return float(text)
     except (TypeError, ValueError):

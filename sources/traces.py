@@ -6,6 +6,7 @@ Reading checks that the file is text before parsing, so a wrong path is one clea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterable
@@ -57,10 +58,8 @@ def _write_atomically(path: str | os.PathLike[str], text: str) -> None:
         os.chmod(tmp, _file_mode(target))  # mkstemp makes 0600; a trace is an ordinary file
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

@@ -11,6 +11,19 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from kvdoctor.commands.ledger import load_gpu, load_model
+from kvdoctor.errors import UsageError
+from kvdoctor.exporter.adapters import ADAPTERS
+from kvdoctor.exporter.replay import AdapterNormaliser
+from kvdoctor.rules.diagnosis import Context, diagnose
+from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.rules.units import fmt_in_unit
+from kvdoctor.rules.window import Window
+from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.http import SourceError
+from kvdoctor.sources.prometheus import PrometheusSource
+from kvdoctor.sources.traces import TraceError, load_trace
+
 NAME = "diagnose"
 HELP = "say why decode is slow: verdict, evidence and actions for a window of samples"
 DESCRIPTION = """\
@@ -86,8 +99,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_time(text: str) -> float:
     """Unix seconds or an RFC 3339 timestamp (with a zone: ``Z`` or ``+02:00``) -> Unix seconds."""
-    from kvdoctor.errors import UsageError
-
     value = text.strip()
     try:
         seconds = float(value)
@@ -109,24 +120,17 @@ def parse_time(text: str) -> float:
     return parsed.timestamp()
 
 
-def _context(args):
-    from kvdoctor.errors import UsageError
-    from kvdoctor.rules.diagnosis import Context
-
-    slo_seconds = 0.1
+def _context(args: argparse.Namespace) -> Context:
+    slo_seconds = DEFAULT_SLO_SECONDS
     if args.slo_ms is not None:
         if not (args.slo_ms > 0 and math.isfinite(args.slo_ms)):
             raise UsageError(f"--slo-ms must be a positive number of milliseconds, got {args.slo_ms:g}")
         slo_seconds = args.slo_ms / 1000.0
     model = None
     if args.model_config:
-        from kvdoctor.commands.ledger import load_model
-
         model = load_model(args.model_config)
     peak = None
     if args.gpu:
-        from kvdoctor.commands.ledger import load_gpu
-
         peak = load_gpu(args.gpu).peak_bandwidth
     elif args.gpu_peak_bandwidth is not None:
         if not (args.gpu_peak_bandwidth > 0 and math.isfinite(args.gpu_peak_bandwidth)):
@@ -137,10 +141,7 @@ def _context(args):
     return Context(model=model, gpu_peak_bandwidth=peak, slo_seconds=slo_seconds)
 
 
-def _thresholds(args):
-    from kvdoctor.errors import UsageError
-    from kvdoctor.rules.thresholds import Thresholds
-
+def _thresholds(args: argparse.Namespace) -> Thresholds:
     if not args.thresholds:
         return Thresholds()
     try:
@@ -149,16 +150,12 @@ def _thresholds(args):
         raise UsageError(str(exc)) from None
 
 
-def _validate(args) -> None:
-    from kvdoctor.errors import UsageError
-
+def _validate(args: argparse.Namespace) -> None:
     if args.selector is not None and not args.prometheus:
         raise UsageError("--selector goes with --prometheus")
     if args.engine is not None:
         if not args.replay:
             raise UsageError("--engine goes with --replay (an exporter or Prometheus already holds canonical series)")
-        from kvdoctor.exporter.adapters import ADAPTERS
-
         if args.engine not in ADAPTERS:
             raise UsageError(f"unknown engine {args.engine!r} (choose from {', '.join(sorted(ADAPTERS))})")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
@@ -167,70 +164,50 @@ def _validate(args) -> None:
         raise UsageError(f"--window must be a positive number of seconds, got {args.window:g}")
 
 
-def load_window(args, seconds: float, at: float | None):
+def load_window(args: argparse.Namespace, seconds: float, at: float | None) -> tuple[Window, str]:
     """(the window to diagnose, a description of where it came from); UsageError on bad input."""
-    from kvdoctor.errors import UsageError
-
     if args.replay:
-        from kvdoctor.exporter.replay import AdapterNormaliser
-        from kvdoctor.sources.traces import TraceError, load_trace
-
-        try:
-            trace = load_trace(args.replay, AdapterNormaliser(args.engine))
-        except TraceError as exc:
-            raise UsageError(str(exc)) from None
-        full = trace.window
-        end = full.end if at is None else at
-        window = full.slice(end - seconds, end)
-        if not len(window) or not window.series:
-            raise UsageError(
-                f"{args.replay} has no samples in the {seconds:g} s before {_iso(end)} "
-                f"(it covers {_iso(full.start)} to {_iso(full.end)})"
-            )
-        how = f"raw {trace.engine} families through the {trace.engine} adapter" if trace.engine else "canonical series"
-        return window, f"replay of {args.replay} ({how})"
-
-    if args.prometheus:
-        from kvdoctor.sources.prometheus import PrometheusSource, PrometheusSourceError
-
-        try:
-            with PrometheusSource(args.prometheus, args.selector, timeout=args.timeout) as source:
-                window = source.window(seconds, at=at)
-        except PrometheusSourceError as exc:
-            raise UsageError(str(exc)) from None
-        return window, f"Prometheus {source.url}, {source.selector}"
-
-    from kvdoctor.commands.record import ExporterClient, ExporterError
-
-    client = ExporterClient(args.exporter, timeout=args.timeout)
+        return _replay_window(args, seconds, at)
     try:
-        # The exporter serves "the last N seconds of its clock"; ask for a little more, cut here.
-        back = seconds + (max(0.0, time.time() - at) if at is not None else 0.0) + 5
-        full = client.window(back)
-    except LookupError:
-        raise UsageError(f"{client.url} has no /api/v1/window: is it a kvdoctor exporter?") from None
-    except ExporterError as exc:
+        if args.prometheus:
+            with PrometheusSource(args.prometheus, args.selector, timeout=args.timeout) as source:
+                return source.window(seconds, at=at), f"Prometheus {source.url}, {source.selector}"
+        with ExporterClient(args.exporter, timeout=args.timeout) as client:
+            # The exporter serves "the last N seconds of its clock"; ask for a little more, cut here.
+            back = seconds + (max(0.0, time.time() - at) if at is not None else 0.0) + 5
+            full = client.window(back)
+    except SourceError as exc:
         raise UsageError(str(exc)) from None
-    finally:
-        client.close()
     if not len(full) or not full.series:
         raise UsageError(f"the exporter at {client.url} holds no samples yet")
+    return _cut(full, seconds, at, f"the exporter at {client.url}"), f"exporter {client.url}"
+
+
+def _replay_window(args: argparse.Namespace, seconds: float, at: float | None) -> tuple[Window, str]:
+    try:
+        trace = load_trace(args.replay, AdapterNormaliser(args.engine))
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    how = f"raw {trace.engine} families through the {trace.engine} adapter" if trace.engine else "canonical series"
+    return _cut(trace.window, seconds, at, args.replay), f"replay of {args.replay} ({how})"
+
+
+def _cut(full: Window, seconds: float, at: float | None, holder: str) -> Window:
+    """The ``seconds`` of ``full`` up to ``at`` (default: its end); UsageError naming ``holder`` if empty."""
     end = full.end if at is None else at
     window = full.slice(end - seconds, end)
     if not len(window) or not window.series:
         raise UsageError(
-            f"the exporter at {client.url} holds no samples in the {seconds:g} s before {_iso(end)} "
-            f"(it holds {_iso(full.start)} to {_iso(full.end)})"
+            f"{holder} has no samples in the {seconds:g} s before {_iso(end)} "
+            f"(it covers {_iso(full.start)} to {_iso(full.end)})"
         )
-    return window, f"exporter {client.url}"
+    return window
 
 
 # ------------------------------------------------------------------------------------- output
 
 
-def run(args) -> int:
-    from kvdoctor.rules.diagnosis import diagnose
-
+def run(args: argparse.Namespace) -> int:
     _validate(args)
     thresholds = _thresholds(args)
     context = _context(args)
@@ -274,16 +251,16 @@ def render(result, window, origin: str, context, colour: bool = False) -> str:
     lines += ["", "evidence"]
     rows = [("signal", "value", "threshold", "holds", "status")]
     for e in result.evidence:
-        value = _fmt(e.value, e.unit)
+        value = fmt_in_unit(e.value, e.unit)
         if e.comparison == "present":
             threshold = "is measured"
         else:
-            threshold = f"{e.comparison} {_fmt(e.threshold, e.unit)}" if e.comparison else ""
+            threshold = f"{e.comparison} {fmt_in_unit(e.threshold, e.unit)}" if e.comparison else ""
         holds = {True: "yes", False: "no", None: "-"}[e.holds]
         rows.append((e.feature, value, threshold, holds, "measured" if e.measured else "missing"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
-        text = "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+        text = "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         if i == 0 or row[4] == "missing":
             text = _paint(text, "dim", colour)
         lines.append(text)
@@ -309,26 +286,6 @@ def render(result, window, origin: str, context, colour: bool = False) -> str:
 
 def _span(window) -> str:
     return f"{window.end - window.start:.0f}" if len(window) else "0"
-
-
-def _fmt(value, unit: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    v = float(value)
-    if unit == "seconds":
-        return f"{v * 1000:.1f} ms"
-    if unit == "ratio":
-        return f"{v:.3f}"
-    if unit == "bytes/s":
-        for scale, name in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
-            if abs(v) >= scale:
-                return f"{v / scale:.2f} {name}"
-        return f"{v:.0f} B/s"
-    if unit == "tokens/s":
-        return f"{v:.1f} tokens/s"
-    if unit == "per minute":
-        return f"{v:.2f}/min"
-    return f"{v:.4g}" + (f" {unit}" if unit else "")
 
 
 def _iso(t: float) -> str:
