@@ -10,9 +10,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook, load_model_shape
-from kvdoctor.exporter.settings import ExporterSettings, collector_registry
+from kvdoctor.exporter.live_diagnosis import default_diagnose_hook
+from kvdoctor.exporter.runtime import Exporter
+from kvdoctor.exporter.settings import ExporterSettings, collector_registry, option_for
 from kvdoctor.rules.collection import Collector, NotApplicable, SourceError
+from kvdoctor.rules.model import load_model_shape
 
 log = logging.getLogger("kvdoctor.exporter")
 
@@ -75,7 +77,7 @@ def build_exporter(
         try:
             shape = load_model_shape(settings.model_config_path)
         except ValueError as exc:
-            raise ConfigError(f"--model-config (KVDOCTOR_MODEL_CONFIG): {exc}") from None
+            raise ConfigError(f"{option_for('model_config_path').where}: {exc}") from None
     collectors = build_collectors(settings) if include_registry else []
     extra = list(extra_collectors)
     extra_names = {c.name for c in extra}

@@ -40,6 +40,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import pynvml  # nvidia-ml-py: importing it loads no driver library (nvmlInit does)
+
 from kvdoctor.rules.collection import SourceError
 
 log = logging.getLogger(__name__)
@@ -47,11 +49,10 @@ log = logging.getLogger(__name__)
 Gpu = tuple[int, str, str]  # (NVML index, UUID, name), as the NVML collector passes them
 GpuFilter = Callable[[Sequence[Gpu]], list[Gpu]]
 
-MODES = ("auto", "all", "uuids", "file", "engine-processes")
 HELP = (
     "which GPUs to report: auto (CUDA_VISIBLE_DEVICES if set, else all), all, "
     "uuids:GPU-a,GPU-b, file:PATH (a list the engine writes), engine-processes "
-    "(GPUs running a process of this PID namespace); default auto"
+    "(GPUs running a process of this PID namespace)"
 )
 
 
@@ -238,8 +239,6 @@ def namespace_pids(proc: str = "/proc", exclude: Iterable[int] = ()) -> set[int]
 
 def nvml_compute_pids(index: int) -> list[int]:
     """PIDs with a compute (or MPS) context on NVML device ``index``; [] if NVML cannot say."""
-    import pynvml
-
     pids: list[int] = []
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)

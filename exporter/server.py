@@ -8,6 +8,7 @@ error and calling ``sys.exit`` from wherever it happens to run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import signal
@@ -116,10 +117,8 @@ class _QuietServer(uvicorn.Server):
         self.should_exit = True
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
                 loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # the loop has already closed
-                pass
 
 
 class ServerHandle:
@@ -149,10 +148,8 @@ class ServerHandle:
         if self._thread.is_alive():  # a stuck connection: stop waiting for it
             self._server.force_exit = True
             self._thread.join(timeout)
-        try:
+        with contextlib.suppress(OSError):
             self._socket.close()
-        except OSError:
-            pass
 
     def __enter__(self) -> ServerHandle:
         return self

@@ -1,7 +1,13 @@
-"""Exporter configuration: one pydantic-settings object, filled from flags and ``KVDOCTOR_*``.
+"""Exporter configuration: one pydantic-settings object, declared once, filled from flags and ``KVDOCTOR_*``.
 
-Every field has an environment variable ``KVDOCTOR_<FIELD>`` (``KVDOCTOR_ENGINE_URL``,
-``KVDOCTOR_INTERVAL``, ...). Collector switches come from the collector registry
+Each field carries everything said about it anywhere: its command-line flag, metavar, help and
+help group (``setting(...)``). ``options()`` reads them back: the CLI builds ``kvdoctor exporter``'s
+flags from it, ``markdown_table()`` is the README's configuration table, error messages name the
+flag and the variable, and tests/helm/ checks the chart's flags against it.
+
+Every field's environment variable is ``KVDOCTOR_<FIELD>`` (``KVDOCTOR_ENGINE_URL``,
+``KVDOCTOR_INTERVAL``, ...), unless the field declares its names as a ``validation_alias``
+(``KVDOCTOR_MODEL_CONFIG``). Collector switches come from the collector registry
 (``exporter/collectors/base.py``): ``--collector.NAME`` / ``--no-collector.NAME`` on the command
 line, ``KVDOCTOR_COLLECTOR_NAME=true|false`` in the environment. Flags win over the environment.
 
@@ -13,29 +19,39 @@ from __future__ import annotations
 
 import json
 import os
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kvdoctor.exporter.adapters import ADAPTERS
+from kvdoctor.exporter.collectors import REGISTRY, CollectorSpec
+from kvdoctor.exporter.gpu_filter import HELP as GPU_FILTER_HELP
+from kvdoctor.exporter.gpu_filter import parse_gpu_filter
+from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
+
 ENV_PREFIX = "KVDOCTOR_"
 COLLECTOR_ENV_PREFIX = ENV_PREFIX + "COLLECTOR_"
 
+# Help groups, in the order `kvdoctor exporter --help` shows them.
+SOURCES = "sources"
+CONTEXT = "model and GPU context"
+SERVING = "collection and serving"
 
-def collector_registry():
-    """The collector registry; importing the collectors package imports (registers) every collector."""
-    import kvdoctor.exporter.collectors  # noqa: F401
-    from kvdoctor.exporter.collectors.base import REGISTRY
+LogLevel = Literal["debug", "info", "warning", "error"]
 
+
+def collector_registry() -> dict[str, CollectorSpec]:
+    """The collector registry (filled by importing the collectors package)."""
     return REGISTRY
 
 
 def engine_choices() -> tuple[str, ...]:
-    from kvdoctor.exporter.adapters import ADAPTERS
-
     return ("auto", *ADAPTERS)
 
 
@@ -54,6 +70,16 @@ def normalise_url(value: str, default_path: str = "/metrics") -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
+def setting(default: Any, help: str, *, flag: str, group: str, metavar: str | None = None, **field: Any) -> Any:
+    """A settings field with its flag, metavar, help and help group.
+
+    ``help`` says what the value does; ``(default: X; KVDOCTOR_Y)`` is added where it is shown,
+    unless the help already explains its default (a default computed from other settings).
+    """
+    extra = {"flag": flag, "group": group, "metavar": metavar}
+    return Field(default, description=help, json_schema_extra=extra, **field)
+
+
 class _CollectorSwitchesFromEnv(PydanticBaseSettingsSource):
     """``KVDOCTOR_COLLECTOR_NAME=true|false`` -> ``collectors={"name": ...}``."""
 
@@ -70,55 +96,133 @@ class _CollectorSwitchesFromEnv(PydanticBaseSettingsSource):
 
 
 class ExporterSettings(BaseSettings):
-    """Everything ``kvdoctor exporter`` (and ``kvdoctor demo``) can be told."""
+    """Everything ``kvdoctor exporter`` (and ``kvdoctor demo``) can be told, in ``--help`` order."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        validate_default=True,
+        populate_by_name=True,  # a field with env aliases is still set by its own name
+    )
 
-    engine_url: str | None = Field(
-        None, description="URL of the engine's Prometheus endpoint (path defaults to /metrics)."
+    # --------------------------------------------------------------------------- sources
+    engine_url: str | None = setting(
+        None,
+        "the engine's metrics endpoint, e.g. http://127.0.0.1:8000/metrics (path defaults to /metrics)",
+        flag="--engine-url",
+        metavar="URL",
+        group=SOURCES,
     )
-    engine: str = Field(
-        "auto", description="Engine adapter: auto (recognised from the metric families) or an adapter name."
+    engine: str = setting(
+        "auto",
+        f"engine adapter: auto (recognised from the metric names) or one of {', '.join(ADAPTERS)}",
+        flag="--engine",
+        metavar="NAME",
+        group=SOURCES,
     )
-    dcgm_url: str | None = Field(None, description="URL of an existing dcgm-exporter's /metrics (optional).")
-    nvml: bool = Field(True, description="Read GPU counters through NVML (same as --collector.nvml).")
-    collectors: dict[str, bool] = Field(default_factory=dict, description="Collector switches: name -> enabled.")
-    interval: float = Field(1.0, gt=0, description="Seconds between collection cycles.")
-    host: str = Field("127.0.0.1", min_length=1, description="Address the HTTP server binds.")
-    port: int = Field(9745, ge=0, le=65535, description="Port the HTTP server binds (0: any free port).")
-    retention_seconds: float = Field(900.0, gt=0, description="Seconds of snapshots kept in memory.")
-    max_snapshots: int = Field(
-        3600, ge=1, le=1_000_000, description="Snapshots kept in memory at most (bounds memory whatever the interval)."
+    dcgm_url: str | None = setting(
+        None, "an existing dcgm-exporter's /metrics, for GPU counters", flag="--dcgm-url", metavar="URL", group=SOURCES
     )
-    max_series: int = Field(
+    nvml: bool = setting(
+        True, "read GPU counters through NVML (--no-nvml turns the nvml collector off)", flag="--nvml", group=SOURCES
+    )
+    collectors: dict[str, bool] = Field(
+        default_factory=dict,
+        description="turn a collector on or off (the collectors are listed below)",
+        json_schema_extra={"flag": "--collector.NAME", "group": SOURCES, "metavar": None},
+    )
+    scrape_timeout: float | None = setting(
+        None,
+        "seconds a source may take per collection (default: the interval, between 0.5 and 5)",
+        flag="--scrape-timeout",
+        metavar="S",
+        group=SOURCES,
+        gt=0,
+    )
+    max_body_bytes: int = setting(
+        16 * 1024 * 1024,
+        "largest /metrics body read from a source",
+        flag="--max-body-bytes",
+        metavar="N",
+        group=SOURCES,
+        ge=1024,
+    )
+
+    # --------------------------------------------------------------------------- context
+    model_config_path: str | None = setting(
+        None,
+        "the served model's Hugging Face config.json (enables kvdoctor_decode_step_floor_seconds)",
+        flag="--model-config",
+        metavar="PATH",
+        group=CONTEXT,
+        validation_alias=AliasChoices("kvdoctor_model_config", "kvdoctor_model_config_path"),
+    )
+    gpu_peak_bandwidth: float | None = setting(
+        None,
+        "peak DRAM bandwidth of one GPU in bytes/s (default: from NVML or the GPU catalogue)",
+        flag="--gpu-peak-bandwidth",
+        metavar="BYTES_PER_S",
+        group=CONTEXT,
+        gt=0,
+    )
+    gpu_filter: str = setting("auto", GPU_FILTER_HELP, flag="--gpu-filter", metavar="POLICY", group=CONTEXT)
+    pod: str | None = setting(
+        None, "value of the pod label added to every series", flag="--pod", metavar="NAME", group=CONTEXT
+    )
+    slo_ms: float = setting(
+        DEFAULT_SLO_SECONDS * 1000,
+        "per-token latency SLO (ITL p95, ms) the live diagnosis compares against",
+        flag="--slo-ms",
+        metavar="MS",
+        group=CONTEXT,
+        gt=0,
+    )
+    diagnosis_window: float = setting(
+        DIAGNOSIS_WINDOW_SECONDS,
+        "seconds of history the live diagnosis reads each cycle",
+        flag="--diagnosis-window",
+        metavar="S",
+        group=CONTEXT,
+        ge=5,
+        le=900,
+    )
+
+    # --------------------------------------------------------------------------- serving
+    interval: float = setting(1.0, "seconds between collections", flag="--interval", metavar="S", group=SERVING, gt=0)
+    host: str = setting("127.0.0.1", "address to bind", flag="--host", metavar="H", group=SERVING, min_length=1)
+    port: int = setting(
+        9745, "port to bind; 0: any free port", flag="--port", metavar="P", group=SERVING, ge=0, le=65535
+    )
+    retention_seconds: float = setting(
+        900.0, "seconds of samples kept in memory", flag="--retention", metavar="S", group=SERVING, gt=0
+    )
+    max_snapshots: int = setting(
+        3600,
+        "collection cycles kept in memory at most (bounds memory whatever the interval)",
+        flag="--max-snapshots",
+        metavar="N",
+        group=SERVING,
+        ge=1,
+        le=1_000_000,
+    )
+    max_series: int = setting(
         5000,
+        "series per cycle at most; the excess is dropped and counted (reason series_cap)",
+        flag="--max-series",
+        metavar="N",
+        group=SERVING,
         ge=64,
         le=1_000_000,
-        description="Series kept per snapshot at most; the rest are dropped and counted (reason series_cap).",
     )
-    scrape_timeout: float | None = Field(
-        None,
-        gt=0,
-        description="Seconds a source may take per collection (default: the interval, at least 0.5, at most 5).",
+    max_window_seconds: int = setting(
+        900,
+        "longest window /api/v1/window serves (at most the retention)",
+        flag="--max-window",
+        metavar="S",
+        group=SERVING,
+        ge=1,
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest /metrics body read from a source.")
-    model_config_path: str | None = Field(
-        None,
-        validation_alias=AliasChoices("model_config_path", "kvdoctor_model_config"),
-        description="Hugging Face config.json of the served model (enables the decode-step floor).",
-    )
-    gpu_peak_bandwidth: float | None = Field(
-        None, gt=0, description="Peak DRAM bandwidth of one GPU in bytes/s (overrides NVML and the catalogue)."
-    )
-    gpu_filter: str = Field("auto", description="Which GPUs the nvml collector reports (see exporter/gpu_filter.py).")
-    pod: str | None = Field(None, description="Value of the pod label added to every series.")
-    slo_ms: float = Field(
-        100.0, gt=0, description="Per-token latency SLO (ITL p95, ms) the live diagnosis compares against."
-    )
-    diagnosis_window: float = Field(
-        60.0, ge=5, le=900, description="Seconds of history the live diagnosis reads each cycle."
-    )
-    max_window_seconds: int = Field(900, ge=1, description="Longest window GET /api/v1/window serves.")
+    log_level: LogLevel = setting("info", "log level on stderr", flag="--log-level", group=SERVING)
 
     @classmethod
     def settings_customise_sources(
@@ -142,6 +246,11 @@ class ExporterSettings(BaseSettings):
             raise ValueError(f"unknown engine {value!r} (choose from {', '.join(choices)})")
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("collectors")
     @classmethod
     def _collectors(cls, value: dict[str, bool]) -> dict[str, bool]:
@@ -159,8 +268,6 @@ class ExporterSettings(BaseSettings):
     @field_validator("gpu_filter")
     @classmethod
     def _gpu_filter(cls, value: str) -> str:
-        from kvdoctor.exporter.gpu_filter import parse_gpu_filter
-
         return str(parse_gpu_filter(value))
 
     @field_validator("model_config_path")
@@ -200,35 +307,124 @@ class ExporterSettings(BaseSettings):
         return [name for name in collector_registry() if self.collector_enabled(name)]
 
 
-# Field -> the flag that sets it, for error messages.
-FLAGS = {
-    "engine_url": "--engine-url",
-    "engine": "--engine",
-    "dcgm_url": "--dcgm-url",
-    "nvml": "--nvml/--no-nvml",
-    "collectors": "--collector.NAME",
-    "interval": "--interval",
-    "host": "--host",
-    "port": "--port",
-    "retention_seconds": "--retention",
-    "max_snapshots": "--max-snapshots",
-    "max_series": "--max-series",
-    "scrape_timeout": "--scrape-timeout",
-    "max_body_bytes": "--max-body-bytes",
-    "model_config_path": "--model-config",
-    "gpu_peak_bandwidth": "--gpu-peak-bandwidth",
-    "gpu_filter": "--gpu-filter",
-    "pod": "--pod",
-    "max_window_seconds": "--max-window",
-}
+# ------------------------------------------------------------------------------- the fields, read back
 
 
-def _env_name(field: str) -> str:
-    if field == "model_config_path":
-        return "KVDOCTOR_MODEL_CONFIG"
-    if field == "collectors":
-        return "KVDOCTOR_COLLECTOR_NAME"
-    return ENV_PREFIX + field.upper()
+@dataclass(frozen=True)
+class Option:
+    """One setting as the outside sees it: flag, environment variables, default, help."""
+
+    field: str
+    flag: str  # "--retention"; "--collector.NAME" for the collector switches
+    metavar: str | None
+    help: str
+    group: str
+    env: tuple[str, ...]  # the variables that set it, the documented one first
+    default: Any
+    kind: type  # bool, int, float, str (the argparse type), or dict for the collector switches
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def is_switch(self) -> bool:
+        return self.kind is bool
+
+    @property
+    def is_collectors(self) -> bool:
+        return self.kind is dict
+
+    def flag_names(self) -> tuple[str, ...]:
+        """Every spelling on the command line (``--nvml``, ``--no-nvml``; one per collector)."""
+        if self.is_collectors:
+            return tuple(f"--{no}collector.{name}" for name in collector_registry() for no in ("", "no-"))
+        if self.is_switch:
+            return (self.flag, "--no-" + self.flag.removeprefix("--"))
+        return (self.flag,)
+
+    @property
+    def where(self) -> str:
+        """How messages name the setting: ``--nvml/--no-nvml (KVDOCTOR_NVML)``."""
+        return f"{'/'.join(self.flag_names())} ({self.env[0]})"
+
+    def default_text(self) -> str | None:
+        """The default as the help and the README show it; None where the help explains it."""
+        if self.is_collectors or self.default is None:
+            return None
+        if self.is_switch:
+            return "on" if self.default else "off"
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+    def help_line(self) -> str:
+        """The help with its default and environment variable: ``... (default: 1; env KVDOCTOR_INTERVAL)``."""
+        default = self.default_text()
+        notes = [f"default: {default}"] if default is not None else []
+        if self.env:
+            notes.append(f"env {self.env[0]}")
+        return f"{self.help} ({'; '.join(notes)})" if notes else self.help
+
+
+def _env_names(name: str, info: FieldInfo) -> tuple[str, ...]:
+    if name == "collectors":
+        return (COLLECTOR_ENV_PREFIX + "NAME",)
+    alias = info.validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(choice).upper() for choice in alias.choices)
+    if isinstance(alias, str):
+        return (alias.upper(),)
+    return (ENV_PREFIX + name.upper(),)
+
+
+def _kind(annotation: Any) -> tuple[type, tuple[str, ...] | None]:
+    """The argparse type of a field's annotation (``float | None`` -> float) and its choices."""
+    if typing.get_origin(annotation) is Literal:
+        return str, tuple(typing.get_args(annotation))
+    if typing.get_origin(annotation) is dict:
+        return dict, None
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return (args[0] if args else annotation), None
+
+
+def options() -> list[Option]:
+    """Every setting, in ``--help`` order."""
+    found = []
+    for name, info in ExporterSettings.model_fields.items():
+        extra = info.json_schema_extra
+        if not isinstance(extra, dict) or "flag" not in extra:
+            raise TypeError(f"ExporterSettings.{name} has no flag: declare it with setting(...)")
+        kind, choices = _kind(info.annotation)
+        found.append(
+            Option(
+                field=name,
+                flag=str(extra["flag"]),
+                metavar=str(extra["metavar"]) if extra.get("metavar") else None,
+                help=info.description or "",
+                group=str(extra["group"]),
+                env=_env_names(name, info),
+                default=None if info.default_factory is not None else info.default,
+                kind=kind,
+                choices=choices,
+            )
+        )
+    return found
+
+
+def option_for(field: str) -> Option | None:
+    return next((o for o in options() if o.field == field), None)
+
+
+def markdown_table() -> str:
+    """The README's configuration table (tests/test_readme.py checks it)."""
+    rows = ["| flag | environment variable | default | what it sets |", "|---|---|---|---|"]
+    for option in options():
+        flag = " / ".join(f"`{f}`" for f in option.flag_names()) if option.is_switch else f"`{option.flag}`"
+        if option.is_collectors:
+            flag = "`--collector.NAME` / `--no-collector.NAME`"
+        env = " or ".join(f"`{e}`" for e in option.env)
+        default = option.default_text()
+        what = " ".join(option.help.replace("|", "\\|").split())
+        if option.choices:
+            what = f"{what}: {', '.join(option.choices)}"
+        rows.append(f"| {flag} | {env} | {f'`{default}`' if default is not None else ''} | {what} |")
+    return "\n".join(rows)
 
 
 def error_line(exc: ValidationError) -> str:
@@ -236,9 +432,13 @@ def error_line(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
     loc = [str(part) for part in err.get("loc", ())]
     field = loc[0] if loc else ""
-    where = f"{FLAGS.get(field, field)} ({_env_name(field)})" if field in FLAGS else (field or "configuration")
-    if field == "collectors":
+    option = option_for(field) or next((o for o in options() if field in (e.lower() for e in o.env)), None)
+    if err.get("type") == "extra_forbidden" or option is None:
+        return f"unknown setting {field!r}" if field else "configuration: " + err.get("msg", "invalid value")
+    if option.is_collectors:
         where = f"--collector.{loc[1]} ({COLLECTOR_ENV_PREFIX}{loc[1].upper()})" if len(loc) > 1 else "collector switch"
+    else:
+        where = option.where
     message = err.get("msg", "invalid value")
     message = message.removeprefix("Value error, ").replace("Input should be", "must be")
     if err.get("type") in (
@@ -252,13 +452,11 @@ def error_line(exc: ValidationError) -> str:
         "int_from_float",
         "missing",
         "string_too_short",
+        "literal_error",
     ):
         message = f"{message[0].lower()}{message[1:]}, got {err.get('input')!r}"
-    flag = FLAGS.get(field, "")
-    if flag and message.startswith(flag):  # the validator already named the flag
-        message = message[len(flag) :].lstrip(": ")
-    if err.get("type") == "extra_forbidden":
-        return f"unknown setting {field!r}"
+    if message.startswith(option.flag):  # the validator already named the flag
+        message = message[len(option.flag) :].lstrip(": ")
     return f"{where}: {message}".replace("\n", " ")
 
 

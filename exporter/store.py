@@ -97,7 +97,7 @@ class RingStore:
             if not self._entries:
                 return None
             entry = self._entries[-1]
-        return Snapshot(entry.ts, dict(zip(entry.schema, entry.values.tolist())))
+        return Snapshot(entry.ts, dict(zip(entry.schema, entry.values.tolist(), strict=True)))
 
     def window(self, seconds: float, now: float | None = None) -> Window:
         """The snapshots of the last ``seconds`` before ``now``, as columns.
@@ -124,7 +124,7 @@ class RingStore:
     def snapshots(self) -> list[Snapshot]:
         with self._lock:
             entries = list(self._entries)
-        return [Snapshot(e.ts, dict(zip(e.schema, e.values.tolist()))) for e in entries]
+        return [Snapshot(e.ts, dict(zip(e.schema, e.values.tolist(), strict=True))) for e in entries]
 
 
 def _columns(entries: list[_Entry]) -> Window:
@@ -137,7 +137,7 @@ def _columns(entries: list[_Entry]) -> Window:
     if len(schemas) == 1:
         (schema,) = schemas.values()
         matrix = np.stack([e.values for e in entries], axis=1) if schema else np.empty((0, len(entries)))
-        return Window(timestamps, dict(zip(schema, matrix)))
+        return Window(timestamps, dict(zip(schema, matrix, strict=True)))
 
     # Several schemas (a series appeared or vanished): scatter each entry into the union.
     index: dict[SeriesKey, int] = {}
@@ -149,4 +149,4 @@ def _columns(entries: list[_Entry]) -> Window:
     matrix = np.full((len(index), len(entries)), np.nan)
     for col, e in enumerate(entries):
         matrix[positions[id(e.schema)], col] = e.values
-    return Window(timestamps, dict(zip(index, matrix)))
+    return Window(timestamps, dict(zip(index, matrix, strict=True)))

@@ -9,23 +9,15 @@ environment sets ``KVDOCTOR_DEBUG``).
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import sys
+import traceback
 
+from kvdoctor.commands import dashboard, demo, diagnose, exporter, ledger, record, rules, stress, version
 from kvdoctor.errors import UsageError
 
 # Command modules, in the order ``kvdoctor --help`` lists them.
-COMMANDS = (
-    "demo",
-    "exporter",
-    "dashboard",
-    "diagnose",
-    "record",
-    "ledger",
-    "rules",
-    "stress",
-    "version",
-)
+COMMANDS = (demo, exporter, dashboard, diagnose, record, ledger, rules, stress, version)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,8 +28,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvdoctor", description="Says why LLM decode is slow.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
-        module = importlib.import_module(f"kvdoctor.commands.{name}")
+    for module in COMMANDS:
         p = sub.add_parser(
             module.NAME,
             help=module.HELP,
@@ -63,16 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `kvdoctor diagnose | head`: the reader left; not an error of ours
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # last resort: one line, never a traceback (unless asked for)
-        import os
-
         if os.environ.get("KVDOCTOR_DEBUG"):
-            import traceback
-
             traceback.print_exc(file=sys.stderr)
         message = " ".join(str(exc).split())
         print(

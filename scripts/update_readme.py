@@ -1,4 +1,4 @@
-"""Regenerates the README's generated tables (metrics, collectors) in place.
+"""Regenerates the README's generated tables (exporter settings, collectors, metrics) in place.
 
 .venv/bin/python scripts/update_readme.py
 """
@@ -9,14 +9,19 @@ import re
 import sys
 from pathlib import Path
 
+from kvdoctor.exporter import settings
+from kvdoctor.exporter.collectors import base as collectors
+from kvdoctor.rules import signals
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def generated_blocks() -> dict[str, str]:
-    from kvdoctor.exporter.collectors import base as collectors
-    from kvdoctor.rules import signals
-
-    return {"metrics": signals.markdown_table(), "collectors": collectors.markdown_table()}
+    return {
+        "exporter-settings": settings.markdown_table(),
+        "metrics": signals.markdown_table(),
+        "collectors": collectors.markdown_table(),
+    }
 
 
 def render(text: str) -> str:
@@ -24,7 +29,7 @@ def render(text: str) -> str:
         pattern = re.compile(rf"(<!-- {name}:begin[^>]*-->\n).*?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"update_readme: README.md lacks the <!-- {name}:begin --> marker")
-        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 

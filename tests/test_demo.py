@@ -66,13 +66,13 @@ def run_demo(capsys, *args):
 
 def test_unknown_scenario_is_a_usage_error(capsys):
     rc, out, err = run_demo(capsys, "--scenario", "nope")
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and "invalid choice: 'nope'" in err
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "invalid choice: 'nope'" in err
 
 
 @pytest.mark.parametrize("flag, value", [("--interval", "0"), ("--slo-ms", "-3"), ("--port", "70000")])
 def test_bad_numbers_are_usage_errors(capsys, flag, value):
     rc, out, err = run_demo(capsys, flag, value)
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and flag in err
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and flag in err
 
 
 def test_port_in_use_is_one_line_and_exit_2(capsys):
@@ -81,7 +81,7 @@ def test_port_in_use_is_one_line_and_exit_2(capsys):
         taken.listen()
         port = taken.getsockname()[1]
         rc, out, err = run_demo(capsys, "--port", port, "--no-dashboard", "--status-every", "0")
-    assert rc == 2
+    assert (rc, out) == (2, "")
     assert err.strip().splitlines() == [
         f"kvdoctor demo: error: exporter: port {port} on 127.0.0.1 is already in use (choose another with --port)"
     ]

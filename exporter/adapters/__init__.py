@@ -21,12 +21,7 @@ ADAPTERS: dict[str, EngineAdapter] = {}
 TIER_ADAPTERS: dict[str, EngineAdapter] = {}
 
 for _name in _MODULES:
-    try:
-        _mod = importlib.import_module(f"{__name__}.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"{__name__}.{_name}":
-            raise
-        continue
+    _mod = importlib.import_module(f"{__name__}.{_name}")
     if hasattr(_mod, "ADAPTER"):
         ADAPTERS[_mod.ADAPTER.name] = _mod.ADAPTER
     if hasattr(_mod, "TIER_ADAPTER"):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvdoctor.rules.signals import SIGNALS, Kind
-from kvdoctor.rules.window import Labels, SeriesKey
+from kvdoctor.rules.window import SeriesKey
 
 # (sample name, labels as a dict, value) -- what the exposition parser yields for one sample
 RawSample = tuple[str, Mapping[str, str], float]
@@ -187,7 +187,3 @@ class EngineAdapter:
             if all(other.get(k) == v for k, v in match.items()) and all(other.get(k) == labels[k] for k in ident):
                 return value
         return None
-
-
-def labels_tuple(d: Mapping[str, str]) -> Labels:
-    return tuple(sorted(d.items()))

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from kvdoctor.exporter.collectors.base import register
+from kvdoctor.exporter.gpu_filter import make_gpu_filter
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.window import SeriesKey
@@ -37,8 +38,8 @@ MIB = 1024 * 1024
 
 # dcgm-exporter field -> (canonical signal, scale, method label or None)
 FIELDS: dict[str, tuple[str, float, str | None]] = {
-    "DCGM_FI_PROF_DRAM_ACTIVE": (S.GPU_DRAM_BANDWIDTH_UTILIZATION, 1.0, "dcgm"),
-    "DCGM_FI_PROF_SM_ACTIVE": (S.GPU_SM_ACTIVE, 1.0, "dcgm"),
+    "DCGM_FI_PROF_DRAM_ACTIVE": (S.GPU_DRAM_BANDWIDTH_UTILIZATION, 1.0, S.METHOD_DCGM),
+    "DCGM_FI_PROF_SM_ACTIVE": (S.GPU_SM_ACTIVE, 1.0, S.METHOD_DCGM),
     "DCGM_FI_PROF_PCIE_RX_BYTES": (S.GPU_PCIE_RX, 1.0, None),
     "DCGM_FI_PROF_PCIE_TX_BYTES": (S.GPU_PCIE_TX, 1.0, None),
     "DCGM_FI_DEV_FB_USED": (S.GPU_MEMORY_USED, MIB, None),
@@ -131,6 +132,4 @@ def _gpu_filter(settings):
     spec = getattr(settings, "gpu_filter", None)
     if not spec:
         return None
-    from kvdoctor.exporter.gpu_filter import make_gpu_filter
-
     return make_gpu_filter(spec)

@@ -32,15 +32,20 @@ found, for a GPU machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pynvml  # nvidia-ml-py: importing it loads no driver library (nvmlInit does)
+
 from kvdoctor.exporter.collectors.base import register
+from kvdoctor.exporter.gpu_filter import make_gpu_filter
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
+from kvdoctor.rules.ledger import lookup_gpu
 from kvdoctor.rules.window import SeriesKey
 
 GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
@@ -70,10 +75,6 @@ def peak_bandwidth(bus_width_bits: float, max_memory_clock_mhz: float) -> float:
 
 def catalogue_peak_bandwidth(name: str) -> float | None:
     """The ledger's catalogue figure for an NVML device name, if the ledger knows the GPU."""
-    try:
-        from kvdoctor.rules.ledger import lookup_gpu
-    except ImportError:
-        return None
     spec = lookup_gpu(name)
     return spec.peak_bandwidth if spec is not None else None
 
@@ -116,9 +117,7 @@ class NvmlCollector:
         backoff_initial: float = BACKOFF_INITIAL,
         backoff_max: float = BACKOFF_MAX,
     ):
-        if pynvml_module is None:
-            import pynvml as pynvml_module  # nvidia-ml-py; loading libnvidia-ml waits for nvmlInit
-        self._nv = pynvml_module
+        self._nv = pynvml if pynvml_module is None else pynvml_module
         self._filter = gpu_filter
         self._peak_override = peak_bandwidth_override
         self.extra_labels = dict(extra_labels or {})
@@ -203,19 +202,15 @@ class NvmlCollector:
 
     def _free_gpm(self, gpu: GpuState) -> None:
         for sample in gpu.gpm_samples:
-            try:
+            with contextlib.suppress(Exception):  # freeing is best effort
                 self._nv.nvmlGpmSampleFree(sample)
-            except Exception:
-                pass
         gpu.gpm_samples, gpu.gpm_prev = [], None
 
     def _shutdown(self) -> None:
         for gpu in self.gpus:
             self._free_gpm(gpu)
-        try:
+        with contextlib.suppress(Exception):  # shutting down is best effort
             self._nv.nvmlShutdown()
-        except Exception:
-            pass
         self._initialised = False
 
     def _mark_lost(self, gpu: GpuState) -> None:
@@ -317,12 +312,12 @@ class NvmlCollector:
             if values is not None:
                 for _, signal, _, with_method in GPM_METRICS:
                     if signal in values:
-                        out[key(signal, method="gpm") if with_method else key(signal)] = values[signal]
+                        out[key(signal, method=S.METHOD_GPM) if with_method else key(signal)] = values[signal]
                 return out
         rates = self._optional(nv.nvmlDeviceGetUtilizationRates, gpu.handle)
         if rates is not None:
-            out[key(S.GPU_DRAM_BANDWIDTH_UTILIZATION, method="nvml_util")] = rates.memory / 100.0
-            out[key(S.GPU_SM_ACTIVE, method="nvml_util")] = rates.gpu / 100.0
+            out[key(S.GPU_DRAM_BANDWIDTH_UTILIZATION, method=S.METHOD_NVML_UTIL)] = rates.memory / 100.0
+            out[key(S.GPU_SM_ACTIVE, method=S.METHOD_NVML_UTIL)] = rates.gpu / 100.0
         for counter, signal in (
             (nv.NVML_PCIE_UTIL_TX_BYTES, S.GPU_PCIE_TX),
             (nv.NVML_PCIE_UTIL_RX_BYTES, S.GPU_PCIE_RX),
@@ -402,8 +397,6 @@ def nvml_collector(settings) -> NvmlCollector:
     gpu_filter = None
     spec = getattr(settings, "gpu_filter", None)
     if spec:
-        from kvdoctor.exporter.gpu_filter import make_gpu_filter
-
         gpu_filter = make_gpu_filter(spec)
     pod = getattr(settings, "pod", None)
     return NvmlCollector(
@@ -419,11 +412,7 @@ def nvml_collector(settings) -> NvmlCollector:
 def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
     """Read every GPU twice through the real NVML path and print what was read; 0 if all read."""
     out = out or sys.stdout
-    try:
-        collector = NvmlCollector(pynvml_module)
-    except ImportError:
-        print("gpu check: the pynvml module (PyPI nvidia-ml-py) is not installed", file=sys.stderr)
-        return 1
+    collector = NvmlCollector(pynvml_module)
     try:
         collector.collect()
         time.sleep(pause)  # GPM needs two samples
@@ -437,9 +426,8 @@ def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
     try:
         for gpu in collector.gpus:
             print(f"GPU {gpu.index}: {gpu.name} {gpu.uuid}", file=out)
-            print(
-                f"  GPM supported: {'yes' if gpu.gpm else 'no'} (method={'gpm' if gpu.gpm else 'nvml_util'})", file=out
-            )
+            method = S.METHOD_GPM if gpu.gpm else S.METHOD_NVML_UTIL
+            print(f"  GPM supported: {'yes' if gpu.gpm else 'no'} (method={method})", file=out)
             if gpu.lost or gpu.last_error:
                 print(f"  ERROR: {gpu.last_error or 'lost'}", file=out)
                 continue

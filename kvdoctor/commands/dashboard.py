@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import threading
+from types import ModuleType
+
+from kvdoctor.errors import UsageError
+
 NAME = "dashboard"
 HELP = "serve the web dashboard (Live, Ledger, Fleet)"
 DESCRIPTION = """\
@@ -15,10 +22,27 @@ Binds 127.0.0.1 unless --host says otherwise. Basic auth: set KVDOCTOR_DASHBOARD
 ("user:password,...") or KVDOCTOR_DASHBOARD_AUTH_FILE (a file of user:password lines).
 Other settings from the environment: KVDOCTOR_DASHBOARD_REFRESH (seconds between live updates),
 KVDOCTOR_DASHBOARD_LIVE_SECONDS (seconds the live charts keep), KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT
-(seconds an exporter answer may take)."""
+(seconds an exporter answer may take).
+
+Needs the [dashboard] extra: pip install 'kvdoctor[dashboard]'."""
+
+# Top-level modules of the [dashboard] extra and what they pull in: one missing means the extra is.
+DASHBOARD_EXTRA_MODULES = frozenset({"dash", "plotly", "matplotlib", "tsdownsample", "flask", "werkzeug"})
+MISSING_EXTRA = "the dashboard is not installed; install it with: pip install 'kvdoctor[dashboard]'"
 
 
-def add_arguments(parser) -> None:
+def load_dashboard_app(hint: str = "") -> ModuleType:
+    """``kvdoctor.dashboard.app``; a UsageError naming the extra when its dependencies are missing."""
+    try:
+        import kvdoctor.dashboard.app as app  # noqa: PLC0415  (the optional [dashboard] extra: dash, plotly, ...)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in DASHBOARD_EXTRA_MODULES:
+            raise
+        raise UsageError(MISSING_EXTRA + hint) from None
+    return app
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="URL", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090")
     parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
@@ -28,27 +52,22 @@ def add_arguments(parser) -> None:
     )
 
 
-def run(args) -> int:
-    import os
-    import threading
-
-    from kvdoctor.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, create_app, serve_in_thread
-    from kvdoctor.errors import UsageError
-
+def run(args: argparse.Namespace) -> int:
+    dashboard = load_dashboard_app()
     exporter = args.exporter or os.environ.get("KVDOCTOR_DASHBOARD_EXPORTER_URL")
     prometheus = args.prometheus or os.environ.get("KVDOCTOR_DASHBOARD_PROMETHEUS_URL")
     if not exporter and not prometheus:
         raise UsageError("give --exporter URL and/or --prometheus URL")
-    port = DEFAULT_PORT if args.port is None else args.port
+    port = dashboard.DEFAULT_PORT if args.port is None else args.port
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {port}")
-    host = args.host or DEFAULT_HOST
+    host = args.host or dashboard.DEFAULT_HOST
     try:
-        app = create_app(exporter_url=exporter, prometheus_url=prometheus, refresh_seconds=args.refresh)
+        app = dashboard.create_app(exporter_url=exporter, prometheus_url=prometheus, refresh_seconds=args.refresh)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
-        handle = serve_in_thread(app, host, port)
+        handle = dashboard.serve_in_thread(app, host, port)
     except OSError as exc:
         raise UsageError(exc.strerror or str(exc)) from None
     print(f"kvdoctor dashboard: {handle.url}", flush=True)

@@ -12,13 +12,29 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
+from pydantic import ValidationError
+
+from kvdoctor.commands.dashboard import load_dashboard_app
+from kvdoctor.errors import UsageError
+from kvdoctor.exporter.app import create_app
+from kvdoctor.exporter.assembly import ConfigError, build_exporter
+from kvdoctor.exporter.server import ServerError, serve_in_thread
+from kvdoctor.exporter.settings import error_line, load_settings
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.stats import histogram_quantile
+from kvdoctor.simulator import gpu as simulated_gpu
+from kvdoctor.simulator.engine_server import EngineServer
+from kvdoctor.simulator.physics import Simulation
+from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
+
 NAME = "demo"
 HELP = "run the exporter and dashboard against a built-in simulated vLLM engine and GPU"
 DESCRIPTION = """\
 Starts a simulated vLLM engine on a free loopback port (it serves vLLM-format /metrics, so the
 exporter goes through the same HTTP scrape and vLLM adapter as in production), a simulated GPU
-(the nvml collector's signals, method="gpm"), the exporter, and the dashboard when it is
-installed. Then prints a one-line status every few seconds until Ctrl-C.
+(the nvml collector's signals, method="gpm"), the exporter, and the dashboard (the [dashboard]
+extra; --no-dashboard without it). Then prints a one-line status every few seconds until Ctrl-C.
 
 The simulated deployment is Llama-2-7B (32 KV heads: 512 KiB of KV per token) on one H100 with
 vLLM's defaults; its numbers come from the ledger's arithmetic (rules/ledger.py). Scenarios:
@@ -63,8 +79,6 @@ def _port(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
-
     parser.add_argument(
         "--scenario", default="healthy", choices=SCENARIO_CHOICES, help="the simulated workload (default: healthy)"
     )
@@ -106,16 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _latest(window, name: str) -> float:
     """The newest value of series ``name``, the highest one if there are several (NaN if absent)."""
-    import numpy as np
-
     newest = [values[~np.isnan(values)][-1] for values in window.select(name).values() if (~np.isnan(values)).any()]
     return float(max(newest)) if newest else math.nan
 
 
 def _counter_rate(window, name: str) -> float:
     """Per-second increase of the sum of counters ``name`` over the window (resets skipped)."""
-    import numpy as np
-
     total, seconds = 0.0, 0.0
     for values in window.select(name).values():
         ok = ~np.isnan(values)
@@ -129,11 +139,6 @@ def _counter_rate(window, name: str) -> float:
 
 
 def _itl_quantiles(window, qs=(0.5, 0.95)) -> list[float]:
-    import numpy as np
-
-    from kvdoctor.rules import signals as S
-    from kvdoctor.rules.stats import histogram_quantile
-
     bounds, counts = [], []
     for labels, values in window.select(S.INTER_TOKEN_LATENCY + "_bucket").items():
         ok = ~np.isnan(values)
@@ -151,7 +156,6 @@ def _itl_quantiles(window, qs=(0.5, 0.95)) -> list[float]:
 
 def status_line(window, diagnosis: dict | None, now: float | None = None) -> str:
     """One line: KV %, ITL p50/p95, DRAM BW %, SM %, preemptions/s and the verdict."""
-    from kvdoctor.rules import signals as S
 
     def pct(v: float) -> str:
         return "  --" if math.isnan(v) else f"{v * 100:3.0f}%"
@@ -177,17 +181,7 @@ def status_line(window, diagnosis: dict | None, now: float | None = None) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from kvdoctor.errors import UsageError
-    from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.assembly import ConfigError, build_exporter
-    from kvdoctor.exporter.server import ServerError, serve_in_thread
-    from kvdoctor.exporter.settings import error_line, load_settings
-    from kvdoctor.simulator import gpu as simulated_gpu
-    from kvdoctor.simulator.engine_server import EngineServer
-    from kvdoctor.simulator.physics import Simulation
-
+    dashboard_app = None if args.no_dashboard else load_dashboard_app(" (or run the demo with --no-dashboard)")
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -239,16 +233,13 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(exporter_http.stop)
 
         dashboard_url = None
-        if not args.no_dashboard:
-            from kvdoctor.dashboard.app import create_app as create_dashboard
-            from kvdoctor.dashboard.app import serve_in_thread as serve_dashboard
-
+        if dashboard_app is not None:
             try:
-                dashboard = create_dashboard(exporter_url=exporter_http.url)
+                dashboard = dashboard_app.create_app(exporter_url=exporter_http.url)
             except ValueError as exc:  # e.g. a malformed KVDOCTOR_DASHBOARD_USERS
                 raise UsageError(f"dashboard: {exc}") from None
             try:
-                dashboard_http = serve_dashboard(dashboard, "127.0.0.1", args.dashboard_port)
+                dashboard_http = dashboard_app.serve_in_thread(dashboard, "127.0.0.1", args.dashboard_port)
             except OSError as exc:
                 raise UsageError(
                     f"{exc.strerror or exc} (choose another with --dashboard-port, or --no-dashboard)"
@@ -265,8 +256,6 @@ def run(args: argparse.Namespace) -> int:
         )
         if dashboard_url:
             print(f"  dashboard   {dashboard_url}", flush=True)
-        elif not args.no_dashboard:
-            print("  dashboard   (not installed in this build)", flush=True)
         print(f"  metrics     {exporter_http.url}/metrics", flush=True)
         print(f"  diagnosis   {exporter_http.url}/api/v1/diagnosis", flush=True)
         print(

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
+
+from kvdoctor.errors import UsageError
+from kvdoctor.rules.ledger import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GPU_CATALOGUE,
+    GpuSpec,
+    lookup_gpu,
+    offload_feasibility,
+    what_if_rows,
+)
+from kvdoctor.rules.model import COMMON_MODELS, ModelShape, load_model_shape
+from kvdoctor.rules.units import BYTES_TABLE, fmt_bytes, fmt_duration
 
 NAME = "ledger"
 HELP = "KV bytes per token, decode floor and tokens/s ceiling for a model on a GPU, with what-ifs"
@@ -40,8 +51,6 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
-
     parser.add_argument(
         "--model",
         required=True,
@@ -74,31 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
-def load_model(spec: str):
+def load_model(spec: str) -> ModelShape:
     """A ModelShape from a config.json path or a common model name; UsageError otherwise."""
-    from kvdoctor.errors import UsageError
-    from kvdoctor.rules.ledger import COMMON_MODELS, ModelShape, dtype_bytes
-
     path = Path(spec).expanduser()
     if path.is_file():
         try:
-            config = json.loads(path.read_text())
-        except UnicodeDecodeError:
-            raise UsageError(f"{spec!r} is not a text file") from None
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{spec!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
-        except OSError as exc:
-            raise UsageError(f"cannot read {spec!r}: {exc.strerror or exc}") from None
-        if not isinstance(config, dict):
-            raise UsageError(f"{spec!r} is not a model config (expected a JSON object)")
-        try:
-            shape = ModelShape.from_hf_config(config, name=config.get("_name_or_path") or path.parent.name or path.stem)
-            dtype_bytes(shape.dtype)
+            return load_model_shape(spec)
         except ValueError as exc:
-            raise UsageError(f"{spec}: {exc}") from None
-        if shape.num_layers <= 0 or shape.num_kv_heads <= 0 or shape.head_dim <= 0:
-            raise UsageError(f"{spec}: model config has a non-positive layer, head or head_dim count")
-        return shape
+            raise UsageError(str(exc)) from None
     wanted = spec.strip().lower()
     for name, shape in COMMON_MODELS.items():
         if wanted in (name.lower(), name.lower().replace("-", "")) or wanted.rsplit("/", 1)[-1] == name.lower():
@@ -109,28 +101,11 @@ def load_model(spec: str):
     raise UsageError(f"unknown model {spec!r}: not a file, and not one of {', '.join(COMMON_MODELS)}")
 
 
-def load_gpu(spec: str):
-    from kvdoctor.errors import UsageError
-    from kvdoctor.rules.ledger import GPU_CATALOGUE, lookup_gpu
-
+def load_gpu(spec: str) -> GpuSpec:
     gpu = lookup_gpu(spec)
     if gpu is None:
         raise UsageError(f"unknown GPU {spec!r} (known: {', '.join(GPU_CATALOGUE)})")
     return gpu
-
-
-def _bytes(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.1f} GB"
-    if n >= 1e6:
-        return f"{n / 1e6:.1f} MB"
-    return f"{n / 1024:.1f} KiB"
-
-
-def _ms(seconds: float) -> str:
-    if math.isinf(seconds):
-        return "inf"
-    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _change(ratio: float) -> str:
@@ -138,10 +113,8 @@ def _change(ratio: float) -> str:
     return "=" if abs(pct) < 0.05 else f"{pct:+.0f}%"
 
 
-def compute(shape, gpu, context: int, batch: int, kv_dtype: str | None) -> dict:
+def compute(shape: ModelShape, gpu: GpuSpec, context: int, batch: int, kv_dtype: str | None) -> dict:
     """Everything the command prints, as one JSON-able dict."""
-    from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, offload_feasibility, what_if_rows
-
     rows = what_if_rows(shape, gpu, context, batch, kv_dtype)
     base = rows[0]
     offload = offload_feasibility(shape, gpu, context, batch, kv_dtype)
@@ -193,12 +166,13 @@ def render(result: dict) -> str:
         f"({g['peak_bandwidth'] / 1e9:,.0f} GB/s, {g['memory_bytes'] / 1e9:.0f} GB): "
         f"{batch} x {ctx:,} tokens, KV {result['kv_dtype']}",
         "",
-        f"  KV bytes per token    {_bytes(result['kv_bytes_per_token'])}",
-        f"  live KV               {_bytes(result['live_kv_bytes'])}  ({batch} sequences x {ctx:,} tokens)",
-        f"  weights               {_bytes(result['weight_bytes'])}"
+        f"  KV bytes per token    {fmt_bytes(result['kv_bytes_per_token'], BYTES_TABLE)}",
+        f"  live KV               {fmt_bytes(result['live_kv_bytes'], BYTES_TABLE)}  "
+        f"({batch} sequences x {ctx:,} tokens)",
+        f"  weights               {fmt_bytes(result['weight_bytes'], BYTES_TABLE)}"
         if result["weights_known"]
         else "  weights               unknown (config lacks vocab_size or intermediate_size): the floor counts KV only",
-        f"  decode step floor     {_ms(result['step_floor_seconds'])}  ((weights + live KV) / peak bandwidth)",
+        f"  decode step floor     {fmt_duration(result['step_floor_seconds'])}  ((weights + live KV) / peak bandwidth)",
         f"  tokens/s ceiling      {result['tokens_per_second_per_sequence']:,.1f} per sequence, "
         f"{result['tokens_per_second_total']:,.0f} total",
     ]
@@ -206,14 +180,14 @@ def render(result: dict) -> str:
     share = f"{result['gpu_memory_utilization']:.0%} of {g['memory_bytes'] / 1e9:.0f} GB minus weights"
     if result["fits"]:
         lines.append(
-            f"  fits in GPU memory?   yes: the KV pool ({_bytes(pool)}, {share}) holds "
+            f"  fits in GPU memory?   yes: the KV pool ({fmt_bytes(pool, BYTES_TABLE)}, {share}) holds "
             f"{result['max_batch']:,} sequences of {ctx:,} tokens"
         )
     elif pool <= 0:
         lines.append(f"  fits in GPU memory?   no: the weights alone exceed {share.split(' minus')[0]}")
     else:
         lines.append(
-            f"  fits in GPU memory?   no: the KV pool ({_bytes(pool)}, {share}) holds only "
+            f"  fits in GPU memory?   no: the KV pool ({fmt_bytes(pool, BYTES_TABLE)}, {share}) holds only "
             f"{result['max_batch']:,} sequences of {ctx:,} tokens"
         )
 
@@ -229,8 +203,9 @@ def render(result: dict) -> str:
         )
         flag = f"   {row['flag']}" if row["flag"] else ""
         lines.append(
-            f"  {row['label']:<28} {_bytes(row['kv_bytes_per_token']):<10} {_bytes(row['live_kv_bytes']):<10} "
-            f"{_ms(row['step_floor_seconds']):<11} {row['tokens_per_second_total']:<10,.0f} "
+            f"  {row['label']:<28} {fmt_bytes(row['kv_bytes_per_token'], BYTES_TABLE):<10} "
+            f"{fmt_bytes(row['live_kv_bytes'], BYTES_TABLE):<10} "
+            f"{fmt_duration(row['step_floor_seconds']):<11} {row['tokens_per_second_total']:<10,.0f} "
             f"{'yes' if row['fits'] else 'no':<5} {change}{flag}"
         )
 
@@ -242,8 +217,9 @@ def render(result: dict) -> str:
     else:
         verdict = "hides behind the step" if o["hideable"] else "cannot hide behind the step"
         lines.append(
-            f"  {_bytes(o['overflow_bytes'])} of KV does not fit and would live on the host: moving it "
-            f"takes {_ms(o['transfer_seconds_per_step'])} per step against a {_ms(o['step_seconds'])} "
+            f"  {fmt_bytes(o['overflow_bytes'], BYTES_TABLE)} of KV does not fit and would live on the host: moving it "
+            f"takes {fmt_duration(o['transfer_seconds_per_step'])} per step "
+            f"against a {fmt_duration(o['step_seconds'])} "
             f"step ({verdict})."
         )
         lines.append(
@@ -251,15 +227,14 @@ def render(result: dict) -> str:
             "GPU when the step reads it (prefetch hit rate)."
         )
     lines.append(
-        f"  a prefix hit served from the host ({ctx:,} tokens, {_bytes(result['kv_bytes_per_token'] * ctx)}) "
-        f"takes {_ms(o['prefix_load_seconds'])} to load: {o['prefix_load_steps']:.1f} decode steps."
+        f"  a prefix hit served from the host ({ctx:,} tokens, "
+        f"{fmt_bytes(result['kv_bytes_per_token'] * ctx, BYTES_TABLE)}) "
+        f"takes {fmt_duration(o['prefix_load_seconds'])} to load: {o['prefix_load_steps']:.1f} decode steps."
     )
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvdoctor.errors import UsageError
-
     shape = load_model(args.model)
     gpu = load_gpu(args.gpu)
     try:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+from kvdoctor.errors import UsageError
+from kvdoctor.rules.promql import render_rules_yaml
+from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 
 NAME = "rules"
 HELP = "export the Prometheus alert rules compiled from the decision tree"
@@ -21,7 +26,7 @@ DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound, Kvdocto
 """
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="rules_action", metavar="ACTION")
     export = actions.add_parser(
         "export", help="write the rule file", description=DESCRIPTION, formatter_class=parser.formatter_class
@@ -33,18 +38,18 @@ def add_arguments(parser) -> None:
         help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py)",
     )
     export.add_argument(
-        "--slo-ms", type=float, default=None, metavar="N", help="inter-token latency SLO in milliseconds (default 100)"
+        "--slo-ms",
+        type=float,
+        default=None,
+        metavar="N",
+        help=f"inter-token latency SLO in milliseconds (default {DEFAULT_SLO_SECONDS * 1e3:g})",
     )
     export.add_argument(
         "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
     )
 
 
-def run(args) -> int:
-    from kvdoctor.errors import UsageError
-    from kvdoctor.rules.promql import DEFAULT_SLO_SECONDS, render_rules_yaml
-    from kvdoctor.rules.thresholds import Thresholds
-
+def run(args: argparse.Namespace) -> int:
     if getattr(args, "rules_action", None) != "export":
         raise UsageError("missing action; try: kvdoctor rules export [-o FILE]")
     try:

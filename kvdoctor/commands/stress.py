@@ -10,6 +10,21 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from kvdoctor.errors import UsageError
+from kvdoctor.exporter.inprocess import LocalSignals
+from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
+from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
+from kvdoctor.sources.traces import write_window
+from kvdoctor.stress import plan as S
+from kvdoctor.stress.load import EndpointError, LoadRunner, api_root, discover, server_root
+from kvdoctor.stress.report import FIGURE_NEEDS_EXTRA, render_figure, render_html, write_json
+from kvdoctor.stress.signals import ExporterSignals, SignalRecorder, SignalsError
 
 NAME = "stress"
 HELP = "KV-cache pressure test: step concurrency up until the KV cache saturates; write a report"
@@ -41,7 +56,6 @@ examples:
 DEFAULTS = dict(prompt_tokens=1000, max_tokens=500, start_concurrency=1, max_concurrency=256, step_seconds=30.0)
 POLL_SECONDS = 1.0
 TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
-DIAGNOSIS_SECONDS = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +150,7 @@ class Progress:
         if not self.tty:
             return
         width = shutil.get_terminal_size((100, 20)).columns
-        filled = int(round(max(0.0, min(1.0, fraction)) * self.BAR))
+        filled = round(max(0.0, min(1.0, fraction)) * self.BAR)
         bar = "█" * filled + "░" * (self.BAR - filled)
         out = f"stress {bar} {text}"
         self.stream.write("\r\033[K" + out[: max(10, width - 1)])
@@ -148,14 +162,6 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
-
-
-def _pct(v) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0%}"
-
-
-def _ms(v) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1000:.0f} ms"
 
 
 # ---------------------------------------------------------------------------------------- the run
@@ -171,14 +177,10 @@ class LiveState:
         self.step_preemptions = 0.0
         self.snapshots = 0
 
-    def refresh(self, signals, run_start: float, step_start: float) -> None:
-        import numpy as np
-
-        from kvdoctor.stress.plan import kv_signals
-
+    def refresh(self, signals: SignalRecorder, run_start: float, step_start: float) -> None:
         window = signals.window(since=run_start - 2)
         self.snapshots = len(window)
-        sig = kv_signals(window) if len(window) else {}
+        sig = S.kv_signals(window) if len(window) else {}
         if "kv_usage" in sig:
             ts, kv = sig["kv_usage"]
             present = ~np.isnan(kv)
@@ -191,13 +193,7 @@ class LiveState:
             self.step_preemptions = float(d[ts >= step_start].sum())
 
 
-async def _run(args, settings, progress: Progress) -> _Run:
-    import httpx
-
-    from kvdoctor.errors import UsageError
-    from kvdoctor.stress import plan as S
-    from kvdoctor.stress.load import EndpointError, ExporterSignals, LocalSignals, api_root, discover, server_root
-
+async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: Progress) -> _Run:
     try:
         base = api_root(settings.endpoint)
     except EndpointError as exc:
@@ -205,11 +201,13 @@ async def _run(args, settings, progress: Progress) -> _Run:
     schedule = S.step_schedule(settings.start_concurrency, settings.max_concurrency)
     planned = len(schedule) * settings.step_seconds
 
+    signals: SignalRecorder
     if settings.exporter:
-        from kvdoctor.commands.record import exporter_base_url
-
-        signals = ExporterSignals(exporter_base_url(settings.exporter), timeout=args.timeout)
-    else:
+        try:
+            signals = ExporterSignals(settings.exporter, timeout=args.timeout)
+        except SignalsError as exc:
+            raise UsageError(str(exc)) from None
+    else:  # no exporter given: one runs in this process on the engine's own /metrics
         signals = LocalSignals(server_root(base) + "/metrics", retention_seconds=planned + 600)
     limits = httpx.Limits(
         max_connections=settings.max_concurrency + 4, max_keepalive_connections=settings.max_concurrency + 4
@@ -263,10 +261,7 @@ class _Run:
         self.window = None
 
 
-async def _start_signals(signals) -> None:
-    from kvdoctor.errors import UsageError
-    from kvdoctor.stress.load import LocalSignals, SignalsError
-
+async def _start_signals(signals: SignalRecorder) -> None:
     if isinstance(signals, LocalSignals):
         # its sources' ups and downs are in the report; log lines would tear the progress bar
         logging.getLogger("kvdoctor.exporter").setLevel(logging.CRITICAL)
@@ -274,13 +269,9 @@ async def _start_signals(signals) -> None:
         await asyncio.to_thread(signals.start)
     except SignalsError as exc:
         raise UsageError(str(exc)) from None
-    if isinstance(signals, LocalSignals):  # let its first collection cycle finish
-        await asyncio.to_thread(signals.exporter.ready.wait, 5.0)
 
 
 async def _steps(settings, schedule, endpoint, signals, client, progress: Progress) -> _Run:
-    from kvdoctor.stress.load import LoadRunner
-
     run = _Run(settings, schedule, endpoint, signals, LoadRunner(endpoint, settings.max_tokens, client))
     try:
         await _step_loop(run, progress)
@@ -309,12 +300,10 @@ async def _poll(run: _Run, progress: Progress, step_start: float | None = None) 
 
 
 async def _step_loop(run: _Run, progress: Progress) -> None:
-    from kvdoctor.stress.plan import StepRecord
-
     settings, runner, live, schedule = run.settings, run.runner, run.live, run.schedule
     planned = len(schedule) * settings.step_seconds
     for index, concurrency in enumerate(schedule):
-        step = StepRecord(index, concurrency, time.time())
+        step = S.StepRecord(index, concurrency, time.time())
         run.steps.append(step)
         runner.set_concurrency(concurrency, index)
         before = runner.counts()
@@ -328,8 +317,9 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
                 progress.update(
                     (now - run.run_start) / planned,
                     f"step {index + 1}/{len(schedule)} ×{concurrency}  "
-                    f"{now - step.started:3.0f}/{settings.step_seconds:g} s  KV {_pct(live.kv_now)}  "
-                    f"client ITL p50 {_ms(p50)}  preemptions {live.preemptions:.0f}  "
+                    f"{now - step.started:3.0f}/{settings.step_seconds:g} s  "
+                    f"KV {fmt_pct(live.kv_now, missing=MISSING)}  "
+                    f"client ITL p50 {fmt_ms(p50, 0, missing=MISSING)}  preemptions {live.preemptions:.0f}  "
                     f"done {counts['ok']} failed {counts['failed']}",
                 )
             await asyncio.sleep(0.2)
@@ -339,7 +329,7 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
         started_here = sum(1 for r in runner.requests if r.step == index)
         failed_here = counts["failed"] - before["failed"]
         ok_here = counts["ok"] - before["ok"]
-        kv_text = f"KV max {_pct(live.kv_step_max)}" if not math.isnan(live.kv_step_max) else "KV unknown"
+        kv_text = f"KV max {fmt_pct(live.kv_step_max)}" if not math.isnan(live.kv_step_max) else "KV unknown"
         progress.line(
             f"kvdoctor stress: step {index + 1}/{len(schedule)} ×{concurrency}: {kv_text}, "
             f"preemptions {live.step_preemptions:.0f}, completed {ok_here}, failed {failed_here}"
@@ -361,13 +351,6 @@ def _any_tokens(runner, step) -> bool:
 
 def write_report(settings, result: dict, out_dir) -> dict:
     """Analyses a finished run and writes the report folder; returns the summary."""
-    from pathlib import Path
-
-    from kvdoctor.rules.diagnosis import diagnose
-    from kvdoctor.sources.traces import write_window
-    from kvdoctor.stress import plan as S
-    from kvdoctor.stress.report import render_figure, render_html, write_json
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runner, steps, window = result.runner, result.steps, result.window
@@ -379,7 +362,7 @@ def write_report(settings, result: dict, out_dir) -> dict:
 
     diagnosis = None
     if len(window) >= 2:
-        tail = window.slice(end - DIAGNOSIS_SECONDS, end + TAIL_SECONDS + 1)
+        tail = window.slice(end - DIAGNOSIS_WINDOW_SECONDS, end + TAIL_SECONDS + 1)
         if len(tail) >= 2:
             d = diagnose(tail)
             diagnosis = {
@@ -413,17 +396,19 @@ def write_report(settings, result: dict, out_dir) -> dict:
         f"kvdoctor stress — {endpoint.model}, {endpoint.prompt_tokens or settings.prompt_tokens}-token prompt, "
         f"{settings.max_tokens} tokens generated"
     )
-    render_figure(bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title)
+    figure = render_figure(
+        bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title
+    )
+    if figure is None:  # no matplotlib (the [dashboard] extra): the rest of the report stands without it
+        summary["files"]["figure"] = None
+        print(f"kvdoctor stress: note: {FIGURE_NEEDS_EXTRA}", file=sys.stderr, flush=True)
     write_json(summary, out / "summary.json")
-    render_html(summary, out / "kv-latency.png", out / "report.html")
+    render_html(summary, figure, out / "report.html")
     return summary
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvdoctor.errors import UsageError
-    from kvdoctor.stress.plan import StressSettings
-
-    settings = StressSettings(
+    settings = S.StressSettings(
         endpoint=args.endpoint,
         model=args.model,
         prompt_tokens=args.prompt_tokens,

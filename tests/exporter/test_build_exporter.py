@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -13,13 +12,9 @@ from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import NotApplicable
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
+from tests.support.models import write_config
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("KVDOCTOR_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_env")  # no KVDOCTOR_* from the caller's environment
 
 
 @pytest.fixture
@@ -69,19 +64,7 @@ def test_extra_collectors_replace_registry_ones_of_the_same_name(registry):
 
 
 def test_model_config_is_loaded_into_a_shape(registry, tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(
-        json.dumps(
-            {
-                "num_hidden_layers": 4,
-                "hidden_size": 256,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "intermediate_size": 512,
-                "vocab_size": 1000,
-            }
-        )
-    )
+    path = write_config(tmp_path)
     exp = command.build_exporter(ExporterSettings(model_config_path=str(path)), diagnose_hook=None)
     assert exp.model_shape.num_layers == 4 and exp.model_shape.num_kv_heads == 2
 
@@ -94,7 +77,7 @@ def test_an_unusable_model_config_is_a_config_error(registry, tmp_path):
 
 
 def test_the_default_diagnosis_is_used_when_the_rules_have_it(registry):
-    from kvdoctor.exporter.runtime import MIN_DIAGNOSIS_SNAPSHOTS
+    from kvdoctor.exporter.live_diagnosis import MIN_DIAGNOSIS_SNAPSHOTS
 
     exp = command.build_exporter(ExporterSettings(interval=0.1))
     assert exp.diagnose_hook is not None

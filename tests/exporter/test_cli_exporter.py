@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from tests import tools
-
-CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
+from tests.support.processes import http_ok, kvdoctor, run_kvdoctor
 
 
 def run_exporter(*args, env=None, timeout=60):
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvdoctor", "exporter", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**CLEAN_ENV, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )
-    return proc.returncode, proc.stdout, proc.stderr
+    return run_kvdoctor("exporter", *args, env=env, clean_env=True, timeout=timeout)
 
 
 BAD_CONFIGS = [
@@ -46,13 +33,10 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize("args, env, expected", BAD_CONFIGS)
-def test_bad_configuration_exits_2_with_one_line(args, env, expected, monkeypatch, capsys):
+def test_bad_configuration_exits_2_with_one_line(args, env, expected, clean_env, monkeypatch, capsys):
     """In process (fast): the same code path as the console script, less the interpreter start."""
     from kvdoctor.cli import main
 
-    for key in list(os.environ):
-        if key.startswith("KVDOCTOR_"):
-            monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     try:
@@ -81,12 +65,9 @@ def test_bad_configuration_through_the_console_entry_point(args, env, expected):
     assert len(err.splitlines()) == 1 and expected in err, err
 
 
-def test_a_port_in_use_fails_in_one_line_before_anything_starts(monkeypatch, capsys):
+def test_a_port_in_use_fails_in_one_line_before_anything_starts(clean_env, capsys):
     from kvdoctor.cli import main
 
-    for key in list(os.environ):
-        if key.startswith("KVDOCTOR_"):
-            monkeypatch.delenv(key)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -106,7 +87,7 @@ def test_a_port_in_use_exits_2_with_one_line():
         taken.listen(1)
         port = taken.getsockname()[1]
         rc, out, err = run_exporter("--port", port, "--no-nvml")
-    assert rc == 2
+    assert (rc, out) == (2, "")
     assert err.splitlines() == [
         f"kvdoctor exporter: error: port {port} on 127.0.0.1 is already in use (choose another with --port)"
     ]
@@ -133,34 +114,93 @@ def test_help_lists_the_collectors_and_what_each_adapter_cannot_provide():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_the_exporter_serves_and_stops_cleanly_on_a_signal(signum):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "exporter", "--port", "0", "--no-nvml", "--interval", "0.2", "--pod", "p0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=CLEAN_ENV,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        line = proc.stdout.readline()
-        match = re.search(r"serving (http://\S+)/metrics", line)
-        assert match, line + proc.stderr.read() if proc.poll() is not None else line
-        url = match.group(1)
-        tools.wait_until(
-            lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200,
-            timeout=20,
-            interval=0.1,
-            what="exporter ready",
-        )
-        assert httpx.get(f"{url}/healthz", timeout=2).json() == {"status": "ok"}
-        assert httpx.get(f"{url}/metrics", timeout=2).status_code == 200
-        started = time.monotonic()
-        proc.send_signal(signum)  # the main thread waits without a timeout: the signal must wake it
-        assert proc.wait(timeout=15) == 0
-        assert time.monotonic() - started < 10
-        assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_the_exporter_serves_and_stops_cleanly_on_a_signal(signum, spawn):
+    args = ("exporter", "--port", "0", "--no-nvml", "--interval", "0.2", "--pod", "p0")
+    exporter = spawn(kvdoctor(*args, clean_env=True, merge_stderr=False))
+    url = exporter.wait_for_line(r"serving (http://\S+)/metrics", timeout=60).group(1)
+    exporter.wait_for(http_ok(f"{url}/readyz"), timeout=20, interval=0.1, what="exporter ready")
+    assert httpx.get(f"{url}/healthz", timeout=2).json() == {"status": "ok"}
+    assert httpx.get(f"{url}/metrics", timeout=2).status_code == 200
+    started = time.monotonic()
+    assert exporter.stop(signum) == 0  # the main thread waits without a timeout: the signal must wake it
+    assert time.monotonic() - started < 10
+    assert "Traceback" not in exporter.errors
+
+
+# ------------------------------------------------------------------- flags built from the settings
+
+# A value for each kind of setting that every field of that kind accepts.
+SAMPLE = {
+    "engine_url": ("http://127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
+    "engine": ("vllm", "vllm"),
+    "dcgm_url": ("http://127.0.0.1:9400/metrics", "http://127.0.0.1:9400/metrics"),
+    "gpu_filter": ("all", "all"),
+    "host": ("0.0.0.0", "0.0.0.0"),
+    "pod": ("vllm-0", "vllm-0"),
+    "log_level": ("debug", "debug"),
+    "scrape_timeout": ("2.5", 2.5),
+    "gpu_peak_bandwidth": ("3.35e12", 3.35e12),
+    "slo_ms": ("42", 42.0),
+    "diagnosis_window": ("30", 30.0),
+    "interval": ("2", 2.0),
+    "retention_seconds": ("1800", 1800.0),
+    "port": ("0", 0),
+    "max_body_bytes": ("2048", 2048),
+    "max_snapshots": ("10", 10),
+    "max_series": ("100", 100),
+    "max_window_seconds": ("60", 60),
+}
+
+
+def exporter_parser():
+    from kvdoctor.cli import build_parser
+
+    return build_parser()._subparsers._group_actions[0].choices["exporter"]
+
+
+def test_the_exporter_flags_are_exactly_those_of_the_settings():
+    from kvdoctor.exporter.settings import options
+
+    parsed = {flag for action in exporter_parser()._actions for flag in action.option_strings} - {"-h", "--help"}
+    assert parsed == {flag for option in options() for flag in option.flag_names()}
+
+
+def test_every_flag_sets_its_field(clean_env, tmp_path):
+    from kvdoctor.commands.exporter import settings_from_args
+    from kvdoctor.exporter.settings import options
+
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    values = {**SAMPLE, "model_config_path": (str(config), str(config))}
+    argv, expected = [], {}
+    for option in options():
+        if option.is_collectors:
+            argv += ["--no-collector.dcgm", "--collector.engine"]
+            expected["collectors"] = {"dcgm": False, "engine": True}
+        elif option.is_switch:
+            argv.append("--no-" + option.flag.removeprefix("--"))
+            expected[option.field] = not option.default
+        else:
+            given, wanted = values[option.field]
+            argv += [option.flag, given]
+            expected[option.field] = wanted
+    settings = settings_from_args(exporter_parser().parse_args(argv))
+    assert {field: getattr(settings, field) for field in expected} == expected
+
+
+def test_a_flag_wins_over_its_variable(monkeypatch):
+    from kvdoctor.commands.exporter import settings_from_args
+
+    monkeypatch.setenv("KVDOCTOR_RETENTION_SECONDS", "120")
+    monkeypatch.setenv("KVDOCTOR_POD", "from-env")
+    settings = settings_from_args(exporter_parser().parse_args(["--retention", "60"]))
+    assert (settings.retention_seconds, settings.pod) == (60.0, "from-env")
+
+
+def test_help_names_each_variable():
+    from kvdoctor.exporter.settings import options
+
+    text = " ".join(exporter_parser().format_help().split())
+    for option in options():
+        if not option.is_collectors:
+            assert f"env {option.env[0]}" in text, option.field

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from pydantic import ValidationError
 
 from kvdoctor.exporter.collectors.base import CollectorSpec
-from kvdoctor.exporter.settings import ExporterSettings, error_line, load_settings, normalise_url
+from kvdoctor.exporter.settings import (
+    ExporterSettings,
+    error_line,
+    load_settings,
+    markdown_table,
+    normalise_url,
+    option_for,
+    options,
+)
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("KVDOCTOR_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_env")  # no KVDOCTOR_* from the caller's environment
 
 
 @pytest.fixture
@@ -137,3 +139,100 @@ def test_unparseable_collector_switch_names_it(monkeypatch, registry):
 
 def test_window_bound_never_exceeds_retention():
     assert ExporterSettings(retention_seconds=120, max_window_seconds=900).max_window_seconds == 120
+
+
+# --------------------------------------------------------------------- the settings, declared once
+
+# Every flag, environment variable and default the exporter had before the settings were
+# declared in one place: none may disappear or change.
+KNOWN = [
+    ("engine_url", "--engine-url", "KVDOCTOR_ENGINE_URL", None),
+    ("engine", "--engine", "KVDOCTOR_ENGINE", "auto"),
+    ("dcgm_url", "--dcgm-url", "KVDOCTOR_DCGM_URL", None),
+    ("nvml", "--nvml", "KVDOCTOR_NVML", True),
+    ("scrape_timeout", "--scrape-timeout", "KVDOCTOR_SCRAPE_TIMEOUT", 1.0),
+    ("max_body_bytes", "--max-body-bytes", "KVDOCTOR_MAX_BODY_BYTES", 16 * 1024 * 1024),
+    ("model_config_path", "--model-config", "KVDOCTOR_MODEL_CONFIG", None),
+    ("gpu_peak_bandwidth", "--gpu-peak-bandwidth", "KVDOCTOR_GPU_PEAK_BANDWIDTH", None),
+    ("gpu_filter", "--gpu-filter", "KVDOCTOR_GPU_FILTER", "auto"),
+    ("pod", "--pod", "KVDOCTOR_POD", None),
+    ("slo_ms", "--slo-ms", "KVDOCTOR_SLO_MS", 100.0),
+    ("diagnosis_window", "--diagnosis-window", "KVDOCTOR_DIAGNOSIS_WINDOW", 60.0),
+    ("interval", "--interval", "KVDOCTOR_INTERVAL", 1.0),
+    ("host", "--host", "KVDOCTOR_HOST", "127.0.0.1"),
+    ("port", "--port", "KVDOCTOR_PORT", 9745),
+    ("retention_seconds", "--retention", "KVDOCTOR_RETENTION_SECONDS", 900.0),
+    ("max_snapshots", "--max-snapshots", "KVDOCTOR_MAX_SNAPSHOTS", 3600),
+    ("max_series", "--max-series", "KVDOCTOR_MAX_SERIES", 5000),
+    ("max_window_seconds", "--max-window", "KVDOCTOR_MAX_WINDOW_SECONDS", 900),
+    ("log_level", "--log-level", "KVDOCTOR_LOG_LEVEL", "info"),
+]
+
+
+@pytest.mark.parametrize("field, flag, env, default", KNOWN, ids=[k[0] for k in KNOWN])
+def test_every_known_flag_variable_and_default_is_kept(field, flag, env, default):
+    option = option_for(field)
+    assert option is not None and option.flag == flag and env in option.env
+    assert getattr(ExporterSettings(), field) == default
+
+
+def test_every_field_declares_its_flag_help_and_group():
+    fields = set(ExporterSettings.model_fields)
+    assert {o.field for o in options()} == fields
+    for option in options():
+        assert option.flag.startswith("--") and option.help and option.group, option
+        assert option.env and all(e.startswith("KVDOCTOR_") for e in option.env), option
+    flags = [f for o in options() for f in o.flag_names()]
+    assert len(flags) == len(set(flags))
+
+
+def test_the_variable_is_kvdoctor_field_unless_an_alias_is_declared():
+    for option in options():
+        info = ExporterSettings.model_fields[option.field]
+        if option.field != "collectors" and info.validation_alias is None:
+            assert option.env == (f"KVDOCTOR_{option.field.upper()}",)
+
+
+@pytest.mark.parametrize("env", ["KVDOCTOR_MODEL_CONFIG", "KVDOCTOR_MODEL_CONFIG_PATH"])
+def test_the_model_config_is_read_from_its_declared_variables(monkeypatch, tmp_path, env):
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    monkeypatch.setenv(env, str(path))
+    assert ExporterSettings().model_config_path == str(path)
+
+
+def test_an_unprefixed_variable_is_never_read(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODEL_CONFIG_PATH", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("INTERVAL", "7")
+    assert ExporterSettings().model_config_path is None and ExporterSettings().interval == 1.0
+
+
+def test_log_level_from_the_environment_in_any_case(monkeypatch):
+    monkeypatch.setenv("KVDOCTOR_LOG_LEVEL", "DEBUG")
+    assert ExporterSettings().log_level == "debug"
+    monkeypatch.setenv("KVDOCTOR_LOG_LEVEL", "loud")
+    assert first_error().startswith("--log-level (KVDOCTOR_LOG_LEVEL): must be 'debug'")
+
+
+@pytest.mark.parametrize("option", options(), ids=lambda o: o.field)
+def test_every_error_names_the_flag_and_the_variable(option):
+    bad = {bool: "perhaps", int: "many", float: "soon", str: 7, dict: {"bogus": True}}[option.kind]
+    if option.kind is str and option.field not in ("engine", "engine_url", "dcgm_url", "gpu_filter", "log_level"):
+        return  # free text: nothing to get wrong
+    line = first_error(**{option.field: "nosuchvalue" if option.kind is str else bad})
+    if option.is_collectors:
+        assert "unknown collector 'bogus'" in line and "--collector.bogus / KVDOCTOR_COLLECTOR_BOGUS" in line
+    else:
+        assert line.startswith(f"{'/'.join(option.flag_names())} ({option.env[0]}): "), line
+
+
+def test_help_shows_the_default_and_the_variable():
+    assert option_for("retention_seconds").help_line().endswith("(default: 900; env KVDOCTOR_RETENTION_SECONDS)")
+    assert option_for("pod").help_line().endswith("(env KVDOCTOR_POD)")
+    assert option_for("nvml").help_line().endswith("(default: on; env KVDOCTOR_NVML)")
+
+
+def test_the_readme_table_has_a_row_per_setting():
+    rows = markdown_table().splitlines()[2:]
+    assert len(rows) == len(options())
+    assert "| `--retention` | `KVDOCTOR_RETENTION_SECONDS` | `900` |" in markdown_table()

@@ -11,7 +11,7 @@ from kvdoctor.exporter.collectors.engine import parse_exposition
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import NotApplicable, SourceError
-from tests.exporter.http_pages import Page, PageServer
+from tests.support.servers import respond
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests/fixtures/dcgm"
 H100 = (FIXTURES / "dcgm-exporter-h100x2.txt").read_text()
@@ -69,27 +69,25 @@ def test_framebuffer_total_when_exported():
 
 
 @pytest.fixture
-def server():
-    srv = PageServer()
-    yield srv
-    srv.close()
+def server(fake_server):
+    return fake_server()
 
 
 def test_over_http_with_the_engine_collectors_failure_reasons(server):
-    server.pages["/metrics"] = Page(H100.encode())
+    server.routes["/metrics"] = respond(H100.encode())
     collector = dcgm_collector(ExporterSettings(dcgm_url=server.url(""), pod="pod-a", nvml=False))
     try:
         assert isinstance(collector, DcgmCollector)
         assert collector.collect().samples == expected_h100(pod="pod-a")
-        server.pages["/metrics"] = Page(b"oops\n", status=500)
+        server.routes["/metrics"] = respond(b"oops\n", status=500)
         with pytest.raises(SourceError) as caught:
             collector.collect()
         assert caught.value.reason == "http_500"
-        server.pages["/metrics"] = Page(b"<html>dcgm is down</html>\n", content_type="text/html")
+        server.routes["/metrics"] = respond(b"<html>dcgm is down</html>\n", content_type="text/html")
         with pytest.raises(SourceError) as caught:
             collector.collect()
         assert caught.value.reason == "parse_error"
-        server.pages["/metrics"] = Page(b'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-x"} 40\n')
+        server.routes["/metrics"] = respond(b'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-x"} 40\n')
         with pytest.raises(SourceError) as caught:
             collector.collect()
         assert caught.value.reason == "no_dcgm_fields"
@@ -106,7 +104,7 @@ def test_no_url_is_not_applicable():
 
 def test_gpu_filter_keeps_only_the_pods_gpus(server):
     """dcgm-exporter reports the whole node; the sidecar keeps the GPUs its engine uses."""
-    server.pages["/metrics"] = Page(H100.encode())
+    server.routes["/metrics"] = respond(H100.encode())
     only_gpu1 = DcgmCollector(server.url("/metrics"), gpu_filter=lambda gpus: [g for g in gpus if g[1] == GPU1["uuid"]])
     try:
         samples = only_gpu1.collect().samples

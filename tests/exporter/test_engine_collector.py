@@ -16,7 +16,7 @@ from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.rules.textparse import iter_samples
-from tests.exporter.http_pages import Page, PageServer
+from tests.support.servers import gzipped, respond, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PAGE = (ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt").read_bytes()
@@ -25,10 +25,8 @@ LMCACHE_PAGE = ROOT / "tests/fixtures/engines/lmcache/vllm-with-lmcache.txt"
 
 
 @pytest.fixture
-def server():
-    srv = PageServer()
-    yield srv
-    srv.close()
+def server(fake_server):
+    return fake_server()
 
 
 def expected_vllm(text: bytes, **extra) -> dict:
@@ -43,7 +41,7 @@ def reason_of(collector: EngineCollector) -> str:
 
 
 def test_a_vllm_page_is_recognised_and_normalised(server):
-    server.pages["/metrics"] = Page(VLLM_PAGE)
+    server.routes["/metrics"] = respond(VLLM_PAGE)
     collector = EngineCollector(server.url("/metrics"), extra_labels={"pod": "vllm-0"})
     try:
         collected = collector.collect()
@@ -61,8 +59,8 @@ def test_a_vllm_page_is_recognised_and_normalised(server):
 
 
 def test_one_connection_is_reused_and_gzip_is_inflated(server):
-    server.pages["/metrics"] = Page(VLLM_PAGE)
-    server.pages["/gz"] = Page(gzip.compress(VLLM_PAGE), content_encoding="gzip")
+    server.routes["/metrics"] = respond(VLLM_PAGE)
+    server.routes["/gz"] = gzipped(gzip.compress(VLLM_PAGE))
     collector = EngineCollector(server.url("/metrics"))
     try:
         for _ in range(3):
@@ -85,18 +83,19 @@ def test_one_connection_is_reused_and_gzip_is_inflated(server):
 @pytest.mark.parametrize(
     ("page", "reason"),
     [
-        (Page(b"engine exploded\n", status=500), "http_500"),
-        (Page(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n", content_type="text/html"), "parse_error"),
-        (Page(b"\xff\xfe\x00binary\x00", content_type="application/octet-stream"), "parse_error"),
-        (Page(b"# only a comment\nup 1\n"), "unknown_engine"),
-        (Page(b'vllm:num_requests_running{engine="0"} 1\n' * 100, stream_bytes=4 * 1024 * 1024), "body_too_large"),
-        (Page(b"x" * (512 * 1024)), "body_too_large"),  # declared Content-Length over the cap
-        (Page(b"\x1b\x00\x00", content_encoding="br"), "unsupported_encoding"),  # not asked for, cannot be capped
+        (respond(b"engine exploded\n", status=500), "http_500"),
+        (respond(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n", content_type="text/html"), "parse_error"),
+        (respond(b"\xff\xfe\x00binary\x00", content_type="application/octet-stream"), "parse_error"),
+        (respond(b"# only a comment\nup 1\n"), "unknown_engine"),
+        (stream(b'vllm:num_requests_running{engine="0"} 1\n' * 100, 4 * 1024 * 1024), "body_too_large"),
+        (respond(b"x" * (512 * 1024)), "body_too_large"),  # declared Content-Length over the cap
+        # not asked for, cannot be capped
+        (respond(b"\x1b\x00\x00", headers={"Content-Encoding": "br"}), "unsupported_encoding"),
     ],
     ids=["500", "html", "binary", "unknown-engine", "huge-streamed", "huge-declared", "brotli"],
 )
 def test_failures_have_a_reason(server, page, reason):
-    server.pages["/metrics"] = page
+    server.routes["/metrics"] = page
     collector = EngineCollector(server.url("/metrics"), max_body_bytes=256 * 1024)
     try:
         assert reason_of(collector) == reason
@@ -113,7 +112,7 @@ def test_missing_path_is_http_404(server):
 
 
 def test_a_hanging_engine_times_out_promptly(server):
-    server.pages["/metrics"] = Page(VLLM_PAGE, hang=1.5)
+    server.routes["/metrics"] = respond(VLLM_PAGE, delay=1.5)
     collector = EngineCollector(server.url("/metrics"), timeout=0.3)
     start = time.monotonic()
     try:
@@ -136,19 +135,19 @@ def test_refused_connection():
 
 @pytest.mark.skipif("sglang" not in ADAPTERS, reason="needs the sglang adapter (exporter/adapters/sglang.py)")
 def test_the_engine_is_recognised_again_after_a_failure_or_a_change(server):
-    server.pages["/metrics"] = Page(VLLM_PAGE)
+    server.routes["/metrics"] = respond(VLLM_PAGE)
     collector = EngineCollector(server.url("/metrics"))
     try:
         collector.collect()
         assert collector.adapter.name == "vllm"
-        server.pages["/metrics"] = Page(b"down\n", status=503)
+        server.routes["/metrics"] = respond(b"down\n", status=503)
         assert reason_of(collector) == "http_503"
         assert collector.adapter is None  # will recognise the engine again
-        server.pages["/metrics"] = Page(SGLANG_PAGE.read_bytes())
+        server.routes["/metrics"] = respond(SGLANG_PAGE.read_bytes())
         out = collector.collect().samples
         assert collector.adapter.name == "sglang"
         assert {dict(lab)["engine"] for _, lab in out} == {"sglang"}
-        server.pages["/metrics"] = Page(VLLM_PAGE)  # replaced without any failed scrape in between
+        server.routes["/metrics"] = respond(VLLM_PAGE)  # replaced without any failed scrape in between
         assert collector.collect().samples == expected_vllm(VLLM_PAGE)
         assert collector.adapter.name == "vllm"
     finally:
@@ -157,7 +156,7 @@ def test_the_engine_is_recognised_again_after_a_failure_or_a_change(server):
 
 @pytest.mark.skipif("sglang" not in ADAPTERS, reason="needs the sglang adapter (exporter/adapters/sglang.py)")
 def test_a_fixed_engine_is_not_second_guessed(server):
-    server.pages["/metrics"] = Page(SGLANG_PAGE.read_bytes())
+    server.routes["/metrics"] = respond(SGLANG_PAGE.read_bytes())
     collector = EngineCollector(server.url("/metrics"), engine="vllm")
     try:
         assert collector.collect().samples == {}
@@ -171,7 +170,7 @@ def test_a_fixed_engine_is_not_second_guessed(server):
 )
 def test_kv_tier_families_on_the_engine_page_are_applied(server):
     page = LMCACHE_PAGE.read_bytes()
-    server.pages["/metrics"] = Page(page)
+    server.routes["/metrics"] = respond(page)
     collector = EngineCollector(server.url("/metrics"))
     try:
         out = collector.collect().samples
@@ -212,7 +211,7 @@ def test_unknown_engine_name_is_refused():
 
 
 def test_factory_uses_the_settings(server):
-    server.pages["/metrics"] = Page(VLLM_PAGE)
+    server.routes["/metrics"] = respond(VLLM_PAGE)
     settings = ExporterSettings(
         engine_url=server.url(""), engine="vllm", pod="p-1", scrape_timeout=0.7, max_body_bytes=200_000, nvml=False
     )

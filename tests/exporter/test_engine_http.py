@@ -21,27 +21,12 @@ from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.collectors.http import HttpExposition
 from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.textparse import ExpositionError, iter_samples, iter_samples_streamed
-from tests.reliability.servers import EXPOSITION, Behaviour, FaultServer, respond, trickle
-from tests.reliability.servers import routes as by_path
+from tests.support.servers import EXPOSITION, Behaviour, FakeServer, respond, trickle
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_TEXT = (ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt").read_text()
 # The same page with multi-byte characters in a label every sample carries (2, 3 and 4 bytes).
 VLLM_UNICODE_TEXT = VLLM_TEXT.replace('model_name="tiny"', 'model_name="tíny-日本-😀"')
-
-
-class Server(FaultServer):
-    """A ``FaultServer`` answering ``routes[path](handler)`` (the dict may change); 404 elsewhere."""
-
-    def __init__(self, routes: dict[str, Behaviour], tls: ssl.SSLContext | None = None):
-        self.routes = routes
-        super().__init__(by_path(routes), tls=tls)
-
-    def url(self, path: str, host: str = "127.0.0.1") -> str:  # type: ignore[override]
-        return self.url_of(path, host)
-
-    def close(self) -> None:
-        self.stop()
 
 
 def chunked(
@@ -73,16 +58,11 @@ def redirect(location: str, status: int = 301) -> Behaviour:
 
 
 @pytest.fixture
-def serve():
-    servers: list[Server] = []
+def serve(fake_server):
+    def start(routes: dict[str, Behaviour], tls: ssl.SSLContext | None = None) -> FakeServer:
+        return fake_server(routes, tls=tls)
 
-    def start(routes: dict[str, Behaviour], tls: ssl.SSLContext | None = None) -> Server:
-        servers.append(Server(routes, tls))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
+    return start
 
 
 def collect(url: str, **kwargs):
@@ -347,7 +327,7 @@ def certificate(tmp_path_factory) -> Path:
     return out
 
 
-def _tls_server(serve, certificate: Path) -> Server:
+def _tls_server(serve, certificate: Path) -> FakeServer:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(certificate / "cert.pem", certificate / "key.pem")
     return serve({"/metrics": respond(VLLM_TEXT.encode())}, tls=context)

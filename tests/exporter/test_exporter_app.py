@@ -11,7 +11,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvdoctor.exporter import runtime as runtime_module
+from kvdoctor.exporter import live_diagnosis
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.runtime import Exporter
@@ -106,7 +106,6 @@ def test_window_defaults_to_60_seconds(exporter):
 def test_window_json_has_null_for_non_finite_values():
     exp = make_exporter()
     exp.collectors.append(StaticCollector("odd", lambda s: _odd_values()))
-    exp._status["odd"] = runtime_module.SourceStatus("odd")
     exp.run_cycle()
     payload = TestClient(create_app(exp)).get("/api/v1/window", params={"seconds": 60})
     assert payload.status_code == 200
@@ -121,13 +120,13 @@ def _odd_values():
 
 
 def test_diagnosis_is_503_until_the_first_diagnosis_then_the_json(monkeypatch):
-    monkeypatch.setattr(runtime_module, "known_verdicts", lambda: ("idle", "healthy"))
+    monkeypatch.setattr(live_diagnosis, "known_verdicts", lambda: ("idle", "healthy"))
     exp = make_exporter(diagnose_hook=lambda window: FakeDiagnosis())
     client = TestClient(create_app(exp))
     resp = client.get("/api/v1/diagnosis")
     assert resp.status_code == 503
     assert "no diagnosis yet" in resp.json()["detail"]
-    for _ in range(runtime_module.MIN_DIAGNOSIS_SNAPSHOTS):
+    for _ in range(live_diagnosis.MIN_DIAGNOSIS_SNAPSHOTS):
         exp.run_cycle()
     body = client.get("/api/v1/diagnosis").json()
     assert body["verdict"] == "healthy" and body["headline"] == "fine"
@@ -171,9 +170,9 @@ def test_responses_conform_to_the_openapi_schema(monkeypatch):
 
     (Driven through hypothesis directly: schemathesis' pytest fixture loader does not run
     under pytest 9.)"""
-    monkeypatch.setattr(runtime_module, "known_verdicts", lambda: ("idle", "healthy"))
+    monkeypatch.setattr(live_diagnosis, "known_verdicts", lambda: ("idle", "healthy"))
     exp = make_exporter(diagnose_hook=lambda window: FakeDiagnosis())
-    for _ in range(runtime_module.MIN_DIAGNOSIS_SNAPSHOTS):
+    for _ in range(live_diagnosis.MIN_DIAGNOSIS_SNAPSHOTS):
         exp.run_cycle()
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(exp))
     checked = []

@@ -146,7 +146,7 @@ def test_a_request_with_a_body_is_the_apps_to_answer(served):
 
 
 def test_stop_closes_idle_scraper_connections_promptly(served):
-    exporter, handle = served
+    _, handle = served
     buffer = bytearray()
     sock = _connect(handle)
     sock.sendall(GET_METRICS)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvdoctor.exporter import runtime as runtime_module
+from kvdoctor.exporter import accounting, isolation, live_diagnosis
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, SourceError
 from kvdoctor.rules.window import labels_of
-from tests import tools
 from tests.exporter.exporter_fakes import (
     BlockingCollector,
     FakeClock,
@@ -27,15 +25,10 @@ from tests.exporter.exporter_fakes import (
     gpu_samples,
     not_applicable,
 )
+from tests.support import tools
+from tests.support.models import write_config
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("KVDOCTOR_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_env")  # no KVDOCTOR_* from the caller's environment
 
 
 def settings(**kw) -> ExporterSettings:
@@ -102,7 +95,7 @@ def test_not_applicable_source_has_no_up_series_and_no_error():
 
 
 def test_not_applicable_sources_are_asked_again_later_not_every_cycle(monkeypatch):
-    monkeypatch.setattr(runtime_module, "NOT_APPLICABLE_RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(isolation, "NOT_APPLICABLE_RETRY_SECONDS", 0.2)
     na = not_applicable("nvml")
     exp = Exporter(settings(), [na])
     exp.run_cycle()
@@ -250,12 +243,9 @@ def test_label_values_are_escaped():
     assert sample.labels["model_name"] == 'we"ird\\name\nx'
 
 
+@tools.requires_promtool
 def test_page_passes_promtool_check_metrics():
     promtool = tools.promtool()
-    if promtool is None:
-        if tools.required_strictly("promtool"):
-            pytest.fail(tools.missing_reason("promtool"))
-        pytest.skip(tools.missing_reason("promtool"))
     exp = Exporter(
         settings(pod="p"),
         [
@@ -294,12 +284,12 @@ def test_a_label_explosion_is_capped_per_source_and_counted():
 
 
 def test_error_reasons_per_source_are_bounded():
-    script = [SourceError(f"reason_{i}") for i in range(runtime_module.MAX_REASONS_PER_SOURCE + 5)]
+    script = [SourceError(f"reason_{i}") for i in range(accounting.MAX_REASONS_PER_SOURCE + 5)]
     exp = Exporter(settings(), [ScriptedCollector("engine", script)])
     for _ in script:
         exp.run_cycle()
     reasons = {dict(lb)["reason"] for (n, lb) in parse(exp.metrics_bytes()) if n.startswith("kvdoctor_source_errors")}
-    assert len(reasons) == runtime_module.MAX_REASONS_PER_SOURCE + 1
+    assert len(reasons) == accounting.MAX_REASONS_PER_SOURCE + 1
     assert "other" in reasons
 
 
@@ -343,7 +333,7 @@ class FakeDiagnosis:
 
 def test_diagnose_hook_sees_the_window_and_the_verdict_is_a_state_set(monkeypatch):
     verdicts = ("idle", "healthy", "kv_thrashing")
-    monkeypatch.setattr(runtime_module, "known_verdicts", lambda: verdicts)
+    monkeypatch.setattr(live_diagnosis, "known_verdicts", lambda: verdicts)
     seen = []
 
     def hook(window):
@@ -351,13 +341,13 @@ def test_diagnose_hook_sees_the_window_and_the_verdict_is_a_state_set(monkeypatc
         return FakeDiagnosis("kv_thrashing", len(window))
 
     exp = Exporter(settings(), [StaticCollector("engine", engine_samples)], diagnose_hook=hook)
-    for _ in range(runtime_module.MIN_DIAGNOSIS_SNAPSHOTS - 1):
+    for _ in range(live_diagnosis.MIN_DIAGNOSIS_SNAPSHOTS - 1):
         exp.run_cycle()
     assert exp.diagnosis() is None and seen == []  # too few snapshots for rates: no verdict yet
     assert S.DIAGNOSIS_VERDICT not in exp.metrics_bytes().decode()
     exp.run_cycle()
     exp.run_cycle()
-    n = runtime_module.MIN_DIAGNOSIS_SNAPSHOTS
+    n = live_diagnosis.MIN_DIAGNOSIS_SNAPSHOTS
     assert seen == [n, n + 1]
     page = exp.metrics_bytes()
     assert {v: value(page, S.DIAGNOSIS_VERDICT, verdict=v) for v in verdicts} == {
@@ -370,13 +360,13 @@ def test_diagnose_hook_sees_the_window_and_the_verdict_is_a_state_set(monkeypatc
 
 
 def test_a_failing_diagnosis_is_counted_and_the_page_still_renders(monkeypatch):
-    monkeypatch.setattr(runtime_module, "known_verdicts", lambda: ("idle",))
+    monkeypatch.setattr(live_diagnosis, "known_verdicts", lambda: ("idle",))
 
     def broken(window):
         raise RuntimeError("bug in the rules")
 
     exp = Exporter(settings(), [StaticCollector("engine", engine_samples)], diagnose_hook=broken)
-    for _ in range(runtime_module.MIN_DIAGNOSIS_SNAPSHOTS):
+    for _ in range(live_diagnosis.MIN_DIAGNOSIS_SNAPSHOTS):
         exp.run_cycle()
     page = exp.metrics_bytes()
     assert value(page, S.SOURCE_ERRORS, source="diagnosis", reason="exception") == 1.0
@@ -388,17 +378,7 @@ def test_a_failing_diagnosis_is_counted_and_the_page_still_renders(monkeypatch):
 
 
 def test_decode_step_floor_follows_the_ledger_formula(tmp_path):
-    config = {
-        "num_hidden_layers": 4,
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 512,
-        "vocab_size": 1000,
-        "torch_dtype": "float16",
-    }
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+    path = write_config(tmp_path)  # 4 layers, 4 heads of 64, 2 KV heads, float16
     exp = Exporter(
         settings(model_config_path=str(path), gpu_peak_bandwidth=1e12),
         [StaticCollector("engine", lambda s: engine_samples(usage=0.5, capacity=4096))],

@@ -1,0 +1,155 @@
+"""Per-source accounting: what each source answered, its error counts, and the self metrics.
+
+Every cycle each source's ``Outcome`` is recorded here:
+
+- ``ok``              -> ``kvdoctor_source_up{source} 1``; ``partial_errors`` are counted in
+                         ``kvdoctor_source_errors_total{source,reason}`` but the source stays up
+- ``not_applicable``  -> no ``source_up`` series at all (nothing to collect here, not an error)
+- ``error``/``timeout`` -> ``source_up 0``, ``errors_total{reason}`` + 1
+
+Error reasons are label values, so their number per source is bounded (the rest are ``other``).
+``/api/v1/status`` reads ``SourceStatus.to_json`` of every source.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import Collected
+from kvdoctor.rules.window import Labels, SeriesKey
+
+log = logging.getLogger("kvdoctor.exporter")
+
+MAX_REASONS_PER_SOURCE = 16  # error reasons are label values: keep their number bounded
+
+_REASON_CHARS = re.compile(r"[^a-z0-9_]+")
+
+
+def clean_reason(reason: Any) -> str:
+    """A reason as a short snake_case label value."""
+    text = _REASON_CHARS.sub("_", str(reason).strip().lower()).strip("_")[:64]
+    return text or "unknown"
+
+
+@dataclass
+class Outcome:
+    """One source's answer in one cycle."""
+
+    kind: str  # "ok" | "not_applicable" | "error" | "timeout"
+    duration: float
+    collected: Collected | None = None
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass
+class SourceStatus:
+    """What ``/api/v1/status`` says about one source."""
+
+    name: str
+    applicable: bool | None = None  # None until the source has been asked once
+    up: bool | None = None
+    last_scrape: float | None = None  # when the last answer (or timeout) came
+    last_success: float | None = None
+    duration_seconds: float | None = None
+    series: int = 0
+    last_error: str | None = None
+    last_error_reason: str | None = None
+    last_error_at: float | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "applicable": self.applicable,
+            "up": self.up,
+            "last_scrape": self.last_scrape,
+            "last_success": self.last_success,
+            "duration_seconds": self.duration_seconds,
+            "series": self.series,
+            "last_error": self.last_error,
+            "last_error_reason": self.last_error_reason,
+            "last_error_at": self.last_error_at,
+            "errors": dict(self.errors),
+        }
+
+
+class SourceAccounting:
+    """The status and error counters of every source; safe to read from any thread."""
+
+    def __init__(self, names: Iterable[str]):
+        self._lock = threading.RLock()  # guards status reads against the cycle's writes
+        self._status = {name: SourceStatus(name) for name in names}
+        self._errors: dict[tuple[str, str], int] = {}
+
+    def status_json(self) -> dict[str, dict]:
+        with self._lock:
+            return {name: st.to_json() for name, st in self._status.items()}
+
+    @property
+    def error_series(self) -> int:
+        """How many ``source_errors_total`` series there are."""
+        return len(self._errors)
+
+    def count_error(self, source: str, reason: str) -> int:
+        """Count one error of ``source``; returns the new count of its (possibly bounded) reason."""
+        with self._lock:
+            known = (source, reason) in self._errors
+            if not known and sum(1 for s, _ in self._errors if s == source) >= MAX_REASONS_PER_SOURCE:
+                reason = "other"
+            count = self._errors[(source, reason)] = self._errors.get((source, reason), 0) + 1
+            status = self._status.get(source)
+            if status is not None:
+                status.errors[reason] = status.errors.get(reason, 0) + 1
+            return count
+
+    def record(self, outcomes: Mapping[str, Outcome], kept: Mapping[str, int], ts: float) -> None:
+        """One cycle's outcomes; ``kept`` is how many series of each source went into the snapshot."""
+        with self._lock:
+            for name, outcome in outcomes.items():
+                self._record(self._status.setdefault(name, SourceStatus(name)), outcome, kept.get(name, 0), ts)
+
+    def _record(self, st: SourceStatus, outcome: Outcome, kept: int, ts: float) -> None:
+        name = st.name
+        if outcome.kind == "not_applicable":
+            if st.applicable is not False:
+                log.info("source %s: not applicable here%s", name, f" ({outcome.message})" if outcome.message else "")
+            st.applicable, st.up = False, None
+            return
+        st.applicable = True
+        st.last_scrape = ts
+        st.duration_seconds = outcome.duration
+        if outcome.kind == "ok":
+            if st.up is False:
+                log.info("source %s: up again", name)
+            st.up = True
+            st.last_success = ts
+            st.series = kept
+            for reason in outcome.collected.partial_errors if outcome.collected else ():
+                self.count_error(name, clean_reason(reason))
+            return
+        if st.up is not False or st.last_error_reason != outcome.reason:
+            log.warning("source %s down: %s (%s)", name, outcome.reason, outcome.message)
+        st.up = False
+        st.series = 0
+        st.last_error = outcome.message or outcome.reason
+        st.last_error_reason = outcome.reason
+        st.last_error_at = ts
+        self.count_error(name, outcome.reason)
+
+    def self_samples(self, key: Callable[[str, Labels], SeriesKey]) -> Iterator[tuple[SeriesKey, float]]:
+        """``source_up``, ``source_scrape_duration_seconds`` and ``source_errors_total`` samples."""
+        for name, st in self._status.items():
+            if not st.applicable:
+                continue
+            source = (("source", name),)
+            yield key(S.SOURCE_UP, source), 1.0 if st.up else 0.0
+            yield key(S.SOURCE_SCRAPE_DURATION, source), float(st.duration_seconds or 0.0)
+        for (source, reason), count in sorted(self._errors.items()):
+            yield key(S.SOURCE_ERRORS, (("reason", reason), ("source", source))), float(count)
