@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.table import Row, markdown, missed, print_table, read_json
+from tests.support.processes import Process
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
 
 
@@ -77,7 +76,7 @@ def _target_ok(measure: str, ours: str) -> tuple[str, bool | None]:
 def parse_exporter(output: str) -> list[Row]:
     rows = []
     for cells in _column_table(output):
-        measure, ours, floor, ratio = (cells + ["", "", "", ""])[:4]
+        measure, ours, floor, ratio = [*cells, "", "", "", ""][:4]
         target, ok = _target_ok(measure, ours)
         clean = re.sub(r"\s*\(target [^)]*\)", "", measure)
         ratio = ratio.strip()
@@ -124,6 +123,11 @@ def parse_diagnose(output: str) -> list[Row]:
     return rows
 
 
+def _floor(match: re.Match[str] | None, what: str) -> dict[str, str]:
+    """The floor and ratio columns from a "<floor> ms -> <ratio>x" match (empty without one)."""
+    return {"floor": f"{match.group(1)} ms ({what})", "ratio": f"{match.group(2)}x"} if match else {}
+
+
 def parse_dashboard(output: str) -> list[Row]:
     rows = []
     n = _NUMBER
@@ -138,11 +142,10 @@ def parse_dashboard(output: str) -> list[Row]:
                 "dashboard",
                 "live update: server time (median)",
                 f"{t_med:.1f} ms",
-                f"{live_floor.group(1)} ms (no-op Dash round trip)" if live_floor else "",
-                f"{live_floor.group(2)}x" if live_floor else "",
-                f"<= {ms_t:g} ms",
-                t_med <= ms_t,
-                f"p95 {live.group(2)} ms",
+                **_floor(live_floor, "no-op Dash round trip"),
+                target=f"<= {ms_t:g} ms",
+                ok=t_med <= ms_t,
+                note=f"p95 {live.group(2)} ms",
             )
         )
         rows.append(
@@ -150,24 +153,17 @@ def parse_dashboard(output: str) -> list[Row]:
                 "dashboard",
                 "live update: payload (max)",
                 f"{size_max:.1f} KB",
-                "",
-                "",
-                f"<= {kb_t:g} KB",
-                size_max <= kb_t,
-                f"median {live.group(3)} KB",
+                target=f"<= {kb_t:g} KB",
+                ok=size_max <= kb_t,
+                note=f"median {live.group(3)} KB",
             )
         )
     load = re.search(rf"^\s+total\s+({n}) ms\s+({n}) KB", output, re.M)
     load_floor = re.search(rf"raw \d+ s window: ({n}) ms -> ({n})x", output)
     if load:
+        page_load = f"{load.group(1)} ms, {load.group(2)} KB"
         rows.append(
-            Row(
-                "dashboard",
-                "initial page load (15 min of data)",
-                f"{load.group(1)} ms, {load.group(2)} KB",
-                f"{load_floor.group(1)} ms (raw window fetch)" if load_floor else "",
-                f"{load_floor.group(2)}x" if load_floor else "",
-            )
+            Row("dashboard", "initial page load (15 min of data)", page_load, **_floor(load_floor, "raw window fetch"))
         )
     hist = re.search(rf"history.*?server time ({n}) ms.*?payload ({n}) KB", output, re.S)
     hist_floor = re.search(rf"raw range queries alone ({n}) ms -> ({n})x", output)
@@ -179,11 +175,8 @@ def parse_dashboard(output: str) -> list[Row]:
                 "dashboard",
                 "24 h history: server time",
                 f"{hist.group(1)} ms",
-                f"{hist_floor.group(1)} ms (raw range queries)" if hist_floor else "",
-                f"{hist_floor.group(2)}x" if hist_floor else "",
-                "",
-                None,
-                f"payload {hist.group(2)} KB",
+                **_floor(hist_floor, "raw range queries"),
+                note=f"payload {hist.group(2)} KB",
             )
         )
     if total:
@@ -193,11 +186,9 @@ def parse_dashboard(output: str) -> list[Row]:
                 "dashboard",
                 "24 h history: server + browser render",
                 f"{t:,.0f} ms",
-                "",
-                "",
-                f"<= {bound:,.0f} ms",
-                t <= bound,
-                f"render {render.group(1)} ms in headless Chromium" if render else "no browser render",
+                target=f"<= {bound:,.0f} ms",
+                ok=t <= bound,
+                note=f"render {render.group(1)} ms in headless Chromium" if render else "no browser render",
             )
         )
     return rows
@@ -251,22 +242,10 @@ def run_one(bench: Bench, quick: bool, extra_args: list[str]) -> tuple[list[Row]
             args += ["--json-out", str(json_path)]
         print(f"\n== {bench.module} {' '.join(args)}".rstrip(), flush=True)
         started = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", bench.module, *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        captured = []
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            captured.append(line)
+        proc = Process([sys.executable, "-m", bench.module, *args], echo=True, name=bench.name).start()
         rc = proc.wait()
         elapsed = time.monotonic() - started
-        output = "".join(captured)
+        output = proc.output
         rows: list[Row] = []
         if bench.json_rows and json_path.exists():
             rows = read_json(json_path)

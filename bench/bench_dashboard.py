@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_dashboard.py [--gpus 8] [--minutes 15] [--updates 20] [--history-hours 24]
 
-Set-up (not timed): a fake exporter (tests/dashboard/synthetic.py, its own process, real HTTP) holding
+Set-up (not timed): a fake exporter (tests/support/synthetic.py, its own process, real HTTP) holding
 ``--minutes`` of 1 Hz samples for ``--gpus`` GPUs and one engine; a real Prometheus holding
 ``--history-hours`` of the same samples at 1 Hz, backfilled with ``promtool tsdb create-blocks-from
 openmetrics`` into 18 h blocks (what a Prometheus running a day compacts into; about a minute on two
@@ -25,23 +25,27 @@ Figures, each with a floor measured in the same run (so the ratio is meaningful 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from kvdoctor.dashboard import promql  # noqa: E402
-from kvdoctor.dashboard.app import create_app, serve_in_thread  # noqa: E402
-from kvdoctor.dashboard.sources import PARALLEL_QUERIES, ExporterClient, PrometheusClient  # noqa: E402
+from kvdoctor.dashboard import promql
+from kvdoctor.dashboard.app import create_app, serve_in_thread
+from kvdoctor.dashboard.sources import PARALLEL_QUERIES
+from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.prometheus import PrometheusClient
+from tests.support import tools
+from tests.support.browser import Page, chromium_browser
+from tests.support.processes import Process
+from tests.support.prometheus import PrometheusServer
+from tests.support.synthetic import SCENARIOS, SyntheticEngine, backfill
 
 LIVE_TARGET_BYTES = 50_000
 LIVE_TARGET_SECONDS = 0.050
@@ -106,32 +110,22 @@ def _timed(fn, repeat: int = 5) -> float:
     return statistics.median(times)
 
 
-class FakeProcess:
-    """A fake exporter / Prometheus in its own process, so its work does not share our GIL."""
+class FakeProcess(Process):
+    """A fake exporter / Prometheus (tests/support/synthetic.py) in its own process, so its work does
+    not share our GIL; started, at ``url``."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.dashboard.synthetic", *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
-        )
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://"):
-            raise RuntimeError(f"the fake {args[0]} did not start")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        super().__init__([sys.executable, "-m", "tests.support.synthetic", *args], name=f"fake {args[0]}")
+        self.start()
+        self.url = self.wait_for_line(r"^(http://\S+)", timeout=120).group(1)
 
 
 class RealPrometheus:
-    """A real prometheus (tests/tools.py finds it) on blocks backfilled from a SyntheticEngine."""
-
-    READY_TIMEOUT = 60.0
+    """A real prometheus (tests/support/tools.py finds it) on blocks backfilled from a SyntheticEngine."""
 
     def __init__(self, prometheus: str, promtool: str, scenario: str, hours: float, gpus: int, end: float):
-        from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, backfill
-
         self.workdir = Path(tempfile.mkdtemp(prefix="kvdoctor-bench-prometheus-"))
-        self.proc = None
+        self.server: PrometheusServer | None = None
         try:
             t = time.perf_counter()
             # The same engine (and t0) as the fake Prometheus would serve.
@@ -147,66 +141,24 @@ class RealPrometheus:
             )
             self.backfill_seconds = time.perf_counter() - t
             t = time.perf_counter()
-            self._start(prometheus)
+            # Nothing to scrape: the blocks are the data, used where they were made.
+            config = self.workdir / "prometheus.yml"
+            config.write_text("global:\n  scrape_interval: 15s\n")
+            self.server = PrometheusServer(prometheus, self.workdir, config, data_dir=self.workdir / "data").start()
+            self.url = self.server.url
             self.start_seconds = time.perf_counter() - t
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, binary: str) -> None:
-        from tests.tools import free_port
-
-        config = self.workdir / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 15s\n")  # nothing to scrape: the blocks are the data
-        for _ in range(3):
-            port = free_port()
-            self.url = f"http://127.0.0.1:{port}"
-            log = open(self.workdir / "prometheus.log", "ab")
-            self.proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={self.workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            log.close()
-            deadline = time.monotonic() + self.READY_TIMEOUT
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-            tail = (self.workdir / "prometheus.log").read_text(errors="replace")[-2000:]
-            self._kill()
-            if "address already in use" not in tail:
-                raise RuntimeError(f"prometheus did not become ready:\n{tail}")
-        raise RuntimeError("prometheus could not bind a free port in 3 attempts")
-
-    def _kill(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
     def stop(self) -> None:
-        self._kill()
+        if self.server is not None:
+            self.server.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def history_prometheus(args, end: float):
     """(server with .url and .stop(), what it is, in words): a real Prometheus when installed."""
-    from tests import tools
-
     prometheus, promtool = tools.prometheus(), tools.promtool()
     if prometheus and promtool and not args.fake_prometheus:
         print(
@@ -226,7 +178,7 @@ def history_prometheus(args, end: float):
         else f"no {' or '.join(n for n, p in (('prometheus', prometheus), ('promtool', promtool)) if not p)} installed"
     )
     print(
-        f"  NOTE: the fake Prometheus of tests/dashboard/synthetic.py ({why}; install: {tools.TOOLS['prometheus'][2]}). "
+        f"  NOTE: the fake Prometheus of tests/support/synthetic.py ({why}; install: {tools.TOOLS['prometheus'][2]}). "
         "Its answers are cached and it does no PromQL: server time and floor are not a real Prometheus'.",
         flush=True,
     )
@@ -263,13 +215,13 @@ def bench_live(args) -> bool:
         }
         # Warm-up: one whole page load and one update (imports, connection pools, first-request setup).
         dash.load()
-        first, _, _ = dash.callback("..live-data.data", values, ["live-tick.data"])
+        dash.callback("..live-data.data", values, ["live-tick.data"])
 
         # -- initial page load (median of 3 loads, stage by stage)
         loads = []
         for _ in range(3):
             steps = dash.load()
-            route, t_route, b_route = dash.callback(
+            _, t_route, b_route = dash.callback(
                 ".._pages_content",
                 {"_pages_location.pathname": "/", "_pages_location.search": ""},
                 ["_pages_location.pathname"],
@@ -282,7 +234,9 @@ def bench_live(args) -> bool:
                 _, t, b = dash.callback(name, {prop: full[key]["data"]}, [prop])
                 steps.append((f"{name} callback", t, b))
             loads.append(steps)
-        steps = [(stages[0][0], statistics.median(s[1] for s in stages), stages[0][2]) for stages in zip(*loads)]
+        steps = [
+            (stage[0][0], statistics.median(s[1] for s in stage), stage[0][2]) for stage in zip(*loads, strict=True)
+        ]
         static = sum(
             len(httpx.get(handle.url.rstrip("/") + src).content) for src in _script_sources(dash.http.get("/").text)
         )
@@ -338,8 +292,6 @@ def bench_live(args) -> bool:
 
 
 def _script_sources(html: str) -> list[str]:
-    import re
-
     return [s for s in re.findall(r'<script src="([^"]+)"', html) if s.startswith("/")]
 
 
@@ -413,11 +365,9 @@ def bench_history(args) -> bool:
 
 
 def _browser_render(base_url: str, history: dict) -> float | None:
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    executable = tools.chromium()
     if not executable:
         return None
-    from tests.dashboard.browser import Page, chromium_browser
-
     with chromium_browser(executable) as browser:
         page = Page(browser, base_url)
         page.goto(f"/?instance={INSTANCE}&from={history['from']:.0f}&to={history['to']:.0f}")

@@ -20,60 +20,14 @@ import time
 
 import numpy as np
 
+from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.ledger import COMMON_MODELS
-from kvdoctor.rules.signals import (
-    GENERATION_TOKENS,
-    GPU_DRAM_BANDWIDTH_UTILIZATION,
-    GPU_DRAM_PEAK_BANDWIDTH,
-    GPU_MEMORY_TOTAL,
-    GPU_MEMORY_USED,
-    GPU_PCIE_RX,
-    GPU_PCIE_TX,
-    GPU_SM_ACTIVE,
-    INTER_TOKEN_LATENCY,
-    KV_CACHE_CAPACITY,
-    KV_CACHE_USAGE,
-    KV_TRANSFER_BYTES,
-    PREEMPTIONS,
-    PREFIX_CACHE_HITS,
-    PREFIX_CACHE_HITS_BY_TIER,
-    PREFIX_CACHE_QUERIES,
-    PROMPT_TOKENS,
-    REQUESTS_RUNNING,
-    REQUESTS_WAITING,
-    SOURCE_UP,
-    TIME_TO_FIRST_TOKEN,
-)
+from kvdoctor.rules.model import COMMON_MODELS
 from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.simulator.vllm_metrics import TTFT_BUCKETS
 
 SECONDS = 900
 GPUS = 8
-BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
 
 
 def snapshots(seconds: int = SECONDS, gpus: int = GPUS, seed: int = 1) -> list[Snapshot]:
@@ -82,12 +36,12 @@ def snapshots(seconds: int = SECONDS, gpus: int = GPUS, seed: int = 1) -> list[S
     eng = {"engine": "vllm", "model_name": "llama-3.1-70b", "pod": "vllm-0"}
     out = []
     gen = prompt = preempt = to_gpu = queries = hits = 0.0
-    itl_counts = np.zeros(len(BUCKETS) + 1)
+    bounds = np.array((*S.ITL_BUCKETS, np.inf))
+    ttft_bounds = np.array((*TTFT_BUCKETS, np.inf))
+    itl_counts = np.zeros(len(bounds))
     itl_sum = itl_count = 0.0
-    ttft_counts = np.zeros(len(TTFT_BUCKETS) + 1)
+    ttft_counts = np.zeros(len(ttft_bounds))
     ttft_sum = ttft_count = 0.0
-    bounds = np.array(BUCKETS + (np.inf,))
-    ttft_bounds = np.array(TTFT_BUCKETS + (np.inf,))
     for t in range(seconds):
         kv = min(0.99, 0.3 + 0.7 * t / seconds + rng.uniform(-0.03, 0.03))
         tokens = int(rng.integers(700, 900))
@@ -108,38 +62,38 @@ def snapshots(seconds: int = SECONDS, gpus: int = GPUS, seed: int = 1) -> list[S
         ttft_count += 8
         snap = Snapshot(1_700_000_000.0 + t)
         add = snap.add
-        add(GENERATION_TOKENS, gen, eng)
-        add(PROMPT_TOKENS, prompt, eng)
-        add(REQUESTS_RUNNING, float(rng.integers(40, 64)), eng)
-        add(REQUESTS_WAITING, float(rng.integers(0, 4)), eng)
-        add(KV_CACHE_USAGE, kv, eng)
-        add(KV_CACHE_CAPACITY, 600_000.0, eng)
-        add(PREEMPTIONS, preempt, eng)
-        add(KV_TRANSFER_BYTES, to_gpu, {**eng, "direction": "to_gpu", "tier": "host"})
-        add(KV_TRANSFER_BYTES, to_gpu / 2, {**eng, "direction": "from_gpu", "tier": "host"})
-        add(PREFIX_CACHE_QUERIES, queries, eng)
-        add(PREFIX_CACHE_HITS, hits, eng)
-        add(PREFIX_CACHE_HITS_BY_TIER, hits * 0.9, {**eng, "tier": "device"})
-        add(PREFIX_CACHE_HITS_BY_TIER, hits * 0.1, {**eng, "tier": "host"})
-        for b, c in zip(bounds, itl_counts):
-            add(INTER_TOKEN_LATENCY + "_bucket", c, {**eng, "le": "+Inf" if np.isinf(b) else repr(float(b))})
-        add(INTER_TOKEN_LATENCY + "_sum", itl_sum, eng)
-        add(INTER_TOKEN_LATENCY + "_count", itl_count, eng)
-        for b, c in zip(ttft_bounds, ttft_counts):
-            add(TIME_TO_FIRST_TOKEN + "_bucket", c, {**eng, "le": "+Inf" if np.isinf(b) else repr(float(b))})
-        add(TIME_TO_FIRST_TOKEN + "_sum", ttft_sum, eng)
-        add(TIME_TO_FIRST_TOKEN + "_count", ttft_count, eng)
+        add(S.GENERATION_TOKENS, gen, eng)
+        add(S.PROMPT_TOKENS, prompt, eng)
+        add(S.REQUESTS_RUNNING, float(rng.integers(40, 64)), eng)
+        add(S.REQUESTS_WAITING, float(rng.integers(0, 4)), eng)
+        add(S.KV_CACHE_USAGE, kv, eng)
+        add(S.KV_CACHE_CAPACITY, 600_000.0, eng)
+        add(S.PREEMPTIONS, preempt, eng)
+        add(S.KV_TRANSFER_BYTES, to_gpu, {**eng, "direction": "to_gpu", "tier": "host"})
+        add(S.KV_TRANSFER_BYTES, to_gpu / 2, {**eng, "direction": "from_gpu", "tier": "host"})
+        add(S.PREFIX_CACHE_QUERIES, queries, eng)
+        add(S.PREFIX_CACHE_HITS, hits, eng)
+        add(S.PREFIX_CACHE_HITS_BY_TIER, hits * 0.9, {**eng, "tier": "device"})
+        add(S.PREFIX_CACHE_HITS_BY_TIER, hits * 0.1, {**eng, "tier": "host"})
+        for b, c in zip(bounds, itl_counts, strict=True):
+            add(S.INTER_TOKEN_LATENCY + "_bucket", c, {**eng, "le": "+Inf" if np.isinf(b) else repr(float(b))})
+        add(S.INTER_TOKEN_LATENCY + "_sum", itl_sum, eng)
+        add(S.INTER_TOKEN_LATENCY + "_count", itl_count, eng)
+        for b, c in zip(ttft_bounds, ttft_counts, strict=True):
+            add(S.TIME_TO_FIRST_TOKEN + "_bucket", c, {**eng, "le": "+Inf" if np.isinf(b) else repr(float(b))})
+        add(S.TIME_TO_FIRST_TOKEN + "_sum", ttft_sum, eng)
+        add(S.TIME_TO_FIRST_TOKEN + "_count", ttft_count, eng)
         for g in range(gpus):
             gl = {"gpu": str(g), "uuid": f"GPU-{g:04d}", "model": "NVIDIA H100 80GB HBM3", "pod": "vllm-0"}
-            add(GPU_DRAM_BANDWIDTH_UTILIZATION, 0.7 + 0.2 * kv + rng.uniform(-0.05, 0.05), {**gl, "method": "gpm"})
-            add(GPU_SM_ACTIVE, 0.55 + rng.uniform(-0.05, 0.05), {**gl, "method": "gpm"})
-            add(GPU_PCIE_RX, float(rng.integers(1e7, 5e8)), gl)
-            add(GPU_PCIE_TX, float(rng.integers(1e7, 5e8)), gl)
-            add(GPU_MEMORY_USED, 7.5e10, gl)
-            add(GPU_MEMORY_TOTAL, 8.0e10, gl)
-            add(GPU_DRAM_PEAK_BANDWIDTH, 3.35e12, gl)
+            add(S.GPU_DRAM_BANDWIDTH_UTILIZATION, 0.7 + 0.2 * kv + rng.uniform(-0.05, 0.05), {**gl, "method": "gpm"})
+            add(S.GPU_SM_ACTIVE, 0.55 + rng.uniform(-0.05, 0.05), {**gl, "method": "gpm"})
+            add(S.GPU_PCIE_RX, float(rng.integers(1e7, 5e8)), gl)
+            add(S.GPU_PCIE_TX, float(rng.integers(1e7, 5e8)), gl)
+            add(S.GPU_MEMORY_USED, 7.5e10, gl)
+            add(S.GPU_MEMORY_TOTAL, 8.0e10, gl)
+            add(S.GPU_DRAM_PEAK_BANDWIDTH, 3.35e12, gl)
         for source in ("engine", "nvml", "lmcache"):
-            add(SOURCE_UP, 1.0, {"source": source, "pod": "vllm-0"})
+            add(S.SOURCE_UP, 1.0, {"source": source, "pod": "vllm-0"})
         out.append(snap)
     return out
 

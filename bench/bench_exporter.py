@@ -31,89 +31,22 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
+from bench.exporter_processes import SimulatedGpus
+from tests.support.processes import Process, run
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
 
-ENGINE_SERVER = textwrap.dedent("""
-    import sys
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    body = open(sys.argv[1], "rb").read()
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, like the engines' own servers
-        disable_nagle_algorithm = True  # head and body are two writes: no 40 ms delayed-ACK stall
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        def log_message(self, *a):
-            pass
-    s = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    s.daemon_threads = True
-    print(s.server_address[1], flush=True)
-    s.serve_forever()
-""")
 
-
-class SimulatedGpus:
-    """Every canonical GPU signal for ``n`` GPUs, values moving each call (no NVML involved)."""
-
-    name = "gpu"
-
-    def __init__(self, n: int = 8):
-        from kvdoctor.rules import signals as S
-        from kvdoctor.rules.window import labels_of
-
-        self.n = n
-        self.step = 0
-        self._rows = []
-        for i in range(n):
-            base = labels_of(gpu=str(i), uuid=f"GPU-{i:08x}-bench", model="NVIDIA H100 80GB HBM3")
-            gpm = labels_of(dict(base), method="gpm")
-            self._rows.append(
-                (
-                    (S.GPU_DRAM_BANDWIDTH_UTILIZATION, gpm),
-                    (S.GPU_SM_ACTIVE, gpm),
-                    (S.GPU_MEMORY_USED, base),
-                    (S.GPU_MEMORY_TOTAL, base),
-                    (S.GPU_PCIE_RX, base),
-                    (S.GPU_PCIE_TX, base),
-                    (S.GPU_DRAM_PEAK_BANDWIDTH, base),
-                )
-            )
-
-    def collect(self):
-        from kvdoctor.rules.collection import Collected
-
-        self.step += 1
-        out = Collected()
-        for i, (bw, sm, used, total, rx, tx, peak) in enumerate(self._rows):
-            phase = (self.step + i) % 10 / 10
-            out.samples[bw] = 0.6 + 0.3 * phase
-            out.samples[sm] = 0.3 + 0.1 * phase
-            out.samples[used] = 70e9 + 1e6 * self.step
-            out.samples[total] = 80e9
-            out.samples[rx] = 2e8 * phase
-            out.samples[tx] = 1e8 * phase
-            out.samples[peak] = 3.35e12
-        return out
-
-    def close(self) -> None:
-        pass
-
-
-def start_engine_process(fixture: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(fixture)], stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    return proc, f"http://127.0.0.1:{port}/metrics"
+def start_engine_process(fixture: Path) -> tuple[Process, str]:
+    """The engine page served over HTTP by another process (its CPU is not ours); (process, /metrics URL)."""
+    engine = Process([sys.executable, "-m", "tests.support.servers", fixture], name="engine").start()
+    return engine, engine.wait_for_line(r"^(http://\S+)", timeout=60).group(1) + "/metrics"
 
 
 def cpu_per_call(fn, n: int) -> tuple[float, float]:
@@ -177,27 +110,9 @@ class StaticServer:
 
 
 def load(port: int, scrapers: int, rounds: int) -> dict:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            "127.0.0.1",
-            str(port),
-            "/metrics",
-            "--scrapers",
-            str(scrapers),
-            "--rounds",
-            str(rounds),
-            "--gap",
-            "0.05",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    if out.returncode != 0:
+    args = ["127.0.0.1", port, "/metrics", "--scrapers", scrapers, "--rounds", rounds, "--gap", "0.05"]
+    out = run([sys.executable, "-m", "bench.loadgen", *args], cwd=ROOT, timeout=600)
+    if out.rc != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])
     return json.loads(out.stdout)
 
@@ -346,8 +261,7 @@ def main() -> int:
             ),
         ]
     finally:
-        engine_proc.terminate()
-        engine_proc.wait(10)
+        engine_proc.stop()
 
     load1, load5, _ = os.getloadavg()
     print(
@@ -357,12 +271,12 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, load average {load1:.1f} / {load5:.1f}"
     )
     print("floor = prometheus_client on the same data (its parser + generate_latest; its own HTTP server)\n")
-    widths = [max(len(r[i]) for r in rows + [("measure", "ours", "floor", "ours/floor")]) for i in range(4)]
     header = ("measure", "ours", "floor", "ours/floor")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    widths = [max(len(r[i]) for r in [*rows, header]) for i in range(4)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
     return 0
 
 

@@ -6,7 +6,7 @@
 bench/bench_exporter.py times the exporter's parts inside the benchmark's own process; this one
 measures what an operator sees in ``top``: the exporter running alone in a process, collecting
 every second from the real vLLM exposition (tests/fixtures/vllm-0.32-cpu, served over HTTP by a
-third process) plus 8 simulated GPUs (bench_exporter's ``SimulatedGpus``), diagnosing every cycle
+third process) plus 8 simulated GPUs (bench/exporter_processes.py), diagnosing every cycle
 and answering one Prometheus-like scrape of /metrics a second.
 
 Floor, measured in the same run, side by side (same machine load): the simplest Python exporter
@@ -24,125 +24,38 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
-from bench.table import Row, print_table, write_json
+import httpx
+import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
+from bench.bench_exporter import FIXTURE, start_engine_process
+from bench.table import Row, add_json_out, report
+from tests.support.processes import Process
+
 CPU_TARGET = 0.005  # of one core
 RSS_TARGET = 80e6
 BENCH = "exporter@1Hz"
 IMPORTS_ONLY = (
     "import kvdoctor.exporter.app, kvdoctor.exporter.runtime, kvdoctor.exporter.assembly, "
     "kvdoctor.exporter.collectors, kvdoctor.rules.diagnosis, kvdoctor.exporter.server, "
-    "bench.bench_exporter, sys; print('PORT 0', flush=True); sys.stdin.read()"
+    "bench.exporter_processes, signal; print('PORT 0', flush=True); signal.pause()"
 )
-
-
-# ------------------------------------------------------------------------------ measured processes
-
-
-def child_ours(engine_url: str, gpus: int) -> int:
-    """The exporter, as ``kvdoctor exporter`` builds it, plus ``gpus`` simulated GPUs."""
-    import logging
-
-    from bench.bench_exporter import SimulatedGpus
-    from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.assembly import build_exporter
-    from kvdoctor.exporter.server import bind_socket, serve
-    from kvdoctor.exporter.settings import ExporterSettings
-
-    logging.basicConfig(level=logging.WARNING)
-    settings = ExporterSettings(engine_url=engine_url, interval=1.0, nvml=False, host="127.0.0.1", port=0)
-    exporter = build_exporter(settings, extra_collectors=[SimulatedGpus(gpus)])
-    sock = bind_socket("127.0.0.1", 0)
-
-    def started(handle) -> None:
-        exporter.start()
-        print(f"PORT {handle.port}", flush=True)
-
-    try:
-        return serve(create_app(exporter), "127.0.0.1", 0, on_started=started, sock=sock)
-    finally:
-        exporter.stop()
-
-
-def child_floor(engine_url: str, gpus: int) -> int:
-    """prometheus_client re-exposing the engine page and the GPUs' series, refreshed every second."""
-    import http.client
-    from urllib.parse import urlsplit
-
-    from prometheus_client import CollectorRegistry, start_http_server
-    from prometheus_client.core import GaugeMetricFamily
-    from prometheus_client.parser import text_string_to_metric_families
-
-    parts = urlsplit(engine_url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
-    state = {"families": [], "step": 0}
-
-    def refresh() -> None:
-        conn.request("GET", parts.path)
-        text = conn.getresponse().read().decode()
-        families = list(text_string_to_metric_families(text))
-        state["step"] += 1
-        for name in (
-            "gpu_dram_bandwidth_utilization_ratio",
-            "gpu_sm_active_ratio",
-            "gpu_memory_used_bytes",
-            "gpu_memory_total_bytes",
-            "gpu_pcie_receive_bytes_per_second",
-            "gpu_pcie_transmit_bytes_per_second",
-            "gpu_dram_peak_bandwidth_bytes_per_second",
-        ):
-            family = GaugeMetricFamily(f"floor_{name}", name, labels=["gpu", "uuid", "model"])
-            for i in range(gpus):
-                labels = [str(i), f"GPU-{i:08x}-bench", "NVIDIA H100 80GB HBM3"]
-                family.add_metric(labels, (state["step"] + i) % 10 / 10)
-            families.append(family)
-        state["families"] = families
-
-    class Same:
-        def collect(self):
-            return state["families"]
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Same())
-    refresh()
-    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
-    print(f"PORT {server.server_port}", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    next_tick = time.monotonic()
-    while not stop.is_set():
-        refresh()
-        next_tick += 1.0
-        stop.wait(max(0.0, next_tick - time.monotonic()))
-    server.shutdown()
-    return 0
 
 
 # ------------------------------------------------------------------------------------ measuring
 
 
 class Measured:
-    def __init__(self, name: str, argv: list[str]):
-        import psutil
+    """A process printing ``PORT n`` once it serves, measured with psutil."""
 
+    def __init__(self, name: str, argv: list[str]):
         self.name = name
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, cwd=ROOT)
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("PORT "):
-            self.proc.kill()
-            raise RuntimeError(f"{name}: did not start (printed {line!r})")
-        self.port = int(line.split()[1])
-        self.ps = psutil.Process(self.proc.pid)
+        self.process = Process(argv, name=name).start()
+        self.port = int(self.process.wait_for_line(r"^PORT (\d+)", timeout=120).group(1))
+        self.ps = psutil.Process(self.process.pid)
         self.rss: list[float] = []
         self.cpu0 = self.wall0 = 0.0
 
@@ -160,29 +73,19 @@ class Measured:
         return (self.cpu_seconds() - self.cpu0) / (time.monotonic() - self.wall0)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self.process.stop()
 
 
 def measure(quick: bool = False, gpus: int = 8, warmup: float | None = None, span: float | None = None) -> list[Row]:
-    import httpx
-
-    from bench.bench_exporter import start_engine_process
-
     warmup = warmup if warmup is not None else (15.0 if quick else 70.0)
     span = span if span is not None else (20.0 if quick else 60.0)
     engine_proc, url = start_engine_process(FIXTURE)
-    me = [sys.executable, "-m", "bench.bench_exporter_resources"]
+    child = [sys.executable, "-m", "bench.exporter_processes"]
     procs: list[Measured] = []
     try:
-        ours = Measured("ours", me + ["--child", "ours", "--engine-url", url, "--gpus", str(gpus)])
+        ours = Measured("ours", [*child, "ours", "--engine-url", url, "--gpus", str(gpus)])
         procs.append(ours)
-        floor = Measured("floor", me + ["--child", "floor", "--engine-url", url, "--gpus", str(gpus)])
+        floor = Measured("floor", [*child, "floor", "--engine-url", url, "--gpus", str(gpus)])
         procs.append(floor)
         imports = Measured("imports", [sys.executable, "-c", IMPORTS_ONLY])
         procs.append(imports)
@@ -214,8 +117,7 @@ def measure(quick: bool = False, gpus: int = 8, warmup: float | None = None, spa
     finally:
         for m in procs:
             m.stop()
-        engine_proc.terminate()
-        engine_proc.wait(10)
+        engine_proc.stop()
 
     def pct(f: float) -> str:
         return f"{f * 100:.2f} % of a core"
@@ -252,9 +154,7 @@ def measure(quick: bool = False, gpus: int = 8, warmup: float | None = None, spa
             f"{page_bytes.get('ours', 0) / 1e3:.1f} KB",
             f"{page_bytes.get('floor', 0) / 1e3:.1f} KB",
             "",
-            "",
-            None,
-            "ours: canonical series only; floor: the whole engine page again",
+            note="ours: canonical series only; floor: the whole engine page again",
         ),
     ]
 
@@ -265,19 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--warmup", type=float, help="seconds before measuring (default 70; quick 15)")
     parser.add_argument("--span", type=float, help="seconds measured (default 60; quick 20)")
-    parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON (for python -m bench)")
-    parser.add_argument("--child", choices=("ours", "floor"), help=argparse.SUPPRESS)
-    parser.add_argument("--engine-url", help=argparse.SUPPRESS)
+    add_json_out(parser)
     args = parser.parse_args(argv)
-    if args.child == "ours":
-        return child_ours(args.engine_url, args.gpus)
-    if args.child == "floor":
-        return child_floor(args.engine_url, args.gpus)
     rows = measure(args.quick, args.gpus, args.warmup, args.span)
-    print_table(rows)
-    if args.json_out:
-        write_json(rows, args.json_out)
-    return 0
+    return report(rows, args.json_out)
 
 
 if __name__ == "__main__":

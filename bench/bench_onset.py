@@ -21,18 +21,16 @@ Target (issue 7): onset <= 10 s.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from bench.table import Row, print_table, write_json
+import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.table import Row, add_json_out, report
+from tests.support.demo import DemoProcess
+
 TARGET_SECONDS = 10.0
 BENCH = "onset"
 ALL_SCENARIOS = ("kv_thrashing", "bandwidth_bound", "tier_miss", "capacity_pressure", "host_overhead", "compute_bound")
@@ -41,84 +39,10 @@ VERDICT_RE = re.compile(rb'^kvdoctor_diagnosis_verdict\{[^}]*verdict="([a-z_]+)"
 POLL = 0.1
 
 
-class Demo:
-    """``kvdoctor demo`` in a subprocess; the URLs it prints."""
-
-    def __init__(
-        self,
-        interval: float = 1.0,
-        scenario: str = "healthy",
-        extra_args: tuple[str, ...] = (),
-        extra_env: dict | None = None,
-    ):
-        import os
-
-        env = {**os.environ, **(extra_env or {})}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvdoctor",
-                "demo",
-                "--no-dashboard",
-                "--port",
-                "0",
-                "--status-every",
-                "0",
-                "--interval",
-                str(interval),
-                "--scenario",
-                scenario,
-                *extra_args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            cwd=ROOT,
-            env=env,
-        )
-        self.metrics_url = self.engine_url = ""
-        lines = []
-        deadline = time.monotonic() + 60
-        while not (self.metrics_url and self.engine_url):
-            line = self.proc.stdout.readline()
-            if not line or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("kvdoctor demo did not start:\n" + "".join(lines))
-            lines.append(line)
-            if m := re.match(r"\s+metrics\s+(http://\S+)/metrics", line):
-                self.metrics_url = m.group(1)
-            if m := re.match(r"\s+engine\s+(http://\S+)/metrics", line):
-                self.engine_url = m.group(1)
-        self.pid = self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def __enter__(self) -> Demo:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def current_verdict(client, demo: Demo) -> str | None:
-    page = client.get(demo.metrics_url + "/metrics").content
+def current_verdict(client, demo: DemoProcess) -> str | None:
+    page = client.get(demo.metrics_url).content
     m = VERDICT_RE.search(page)
     return m.group(1).decode() if m else None
-
-
-def switch(client, demo: Demo, scenario: str) -> dict:
-    r = client.post(demo.engine_url + "/scenario", content=json.dumps({"scenario": scenario}))
-    r.raise_for_status()
-    return r.json()
 
 
 @dataclass
@@ -132,9 +56,9 @@ class Trial:
     baseline: str = ""
 
 
-def wait_healthy(client, demo: Demo, settle: float, timeout: float) -> str:
+def wait_healthy(client, demo: DemoProcess, settle: float, timeout: float) -> str:
     """Switch to healthy, wait ``settle`` s, then until the verdict is healthy; returns it."""
-    switch(client, demo, "healthy")
+    demo.switch("healthy")
     time.sleep(settle)
     deadline = time.monotonic() + timeout
     verdict = current_verdict(client, demo)
@@ -144,15 +68,15 @@ def wait_healthy(client, demo: Demo, settle: float, timeout: float) -> str:
     return verdict or "none"
 
 
-def trial(client, demo: Demo, scenario: str, settle: float, limit: float) -> Trial:
+def trial(client, demo: DemoProcess, scenario: str, settle: float, limit: float) -> Trial:
     baseline = wait_healthy(client, demo, settle, timeout=120)
     t0 = time.time()
-    state = switch(client, demo, scenario)
+    state = demo.switch(scenario)
     result = Trial(scenario, state.get("expected_verdict", scenario), baseline=baseline)
     while time.time() - t0 < limit:
         now = time.time()
         if result.floor is None:
-            status = client.get(demo.metrics_url + "/api/v1/status").json()
+            status = client.get(demo.exporter_url + "/api/v1/status").json()
             engine = status.get("sources", {}).get("engine", {})
             if (engine.get("last_success") or 0) > t0:
                 result.floor = now - t0
@@ -169,12 +93,10 @@ def trial(client, demo: Demo, scenario: str, settle: float, limit: float) -> Tri
 def measure(
     quick: bool = False, scenarios: tuple[str, ...] | None = None, settle: float | None = None, limit: float = 120.0
 ) -> list[Row]:
-    import httpx
-
     scenarios = scenarios or (QUICK_SCENARIOS if quick else ALL_SCENARIOS)
     settle = settle if settle is not None else (30.0 if quick else 65.0)
     trials = []
-    with Demo() as demo, httpx.Client(timeout=10) as client:
+    with DemoProcess("healthy", interval=1.0) as demo, httpx.Client(timeout=10) as client:
         for scenario in scenarios:
             trials.append(trial(client, demo, scenario, settle, limit))
 
@@ -228,13 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, help="seconds of healthy traffic before each switch (default 65; quick 30)"
     )
     parser.add_argument("--limit", type=float, default=120.0, help="give up on a scenario after this many seconds")
-    parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON (for python -m bench)")
+    add_json_out(parser)
     args = parser.parse_args(argv)
     rows = measure(args.quick, tuple(args.scenario) if args.scenario else None, args.settle, args.limit)
-    print_table(rows)
-    if args.json_out:
-        write_json(rows, args.json_out)
-    return 0
+    return report(rows, args.json_out)
 
 
 if __name__ == "__main__":

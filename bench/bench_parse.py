@@ -30,7 +30,7 @@ import tracemalloc
 from collections import deque
 from pathlib import Path
 
-from bench.table import Row, print_table, write_json
+from bench.table import Row, add_json_out, report
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures/vllm-0.32-cpu"
@@ -125,8 +125,7 @@ def measure(quick: bool = False) -> list[Row]:
         scrape_peak = peak_bytes(scraper.collect)
         scraper.close()
     finally:
-        engine_proc.terminate()
-        engine_proc.wait(10)
+        engine_proc.stop()
 
     pages = fixture_pages()
     total = sum(len(p.encode()) for p in pages)
@@ -197,13 +196,10 @@ def measure(quick: bool = False) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter timing batches")
-    parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON (for python -m bench)")
+    add_json_out(parser)
     args = parser.parse_args(argv)
     rows = measure(args.quick)
-    print_table(rows)
-    if args.json_out:
-        write_json(rows, args.json_out)
-    return 0
+    return report(rows, args.json_out)
 
 
 if __name__ == "__main__":

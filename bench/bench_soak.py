@@ -34,7 +34,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bench.table import Row, print_table, write_json
+import httpx
+import psutil
+
+from bench.table import Row, add_json_out, report
+from tests.support.demo import DemoProcess
+from tests.support.processes import http_ok
+from tests.support.tools import wait_until
 
 BENCH = "soak"
 RSS_FLAT_BYTES = 5e6
@@ -90,7 +96,7 @@ class SoakResult:
         ys = [s.rss / 1e6 for s in steady]
         mt, my = statistics.fmean(ts), statistics.fmean(ys)
         var = sum((t - mt) ** 2 for t in ts)
-        return sum((t - mt) * (y - my) for t, y in zip(ts, ys)) / var * 3600 if var else float("nan")
+        return sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var * 3600 if var else float("nan")
 
 
 class Scrapers:
@@ -161,20 +167,8 @@ class Scrapers:
 
 def wait_ready(base_url: str, timeout: float = 60.0) -> None:
     """Until the exporter has completed a cycle and diagnosed once."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if (
-                httpx.get(base_url + "/readyz", timeout=5).status_code == 200
-                and httpx.get(base_url + "/api/v1/diagnosis", timeout=5).status_code == 200
-            ):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the exporter at {base_url} was not ready within {timeout:.0f} s")
+    ready, diagnosed = http_ok(base_url + "/readyz", timeout=5), http_ok(base_url + "/api/v1/diagnosis", timeout=5)
+    wait_until(lambda: ready() and diagnosed(), timeout=timeout, interval=0.2, what=f"the exporter at {base_url} ready")
 
 
 def soak(
@@ -187,10 +181,6 @@ def soak(
     progress=None,
 ) -> SoakResult:
     """Run the soak; ``progress(text)`` gets a line now and then (None: quiet)."""
-    import psutil
-
-    from bench.bench_onset import Demo
-
     env = {"KVDOCTOR_MAX_SNAPSHOTS": str(max_snapshots)} if max_snapshots else {}
     ring = (max_snapshots or DEFAULT_MAX_SNAPSHOTS) * interval
     warmup = ring * 1.1 + 10.0
@@ -201,18 +191,18 @@ def soak(
             f"{interval:g} s per cycle (lower --max-snapshots)"
         )
     samples: list[Sample] = []
-    with Demo(interval=interval, scenario=scenario, extra_env=env) as demo:
+    with DemoProcess(scenario, interval=interval, env=env) as demo:
         ps = psutil.Process(demo.pid)
-        host, port = demo.metrics_url.removeprefix("http://").rsplit(":", 1)
-        wait_ready(demo.metrics_url)  # before: /readyz and /api/v1/diagnosis answer 503 by design
+        host, port = demo.exporter_url.removeprefix("http://").rsplit(":", 1)
+        wait_ready(demo.exporter_url)  # before: /readyz and /api/v1/diagnosis answer 503 by design
         load = Scrapers(host, int(port), scrapers).start()
         t0 = time.monotonic()
         next_sample = t0
         next_report = t0 + 60
         try:
             while (now := time.monotonic()) - t0 < total:
-                if demo.proc.poll() is not None:
-                    raise RuntimeError(f"kvdoctor demo exited with {demo.proc.returncode} during the soak")
+                if not demo.process.running:
+                    raise RuntimeError(f"kvdoctor demo exited with {demo.process.returncode} during the soak")
                 samples.append(Sample(now - t0, float(ps.memory_info().rss), ps.num_fds(), ps.num_threads()))
                 if progress and now >= next_report:
                     s = samples[-1]
@@ -225,9 +215,7 @@ def soak(
                 time.sleep(max(0.0, next_sample - time.monotonic()))
         finally:
             load.stop()
-        import httpx
-
-        status = httpx.get(demo.metrics_url + "/api/v1/status", timeout=10).json()
+        status = httpx.get(demo.exporter_url + "/api/v1/status", timeout=10).json()
     return SoakResult(
         minutes,
         interval,
@@ -280,9 +268,7 @@ def rows_for(result: SoakResult) -> list[Row]:
             f"{result.cycles:,}",
             f"{expected_cycles:,.0f} at 10 Hz",
             f"{result.cycles / expected_cycles:.2f}x",
-            "",
-            None,
-            "fewer than 10 Hz means cycles overran their 0.1 s tick (the runtime skips missed ticks)",
+            note="fewer than 10 Hz means cycles overran their 0.1 s tick (the runtime skips missed ticks)",
         ),
     ]
 
@@ -294,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", help="the demo's scenario (default cycle; quick: kv_thrashing)")
     parser.add_argument("--scrapers", type=int, default=8, help="concurrent /metrics scrapers (default 8)")
     parser.add_argument("--max-snapshots", type=int, help="KVDOCTOR_MAX_SNAPSHOTS for the demo (quick: 300)")
-    parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON (for python -m bench)")
+    add_json_out(parser)
     args = parser.parse_args(argv)
     minutes = args.minutes or (3.0 if args.quick else 30.0)
     scenario = args.scenario or ("kv_thrashing" if args.quick else "cycle")
@@ -307,10 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=lambda line: print(line, flush=True),
     )
     rows = rows_for(result)
-    print_table(rows)
-    if args.json_out:
-        write_json(rows, args.json_out)
-    return 0
+    return report(rows, args.json_out)
 
 
 if __name__ == "__main__":

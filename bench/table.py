@@ -1,12 +1,13 @@
 """Rows of benchmark figures, one table format for every benchmark and for ``python -m bench``.
 
 A benchmark builds ``Row``s (a figure, the floor it is compared with, the ratio, the target and
-whether it is met), prints them with ``print_table`` and, given ``--json-out PATH``, writes them
-with ``write_json`` so ``python -m bench`` can gather every benchmark's rows into one table.
+whether it is met) and ``report``s them: printed, and, given ``--json-out PATH`` (``add_json_out``),
+written as JSON so ``python -m bench`` can gather every benchmark's rows into one table.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterable
@@ -44,14 +45,6 @@ COLUMNS = (
 )
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.2f} ms"
-
-
-def mb(n_bytes: float) -> str:
-    return f"{n_bytes / 2**20:,.1f} MiB"
-
-
 def print_table(rows: Iterable[Row], out: TextIO | None = None, notes: bool = True) -> None:
     """Aligned columns; the notes (why a figure is what it is) as numbered lines below."""
     out = out or sys.stdout
@@ -59,14 +52,27 @@ def print_table(rows: Iterable[Row], out: TextIO | None = None, notes: bool = Tr
     cells = [[getattr(r, attr) for attr, _ in COLUMNS] for r in rows]
     header = [title for _, title in COLUMNS]
     widths = [max([len(header[i])] + [len(c[i]) for c in cells]) for i in range(len(header))]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), file=out)
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(), file=out)
     print("  ".join("-" * w for w in widths), file=out)
-    for row, c in zip(rows, cells):
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip(), file=out)
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip(), file=out)
     if notes:
         numbered = [(r.bench, r.measure, r.note) for r in rows if r.note]
         for i, (bench, measure, note) in enumerate(numbered, 1):
             print(f"  [{i}] {bench} / {measure}: {note}", file=out)
+
+
+def add_json_out(parser: argparse.ArgumentParser) -> None:
+    """The ``--json-out PATH`` option every benchmark written for ``python -m bench`` takes."""
+    parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON (for python -m bench)")
+
+
+def report(rows: list[Row], json_out: str | None) -> int:
+    """Prints the rows, writes them to ``json_out`` when given; the benchmark's exit status (0)."""
+    print_table(rows)
+    if json_out:
+        write_json(rows, json_out)
+    return 0
 
 
 def write_json(rows: Iterable[Row], path: str | Path) -> None:

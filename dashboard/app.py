@@ -19,11 +19,12 @@ from pathlib import Path
 import dash
 from dash import dcc, html
 from flask import Flask
+from werkzeug.serving import make_server
 
 from kvdoctor.dashboard import auth, ids
 from kvdoctor.dashboard.pages import fleet, ledger, live
 from kvdoctor.dashboard.settings import DashboardSettings
-from kvdoctor.dashboard.sources import EXTENSION_KEY, Backend
+from kvdoctor.dashboard.sources import EXTENSION_KEY, Backend, backend
 
 ASSETS = Path(__file__).with_name("assets")
 PAGES = (live, ledger, fleet)
@@ -81,8 +82,6 @@ def create_app(
 
 
 def _shell() -> html.Div:
-    from kvdoctor.dashboard.sources import backend
-
     b = backend()
     sources = []
     if b.settings.exporter_url:
@@ -133,8 +132,6 @@ def serve_in_thread(dash_app: dash.Dash, host: str = DEFAULT_HOST, port: int = D
 
     Raises ``OSError`` with a one-line message when the port cannot be bound.
     """
-    from werkzeug.serving import make_server
-
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log line per callback
     # Bind here: werkzeug prints a paragraph and exits on a port in use; we want one clear error.
     try:

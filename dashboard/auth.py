@@ -13,6 +13,8 @@ import binascii
 import hmac
 from collections.abc import Mapping
 
+from flask import Response, request
+
 USERS_ENV = "KVDOCTOR_DASHBOARD_USERS"
 AUTH_FILE_ENV = "KVDOCTOR_DASHBOARD_AUTH_FILE"
 REALM = "kvdoctor"
@@ -73,7 +75,6 @@ def install(server, users: Mapping[str, str]) -> None:
     if not users:
         return
     frozen = dict(users)
-    from flask import Response, request
 
     @server.before_request
     def _require_basic_auth():

@@ -1,4 +1,5 @@
-"""Pure builders of page pieces that are not charts: the verdict banner, the stale badge, tables.
+"""Pure builders of page pieces: the verdict banner, the stale badge, tables, and the layout the
+pages share (the controls bar and its pickers, the grid of charts).
 
 Data in, Dash components out; no callbacks and no I/O, so they are tested without a browser.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 from dash import dcc, html
 
+from kvdoctor.dashboard import figures
 from kvdoctor.dashboard.derive import severity
 
 VERDICT_TITLES: dict[str, str] = {
@@ -227,3 +229,39 @@ def table(header: list[str], rows: list[list[Any]], class_name: str = "data-tabl
 
 def link(text: str, href: str) -> dcc.Link:
     return dcc.Link(text, href=href)
+
+
+# ------------------------------------------------------------------------------- shared layout
+
+
+def labelled(label: str, control: Any) -> html.Label:
+    """A control of the controls bar with its label above it."""
+    return html.Label([label, control])
+
+
+def picker(label: str, dropdown_id: str, options: list[dict], value: Any, *, wide: bool = False, **props) -> html.Label:
+    """A labelled dropdown that always has a value (not clearable)."""
+    class_name = "picker wide" if wide else "picker"
+    return labelled(
+        label,
+        dcc.Dropdown(id=dropdown_id, options=options, value=value, clearable=False, className=class_name, **props),
+    )
+
+
+def controls_bar(controls: list, badge_id: str, badge: Any = None) -> html.Div:
+    """The bar above a page's content: its controls, then the freshness badge (``badge_id``)."""
+    slot = html.Div(id=badge_id, className="badge-slot")
+    if badge is not None:
+        slot.children = badge
+    return html.Div([*controls, slot], className="controls")
+
+
+def chart_grid(graph_ids: Iterable[str], **graph_props) -> html.Div:
+    """The page's charts, each saying "loading…" until its first figure arrives."""
+    return html.Div(
+        [
+            dcc.Graph(id=graph_id, figure=figures.placeholder_figure("loading…"), className="chart", **graph_props)
+            for graph_id in graph_ids
+        ],
+        className="charts",
+    )

@@ -1,280 +1,19 @@
-"""Pure figure builders: data in, Plotly figure (or ``extendData`` payload) out. No Dash, no I/O.
+"""Plotly figures from the charts' data (``charts.ChartData``): data in, figure out. No Dash, no I/O.
 
-The Live charts go through a small JSON form, ``ChartData``::
-
-    {"traces": [{"name": str, "kind": str, "group": str, "x": [...], "y": [...]}, ...],
-     "extras": {...}}   # knee, decode-floor line: whatever is drawn but not appended to
-
-``live_charts(frame, diagnosis)`` makes it from a ``LiveFrame``; ``build(chart, data)`` turns it
-into a figure, ``extension(data, cap)`` into a ``dcc.Graph.extendData`` payload that appends the
-same traces in the same order. ``signature(data)`` says what a figure is made of (trace names and
-extras): when it changes the page rebuilds the figure instead of appending to it.
+Figures are plain dicts (``{"data": [...], "layout": {...}}``), which dcc.Graph takes as they are:
+building plotly.graph_objects validates every point and costs ~100x more for the same JSON.
+The unit tests check every builder's output against Plotly's schema with go.Figure(fig).
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-from tsdownsample import NaNMinMaxLTTBDownsampler
+from kvdoctor.dashboard.charts import BANDWIDTH, BANDWIDTH_BOUND_LINE, ITL_KV, KV_LATENCY, TRANSFERS, ChartData
 
-from kvdoctor.dashboard.derive import LiveFrame
-
-KV_LATENCY = "kv_latency"
-BANDWIDTH = "bandwidth"
-TRANSFERS = "transfers"
-ITL_KV = "itl_kv"
-LIVE_CHARTS = (KV_LATENCY, BANDWIDTH, TRANSFERS, ITL_KV)
-
-BANDWIDTH_BOUND_LINE = 80.0  # percent: the guide's "DRAM >= 80%" line
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-KV_COLOR, P50_COLOR, P95_COLOR, FLOOR_COLOR, KNEE_COLOR = "#9ecae1", "#31a354", "#e6550d", "#636363", "#d62728"
-DUTY_CYCLE_METHOD = "nvml_util"
-KNEE_STEP = 0.02
-SCATTER_KINDS = frozenset({"itl_points"})
-
-ChartData = dict[str, Any]
-
-
-# --------------------------------------------------------------------------- compact JSON lists
-
-
-def compact(values: Iterable[float] | np.ndarray, digits: int = 4) -> list:
-    """Floats rounded to ``digits`` significant digits, ``None`` for NaN/inf (JSON null, a gap)."""
-    a = np.asarray(values, dtype=float)
-    out = np.full(a.shape, np.nan)
-    finite = np.isfinite(a)
-    x = a[finite]
-    if x.size:
-        nonzero = x != 0
-        mag = np.zeros_like(x)
-        mag[nonzero] = np.floor(np.log10(np.abs(x[nonzero])))
-        shift = (digits - 1 - mag).astype(int)
-        # Multiply or divide by an exact power of ten so the result prints short.
-        up = np.power(10.0, np.clip(shift, 0, None))
-        down = np.power(10.0, np.clip(-shift, 0, None))
-        out[finite] = np.round(x * up / down) * down / up
-    return [None if not f else v for f, v in zip(finite.tolist(), out.tolist())]
-
-
-def epoch_ms(ts: np.ndarray) -> list[int]:
-    return np.round(np.asarray(ts, dtype=float) * 1000.0).astype(np.int64).tolist()
-
-
-# ------------------------------------------------------------------------------ frame -> charts
-
-
-def _trace(name: str, kind: str, x: list, y, group: str = "", digits: int = 4) -> dict:
-    return {"name": name, "kind": kind, "group": group, "x": x, "y": compact(y, digits)}
-
-
-def knee_extras(diagnosis: Mapping | None) -> dict | None:
-    """``{"kind", "kv_level"}`` from a diagnosis' knee, or None."""
-    knee = (diagnosis or {}).get("knee")
-    if not isinstance(knee, Mapping) or not knee.get("kind"):
-        return None
-    try:
-        level = float(knee.get("kv_level"))
-    except (TypeError, ValueError):
-        return None
-    if not math.isfinite(level):
-        return None
-    # Rounded to 2% of KV so a knee estimate that wobbles does not rebuild the charts each second.
-    return {"kind": str(knee.get("kind") or ""), "kv_level": round(round(level / KNEE_STEP) * KNEE_STEP, 4)}
-
-
-def floor_line(x: np.ndarray, floor_seconds: np.ndarray, x_max: float) -> dict | None:
-    """The decode-floor line in ms over ``[0, x_max]`` fitted on (x, floor) pairs, or the points
-    themselves when x has not moved enough to fit a slope; None without floor data."""
-    ok = np.isfinite(x) & np.isfinite(floor_seconds)
-    if not np.any(ok):
-        return None
-    xs, ys = x[ok], floor_seconds[ok] * 1000.0
-    if np.ptp(xs) > 0.01 * max(x_max, 1e-12) and len(xs) >= 2:
-        slope, intercept = np.polyfit(xs, ys, 1)
-        return {"x": [0.0, _sig(x_max)], "y": [_sig(intercept), _sig(intercept + slope * x_max)], "fit": True}
-    return {"x": [_sig(float(np.median(xs)))], "y": [_sig(float(np.median(ys)))], "fit": False}
-
-
-def _sig(v: float, digits: int = 3) -> float:
-    return float(f"{v:.{digits}g}") if math.isfinite(v) else v
-
-
-def live_charts(
-    frame: LiveFrame, diagnosis: Mapping | None = None, floor_frame: LiveFrame | None = None
-) -> dict[str, ChartData]:
-    """The four Live charts' data from a frame (all of a window, or only its new points).
-
-    ``floor_frame`` is where the decode-floor line is fitted (the whole window); it defaults to
-    ``frame``.
-    """
-    t = epoch_ms(frame.ts)
-    knee = knee_extras(diagnosis)
-
-    kv_latency = {
-        "traces": [
-            _trace("KV cache usage (%)", "kv", t, frame.kv_usage * 100.0),
-            _trace("ITL p50 (ms)", "p50", t, frame.itl_p50 * 1000.0),
-            _trace("ITL p95 (ms)", "p95", t, frame.itl_p95 * 1000.0),
-        ],
-        "extras": {"knee": knee},
-    }
-
-    bw_traces = []
-    for g in frame.gpus:
-        label = f"GPU {g.gpu}"
-        if g.dram_method == DUTY_CYCLE_METHOD:
-            bw_traces.append(
-                _trace(f"{label} memory duty cycle (NVML, not bandwidth) (%)", "dram", t, g.dram * 100, g.gpu)
-            )
-        else:
-            bw_traces.append(_trace(f"{label} DRAM bandwidth (%)", "dram", t, g.dram * 100, g.gpu))
-        bw_traces.append(_trace(f"{label} SM active (%)", "sm", t, g.sm * 100, g.gpu))
-    bandwidth = {"traces": bw_traces, "extras": {"line": BANDWIDTH_BOUND_LINE}}
-
-    transfers = {
-        "traces": [
-            _trace("preemptions/s", "preemptions", t, frame.preemption_rate),
-            _trace("KV to GPU (B/s)", "kv_to_gpu", t, frame.kv_to_gpu_rate),
-            _trace("KV from GPU (B/s)", "kv_from_gpu", t, frame.kv_from_gpu_rate),
-            _trace("PCIe receive (B/s)", "pcie_rx", t, frame.pcie_rx),
-            _trace("PCIe transmit (B/s)", "pcie_tx", t, frame.pcie_tx),
-        ],
-        "extras": {},
-    }
-
-    by_tokens = math.isfinite(frame.kv_capacity_tokens)
-    x = frame.resident_tokens if by_tokens else frame.kv_usage * 100.0
-    ff = floor_frame or frame
-    fx = ff.resident_tokens if by_tokens else ff.kv_usage * 100.0
-    x_max = frame.kv_capacity_tokens if by_tokens else 100.0
-    keep = np.isfinite(x) & np.isfinite(frame.itl_mean)
-    floor = floor_line(fx, ff.decode_floor, x_max)
-    knee_x = None
-    if knee:
-        knee_x = _sig(knee["kv_level"] * (x_max if by_tokens else 100.0))
-    itl_kv = {
-        "traces": [
-            {
-                "name": "mean ITL (ms)",
-                "kind": "itl_points",
-                "group": "",
-                "x": compact(x[keep], 5),
-                "y": compact(frame.itl_mean[keep] * 1000.0),
-            },
-        ],
-        "extras": {
-            "x_unit": "tokens" if by_tokens else "percent",
-            "x_max": _sig(x_max, 6),
-            "floor": floor,
-            "knee": dict(knee, x=knee_x) if knee else None,
-        },
-    }
-    return {KV_LATENCY: kv_latency, BANDWIDTH: bandwidth, TRANSFERS: transfers, ITL_KV: itl_kv}
-
-
-def signature(data: ChartData) -> str:
-    """What the figure is made of; a change means rebuild instead of append. The decode-floor
-    line counts only by its presence: it is refitted on rebuilds, not on every update."""
-    extras = dict(data.get("extras") or {})
-    if "floor" in extras:
-        extras["floor"] = bool(extras["floor"])
-    return json.dumps([[t["name"] for t in data["traces"]], extras], sort_keys=True)
-
-
-def point_count(charts: Mapping[str, ChartData]) -> int:
-    return max((len(t["x"]) for c in charts.values() for t in c["traces"]), default=0)
-
-
-MIN_POINTS_PER_TRACE = 300
-# A marker costs the browser far more than a line vertex (one SVG element each: ~0.2 ms in headless
-# Chromium against ~0.002 ms a vertex, bench/bench_dashboard.py): scatters keep fewer points.
-MAX_SCATTER_POINTS = 600
-# Scatters are thinned to one point per cell of this grid (columns, rows) over the data's ranges:
-# about 3 px a cell on a 550 x 240 px plot, so the markers (5 px) a cell drops lie under the one it
-# keeps. Where that leaves more than the cap, the grid is halved each way until it does not.
-SCATTER_GRID = (200, 100)
-
-
-def thin_scatter(
-    x: np.ndarray, y: np.ndarray, limit: int = MAX_SCATTER_POINTS, grid: tuple[int, int] = SCATTER_GRID
-) -> np.ndarray:
-    """Indices (in order) of the points of a scatter worth drawing: the newest point of each
-    occupied grid cell, and always the extremes (lowest and highest x and y); at most ``limit``
-    (``limit`` >= 5). Unlike an even sample this never drops an outlier: alone in its cell, it stays."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    idx = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
-    if len(idx) == 0:
-        return idx
-    xs, ys = x[idx], y[idx]
-    extremes = idx[[np.argmin(xs), np.argmax(xs), np.argmin(ys), np.argmax(ys)]]
-
-    def cells(values: np.ndarray, n: int) -> np.ndarray:
-        lo, hi = min(0.0, float(values.min())), float(values.max())  # the axes start at zero
-        span = hi - lo if hi > lo else 1.0
-        return np.minimum(((values - lo) / span * n).astype(np.int64), n - 1)
-
-    cols, rows = grid
-    while True:
-        cell = cells(xs, cols) * rows + cells(ys, rows)
-        _, last = np.unique(cell[::-1], return_index=True)  # the newest point of each cell
-        keep = np.union1d(idx[len(idx) - 1 - last], extremes)
-        if len(keep) <= limit or cols * rows == 1:
-            return keep
-        cols, rows = max(1, cols // 2), max(1, rows // 2)
-
-
-def downsample(data: ChartData, n_out: int, chart_budget: int | None = None) -> ChartData:
-    """Each trace cut to at most ``n_out`` points with MinMaxLTTB (keeps the spikes and the gaps);
-    with ``chart_budget``, the traces share that many points (at least MIN_POINTS_PER_TRACE each).
-    Scatters are thinned to what can be seen (``thin_scatter``), at most MAX_SCATTER_POINTS."""
-    if chart_budget and data["traces"]:
-        n_out = min(n_out, max(MIN_POINTS_PER_TRACE, chart_budget // len(data["traces"])))
-    traces = []
-    for t in data["traces"]:
-        xs, ys = t["x"], t["y"]
-        if t["kind"] in SCATTER_KINDS:
-            idx = thin_scatter(_floats(xs), _floats(ys), min(n_out, MAX_SCATTER_POINTS))
-            traces.append(t if len(idx) == len(xs) else dict(t, x=[xs[i] for i in idx], y=[ys[i] for i in idx]))
-            continue
-        if len(xs) <= n_out:
-            traces.append(t)
-            continue
-        x, y = _floats(xs), _floats(ys)
-        if not np.all(np.diff(x) >= 0) or np.all(np.isnan(y)):  # not a time series, or nothing to keep
-            idx = np.linspace(0, len(x) - 1, n_out).round().astype(int)
-        else:
-            idx = np.sort(NaNMinMaxLTTBDownsampler().downsample(x, y, n_out=n_out))
-        traces.append(dict(t, x=[xs[i] for i in idx], y=[ys[i] for i in idx]))
-    return {"traces": traces, "extras": data.get("extras")}
-
-
-def _floats(values: list) -> np.ndarray:
-    return np.asarray([np.nan if v is None else v for v in values], dtype=float)
-
-
-def extension(data: ChartData, cap: int) -> tuple[dict, list[int], int] | None:
-    """``dcc.Graph.extendData`` for appending ``data``'s points, keeping at most ``cap`` per trace."""
-    traces = data["traces"]
-    if not traces or not any(t["x"] for t in traces):
-        return None
-    if all(t["kind"] in SCATTER_KINDS for t in traces):
-        cap = min(cap, MAX_SCATTER_POINTS)
-    return (
-        {"x": [t["x"] for t in traces], "y": [t["y"] for t in traces]},
-        list(range(len(traces))),
-        cap,
-    )
-
-
-# ------------------------------------------------------------------------------------- figures
-#
-# Figures are plain dicts ({"data": [...], "layout": {...}}), which dcc.Graph takes as they are:
-# building plotly.graph_objects validates every point and costs ~100x more for the same JSON.
-# The unit tests check every builder's output against Plotly's schema with go.Figure(fig).
+P50_COLOR, P95_COLOR, FLOOR_COLOR, KNEE_COLOR = "#31a354", "#e6550d", "#636363", "#d62728"
 
 Figure = dict[str, Any]
 
@@ -309,6 +48,11 @@ TEMPLATE = {
 
 def _time_axis() -> dict:
     return {"type": "date", "hoverformat": "%H:%M:%S UTC"}
+
+
+def _right_axis(title: str) -> dict:
+    """A second y axis, on the right, from zero, without a grid of its own."""
+    return {"title": {"text": title}, "overlaying": "y", "side": "right", "rangemode": "tozero", "showgrid": False}
 
 
 def _line(t: Mapping, **kw) -> dict:
@@ -359,13 +103,7 @@ def kv_latency_figure(data: ChartData) -> Figure:
         "KV cache usage and per-token latency",
         xaxis=_time_axis(),
         yaxis={"title": {"text": "KV cache usage (%)"}, "range": [0, 105]},
-        yaxis2={
-            "title": {"text": "inter-token latency (ms)"},
-            "overlaying": "y",
-            "side": "right",
-            "rangemode": "tozero",
-            "showgrid": False,
-        },
+        yaxis2=_right_axis("inter-token latency (ms)"),
     )
     knee = (data.get("extras") or {}).get("knee")
     if knee:
@@ -447,13 +185,7 @@ def transfers_figure(data: ChartData) -> Figure:
         "Preemptions, KV transfers and PCIe",
         xaxis=_time_axis(),
         yaxis={"title": {"text": "bytes/s"}, "rangemode": "tozero", "exponentformat": "SI"},
-        yaxis2={
-            "title": {"text": "preemptions/s"},
-            "overlaying": "y",
-            "side": "right",
-            "rangemode": "tozero",
-            "showgrid": False,
-        },
+        yaxis2=_right_axis("preemptions/s"),
     )
     return _figure([_line(t, **style.get(t["kind"], {})) for t in data["traces"]], layout)
 

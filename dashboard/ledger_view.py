@@ -12,14 +12,13 @@ from kvdoctor.rules.ledger import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_HOST_BANDWIDTH,
     GpuSpec,
-    ModelShape,
     OffloadFeasibility,
     WhatIf,
-    dtype_bytes,
     kv_pool_bytes,
     offload_feasibility,
     what_if_rows,
 )
+from kvdoctor.rules.model import ModelShape, dtype_bytes
 
 KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "float32")
 

@@ -50,7 +50,7 @@ def rate_window(step: float, base: float) -> str:
     scrape intervals, for two samples in a window), and one step plus a quarter of ``base`` (a
     scrape interval) so each window shares a sample with the one before: every increase is counted
     once, and a burst is spread over one step, not four (Grafana's ``$__rate_interval``)."""
-    return f"{int(math.ceil(max(base, step + base / 4)))}s"
+    return f"{math.ceil(max(base, step + base / 4))}s"
 
 
 def live_queries(labels: Mapping[str, str], step: float, base_rate_window: float) -> dict[str, str]:
@@ -63,20 +63,26 @@ def live_queries(labels: Mapping[str, str], step: float, base_rate_window: float
     m = matchers(labels)
     # The capacity series may lack model_name (vLLM's cache_config_info): match without it.
     cap = matchers({k: v for k, v in labels.items() if k != "model_name"})
+    # The decode floor is per pod: it has no engine or GPU labels to filter on.
+    floor = matchers({k: v for k, v in labels.items() if k in (TARGET_LABEL, "pod")})
     itl_bucket = f"sum by (le) (rate({S.INTER_TOKEN_LATENCY}_bucket{m}[{w}]))"
+
+    def sum_rate(series: str) -> str:
+        return f"sum(rate({series}[{w}]))"
+
     return {
         "kv_usage": f"max({S.KV_CACHE_USAGE}{m})",
         "itl_p50": f"histogram_quantile(0.5, {itl_bucket})",
         "itl_p95": f"histogram_quantile(0.95, {itl_bucket})",
-        "itl_mean": f"sum(rate({S.INTER_TOKEN_LATENCY}_sum{m}[{w}])) / sum(rate({S.INTER_TOKEN_LATENCY}_count{m}[{w}]))",
+        "itl_mean": f"{sum_rate(f'{S.INTER_TOKEN_LATENCY}_sum{m}')} / {sum_rate(f'{S.INTER_TOKEN_LATENCY}_count{m}')}",
         "resident_tokens": f"sum({S.KV_CACHE_USAGE}{m} * on ({CAPACITY_MATCH}) group_left {S.KV_CACHE_CAPACITY}{cap})",
         "kv_capacity_tokens": f"sum({S.KV_CACHE_CAPACITY}{cap})",
-        "preemption_rate": f"sum(rate({S.PREEMPTIONS}{m}[{w}]))",
-        "kv_to_gpu_rate": f"sum(rate({selector(S.KV_TRANSFER_BYTES, dict(labels, direction='to_gpu'))}[{w}]))",
-        "kv_from_gpu_rate": f"sum(rate({selector(S.KV_TRANSFER_BYTES, dict(labels, direction='from_gpu'))}[{w}]))",
+        "preemption_rate": sum_rate(f"{S.PREEMPTIONS}{m}"),
+        "kv_to_gpu_rate": sum_rate(selector(S.KV_TRANSFER_BYTES, dict(labels, direction="to_gpu"))),
+        "kv_from_gpu_rate": sum_rate(selector(S.KV_TRANSFER_BYTES, dict(labels, direction="from_gpu"))),
         "pcie_rx": f"sum({S.GPU_PCIE_RX}{m})",
         "pcie_tx": f"sum({S.GPU_PCIE_TX}{m})",
-        "decode_floor": f"max({S.DECODE_STEP_FLOOR}{matchers({k: v for k, v in labels.items() if k in (TARGET_LABEL, 'pod')})})",
+        "decode_floor": f"max({S.DECODE_STEP_FLOOR}{floor})",
         "gpu_dram": f"max by (pod, gpu, model, method) ({S.GPU_DRAM_BANDWIDTH_UTILIZATION}{m})",
         "gpu_sm": f"max by (pod, gpu, model, method) ({S.GPU_SM_ACTIVE}{m})",
     }
@@ -85,7 +91,10 @@ def live_queries(labels: Mapping[str, str], step: float, base_rate_window: float
 def target_listing_query(instance: str) -> str:
     """The engine and GPU series of one exporter, for the Live target picker."""
     names = "|".join((S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION))
-    return f"group by (__name__, pod, engine, model_name, dp_rank, gpu, model) ({{__name__=~{quote(names)}, {TARGET_LABEL}={quote(instance)}}})"
+    return (
+        "group by (__name__, pod, engine, model_name, dp_rank, gpu, model) "
+        f"({{__name__=~{quote(names)}, {TARGET_LABEL}={quote(instance)}}})"
+    )
 
 
 def instances_query() -> str:
@@ -99,23 +108,26 @@ def recent_window_selector(instance: str) -> str:
     return f"{{__name__=~{quote('|'.join(names))}, {TARGET_LABEL}={quote(instance)}}}"
 
 
+def _per_target(itl_window: str) -> dict[str, str]:
+    """KV usage and ITL p95 of each target, the ITL's rate over ``itl_window`` (a PromQL duration)."""
+    itl_bucket = f"sum by ({TARGET_LABEL}, le) (rate({S.INTER_TOKEN_LATENCY}_bucket[{itl_window}]))"
+    return {
+        "kv_usage": f"max by ({TARGET_LABEL}) ({S.KV_CACHE_USAGE})",
+        "itl_p95": f"histogram_quantile(0.95, {itl_bucket})",
+    }
+
+
 def fleet_queries(window: str) -> dict[str, str]:
     """Instant queries for the Fleet table, each by target (``window``: a PromQL duration)."""
-    by = f"by ({TARGET_LABEL})"
     return {
         "verdict": f"{S.DIAGNOSIS_VERDICT} == 1",
         "worst": f"max_over_time({S.DIAGNOSIS_VERDICT}[{window}]) == 1",
-        "kv_usage": f"max {by} ({S.KV_CACHE_USAGE})",
-        "itl_p95": f"histogram_quantile(0.95, sum by ({TARGET_LABEL}, le) (rate({S.INTER_TOKEN_LATENCY}_bucket[1m])))",
-        "preemption_rate": f"sum {by} (rate({S.PREEMPTIONS}[1m]))",
+        **_per_target("1m"),
+        "preemption_rate": f"sum by ({TARGET_LABEL}) (rate({S.PREEMPTIONS}[1m]))",
         "info": f"group by ({TARGET_LABEL}, pod, engine, model_name) ({S.KV_CACHE_USAGE})",
     }
 
 
 def fleet_history_queries(step: float, base_rate_window: float) -> dict[str, str]:
     """Range queries for the Fleet charts: ITL p95 and KV usage per target."""
-    w = rate_window(step, base_rate_window)
-    return {
-        "itl_p95": f"histogram_quantile(0.95, sum by ({TARGET_LABEL}, le) (rate({S.INTER_TOKEN_LATENCY}_bucket[{w}])))",
-        "kv_usage": f"max by ({TARGET_LABEL}) ({S.KV_CACHE_USAGE})",
-    }
+    return _per_target(rate_window(step, base_rate_window))

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from kvdoctor.dashboard.auth import users_from_env
+
 ENV_PREFIX = "KVDOCTOR_DASHBOARD_"
 
 
@@ -106,8 +108,6 @@ class DashboardSettings:
                 except ValueError:
                     raise ValueError(f"{ENV_PREFIX}{name} must be a number, got {raw!r}") from None
         if "users" not in overrides or overrides["users"] is None:
-            from kvdoctor.dashboard.auth import users_from_env
-
             values["users"] = users_from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

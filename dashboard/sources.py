@@ -1,8 +1,9 @@
-"""Data access: the exporter's HTTP API and the Prometheus HTTP API. Nothing else does I/O.
+"""The dashboard's data: its app's clients (``backend()``) and the pages' fetches built on them.
 
-Both clients are bound to one base URL when the app is created; paths are constants and every
-request value travels as an encoded query parameter, so nothing from a page request can make the
-dashboard fetch another URL. Redirects are not followed for the same reason.
+The clients are kvdoctor.sources' (the exporter's API, the Prometheus HTTP API), bound to the base
+URLs of the app's settings when the app is created; paths are constants there and every request
+value travels encoded, and redirects are not followed, so nothing from a page request can make the
+dashboard fetch another URL.
 
 Callbacks reach the clients of *their* app through ``backend()`` (Flask's ``current_app``), not
 through module state, so several apps can live in one process.
@@ -10,174 +11,46 @@ through module state, so several apps can live in one process.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
-import httpx
 import numpy as np
+from flask import current_app
 
-from kvdoctor.dashboard import derive, promql
+from kvdoctor.dashboard import charts, derive, promql
 from kvdoctor.dashboard.derive import GpuSeries, LiveFrame, SourceHealth, TargetOption
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.http import SourceError
+from kvdoctor.sources.prometheus import PrometheusClient, RangeSeries
+
+__all__ = [
+    "EXTENSION_KEY",
+    "PARALLEL_QUERIES",
+    "Backend",
+    "FleetFetch",
+    "LiveFetch",
+    "SourceError",
+    "backend",
+    "fetch_fleet",
+    "fetch_live_from_exporter",
+    "fetch_live_from_prometheus",
+    "now",
+    "prometheus_diagnosis",
+    "prometheus_frame",
+]
 
 EXTENSION_KEY = "kvdoctor_dashboard"
-WINDOW_PATH = "/api/v1/window"
-DIAGNOSIS_PATH = "/api/v1/diagnosis"
-STATUS_PATH = "/api/v1/status"
-PROM_QUERY_PATH = "/api/v1/query"
-PROM_QUERY_RANGE_PATH = "/api/v1/query_range"
-DIAGNOSIS_WINDOW_SECONDS = 60
 PROMETHEUS_TIMEOUT_SECONDS = 15.0
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a bigger answer is not one the dashboard can draw
-PARALLEL_QUERIES = 4  # range queries in flight at once against Prometheus  # what the rules diagnose when the dashboard has to do it itself
-
-
-class SourceError(Exception):
-    """A fetch failed; the message is one line fit for the stale badge."""
-
-
-def _describe(exc: Exception, url: str) -> str:
-    if isinstance(exc, httpx.TimeoutException):
-        return f"{url}: timed out"
-    if isinstance(exc, httpx.ConnectError):
-        return f"{url}: connection refused or unreachable"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return f"{url}: closed the connection without an answer"
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"{url}: HTTP {exc.response.status_code}"
-    return f"{url}: {type(exc).__name__}: {exc}".splitlines()[0]
-
-
-class _JsonClient:
-    HEADERS = {"Accept": "application/json"}
-
-    def __init__(self, base_url: str, timeout: float, transport: httpx.BaseTransport | None = None):
-        self.base_url = base_url
-        self.timeout = float(timeout)
-        self._client = httpx.Client(
-            base_url=base_url, timeout=timeout, follow_redirects=False, transport=transport, headers=self.HEADERS
-        )
-
-    def _get(self, path: str, params: Mapping[str, Any] | None = None, allow_missing: bool = False):
-        # httpx's timeout bounds each read, not the answer: a server trickling bytes would hold the
-        # request open for ever. Read the body in chunks against one overall deadline instead.
-        url = self.base_url + path
-        deadline = time.monotonic() + self.timeout
-        try:
-            with self._client.stream("GET", path, params=params) as response:
-                if allow_missing and response.status_code in (204, 404, 503):
-                    return None
-                response.raise_for_status()
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        raise SourceError(f"{url}: answer over {MAX_BODY_BYTES // (1024 * 1024)} MiB")
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise SourceError(f"{url}: timed out (no complete answer within {self.timeout:g} s)")
-            return json.loads(b"".join(chunks))
-        except (httpx.HTTPError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise SourceError(_describe(exc, url)) from None
-
-    def close(self) -> None:
-        self._client.close()
-
-
-class ExporterClient(_JsonClient):
-    """The kvdoctor exporter's JSON API."""
-
-    def window(self, seconds: float) -> tuple[Window, dict | None]:
-        """The last ``seconds`` of samples, and the sources' status when the payload carries it."""
-        payload = self._get(WINDOW_PATH, {"seconds": int(math.ceil(max(1.0, seconds)))})
-        try:
-            window = Window.from_json(payload)
-        except ValueError as exc:
-            raise SourceError(f"{self.base_url}{WINDOW_PATH}: {exc}") from None
-        sources = payload.get("sources")
-        return window, ({"sources": sources} if isinstance(sources, dict) else None)
-
-    def diagnosis(self) -> dict | None:
-        payload = self._get(DIAGNOSIS_PATH, allow_missing=True)
-        return payload if isinstance(payload, dict) and payload.get("verdict") else None
-
-    def status(self) -> dict:
-        payload = self._get(STATUS_PATH, allow_missing=True)
-        return payload if isinstance(payload, dict) else {}
-
-
-@dataclass
-class RangeSeries:
-    labels: dict[str, str]
-    ts: np.ndarray
-    values: np.ndarray
-
-
-class PrometheusClient(_JsonClient):
-    """The Prometheus HTTP API (instant and range queries)."""
-
-    # Uncompressed: a day of history is a few MB of JSON, and Prometheus gzipping it (and us
-    # gunzipping it) costs more than moving the bytes between a dashboard and a Prometheus in one
-    # cluster: a fifth to two fifths of a day's history fetch, measured on two cores.
-    HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity"}
-
-    def _data(self, path: str, params: Mapping[str, Any]) -> dict:
-        payload = self._get(path, params)
-        if not isinstance(payload, dict) or payload.get("status") != "success":
-            error = payload.get("error", "no status") if isinstance(payload, dict) else "not JSON"
-            raise SourceError(f"{self.base_url}{path}: {error}")
-        data = payload.get("data") or {}
-        if not isinstance(data, dict):
-            raise SourceError(
-                f"{self.base_url}{path}: unexpected answer: data is a {type(data).__name__}, not an object"
-            )
-        return data
-
-    def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        data = self._data(PROM_QUERY_PATH, params)
-        out = []
-        for item in data.get("result") or []:
-            try:
-                out.append((dict(item.get("metric") or {}), float(item["value"][1])))
-            except (AttributeError, KeyError, IndexError, TypeError, ValueError):
-                continue
-        return out
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[RangeSeries]:
-        data = self._data(
-            PROM_QUERY_RANGE_PATH, {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        )
-        out = []
-        for item in data.get("result") or []:
-            try:
-                values = item.get("values") or []
-                ts = np.fromiter((float(v[0]) for v in values), dtype=float, count=len(values))
-                ys = np.fromiter((_prom_float(v[1]) for v in values), dtype=float, count=len(values))
-                out.append(RangeSeries(dict(item.get("metric") or {}), ts, ys))
-            except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
-                raise SourceError(
-                    f"{self.base_url}{PROM_QUERY_RANGE_PATH}: malformed series in the answer: "
-                    f"{type(exc).__name__}: {exc}".splitlines()[0]
-                ) from None
-        return out
-
-
-def _prom_float(text: str) -> float:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return math.nan
+PARALLEL_QUERIES = 4  # range queries in flight at once against Prometheus
 
 
 # ------------------------------------------------------------------------------------- backend
@@ -196,9 +69,9 @@ class Backend:
         timeout = settings.request_timeout_seconds
         return cls(
             settings,
-            ExporterClient(settings.exporter_url, timeout) if settings.exporter_url else None,
+            ExporterClient(settings.exporter_url, timeout, MAX_BODY_BYTES) if settings.exporter_url else None,
             # Range queries over a day take a real Prometheus seconds: give it longer than the exporter.
-            PrometheusClient(settings.prometheus_url, max(timeout, PROMETHEUS_TIMEOUT_SECONDS))
+            PrometheusClient(settings.prometheus_url, max(timeout, PROMETHEUS_TIMEOUT_SECONDS), MAX_BODY_BYTES)
             if settings.prometheus_url
             else None,
         )
@@ -211,9 +84,8 @@ class Backend:
 
 def backend() -> Backend:
     """The Backend of the app serving the current request."""
-    from flask import current_app
-
-    return current_app.extensions[EXTENSION_KEY]
+    backend: Backend = current_app.extensions[EXTENSION_KEY]
+    return backend
 
 
 # ---------------------------------------------------------------------------------- live fetch
@@ -234,7 +106,7 @@ class LiveFetch:
 def fetch_live_from_exporter(
     client: ExporterClient, seconds: float, target: Mapping[str, str], rate_window: float, with_diagnosis: bool = True
 ) -> LiveFetch:
-    window, status = client.window(seconds)
+    window, status = client.window_and_sources(seconds)
     diagnosis = client.diagnosis() if with_diagnosis else None
     if status is None:
         try:
@@ -251,7 +123,7 @@ def fetch_live_from_exporter(
 
 
 def _grid(start: float, end: float, step: float) -> np.ndarray:
-    return start + step * np.arange(int(math.floor((end - start) / step + 1e-9)) + 1)
+    return start + step * np.arange(math.floor((end - start) / step + 1e-9) + 1)
 
 
 def _on_grid(grid: np.ndarray, step: float, series: RangeSeries) -> np.ndarray:
@@ -275,7 +147,11 @@ def prometheus_frame(
     # Independent queries: in parallel, so a day of history costs the slowest query, not the sum.
     with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
         results = dict(
-            zip(queries, pool.map(lambda expr: client.query_range(expr, grid[0], grid[-1], step), queries.values()))
+            zip(
+                queries,
+                pool.map(lambda expr: client.query_range(expr, grid[0], grid[-1], step), queries.values()),
+                strict=True,
+            )
         )
     for key, result in results.items():
         if key.startswith("gpu_"):
@@ -355,7 +231,7 @@ def _target_state(client: PrometheusClient, instance: str, end: float, with_diag
     health = []
     for m, value in client.query(S.SOURCE_UP + promql.matchers({promql.TARGET_LABEL: instance}), at=end):
         health.append(SourceHealth(m.get("source", "?"), value >= 1.0))
-    for m, value in client.query("up" + promql.matchers({promql.TARGET_LABEL: instance}), at=end):
+    for _, value in client.query("up" + promql.matchers({promql.TARGET_LABEL: instance}), at=end):
         if value < 1.0:
             health.append(SourceHealth("exporter", False, "Prometheus cannot scrape it"))
     diagnosis = None
@@ -371,8 +247,6 @@ def prometheus_diagnosis(client: PrometheusClient, instance: str, end: float) ->
     """(diagnosis, note) for one exporter at ``end``: the rules run on the minute before ``end``
     (with evidence) when that minute is in Prometheus, else the exporter's own verdict gauge. The
     note says when the two disagree (the exporter may know the model shape, the SLO, thresholds)."""
-    from kvdoctor.rules.diagnosis import diagnose
-
     gauge = next(
         (
             m.get("verdict", "")
@@ -431,8 +305,6 @@ def fetch_fleet(
 ) -> FleetFetch:
     """Every exporter target with its verdict, KV usage, ITL p95 and preemption rate at ``end``,
     worst first, and ITL p95 / KV usage per target over [end - range, end]."""
-    from kvdoctor.dashboard import figures
-
     queries = promql.fleet_queries(f"{int(range_seconds)}s")
     rows: dict[str, derive.FleetRow] = {}
 
@@ -480,9 +352,9 @@ def fetch_fleet(
                     "name": name,
                     "kind": key,
                     "group": name,
-                    "x": figures.epoch_ms(s.ts),
-                    "y": figures.compact(s.values * scale),
+                    "x": charts.epoch_ms(s.ts),
+                    "y": charts.compact(s.values * scale),
                 }
             )
-        history[key] = figures.downsample({"traces": traces, "extras": {}}, max_points)["traces"]
+        history[key] = charts.downsample({"traces": traces, "extras": {}}, max_points)["traces"]
     return FleetFetch(derive.rank_fleet(rows.values()), history)

@@ -40,16 +40,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from .physics import (
-    ADMISSION_REJECTION_REASONS,
-    CACHE_TIERS,
-    FINISHED_REASONS,
-    PROMPT_SOURCES,
-    TRANSFER_TYPES,
-    EngineConfig,
-    Simulation,
-)
+from .deployment import EngineConfig
+from .gpu import gpu_payload
+from .physics import Simulation
 from .scenarios import SCENARIO_CHOICES
+from .vllm_metrics import ADMISSION_REJECTION_REASONS, CACHE_TIERS, FINISHED_REASONS, PROMPT_SOURCES, TRANSFER_TYPES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -200,13 +195,13 @@ class VllmMetrics:
             yield counter(name, help_text, stats.counters[name])
         yield gauge(GAUGES[0][0], GAUGES[0][1], state.running)
         yield gauge(GAUGES[1][0], GAUGES[1][1], state.waiting)
-        fam = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", WAITING_BY_REASON_HELP, labels=base + ["reason"])
-        fam.add_metric(ids + ["capacity"], state.waiting)
-        fam.add_metric(ids + ["deferred"], 0.0)
+        fam = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", WAITING_BY_REASON_HELP, labels=[*base, "reason"])
+        fam.add_metric([*ids, "capacity"], state.waiting)
+        fam.add_metric([*ids, "deferred"], 0.0)
         yield fam
-        fam = GaugeMetricFamily("vllm:engine_sleep_state", SLEEP_STATE_HELP, labels=base + ["sleep_state"])
+        fam = GaugeMetricFamily("vllm:engine_sleep_state", SLEEP_STATE_HELP, labels=[*base, "sleep_state"])
         for sleep_state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
-            fam.add_metric(ids + [sleep_state], value)
+            fam.add_metric([*ids, sleep_state], value)
         yield fam
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", state.kv_usage)
         for name, help_text in CACHE_COUNTERS:
@@ -252,14 +247,14 @@ class VllmMetrics:
             hist = stats.histograms[name]
             fam = HistogramMetricFamily(name, help_text, labels=base)
             fam.add_metric(ids, [(floatToGoString(b), float(c)) for b, c in hist.cumulative()], hist.sum)
-            fam.samples.append(Sample(name + "_created", dict(zip(base, ids)), created, None, None))
+            fam.samples.append(Sample(name + "_created", dict(zip(base, ids, strict=True)), created, None, None))
             yield fam
         for name, help_text in OFFLOAD_COUNTERS:
             yield labelled_counter(name, help_text, "transfer_type", stats.labelled[name], TRANSFER_TYPES)
         fam = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            labels=sorted(cache_config_labels(sim.config)) + ["engine"],
+            labels=[*sorted(cache_config_labels(sim.config)), "engine"],
         )
         info = cache_config_labels(sim.config)
         fam.add_metric([info[k] for k in sorted(info)] + ["0"], 1.0)
@@ -279,25 +274,6 @@ def build_registry(sim: Simulation) -> CollectorRegistry:
 def render_metrics(sim: Simulation, registry: CollectorRegistry | None = None) -> bytes:
     """The simulated engine's /metrics body."""
     return generate_latest(registry or build_registry(sim))
-
-
-def gpu_payload(sim: Simulation) -> dict:
-    """What ``GET /gpu`` returns: the GPU's identity and cumulative counters, good to ``time``."""
-    sim.sync()
-    reading = sim.gpu_reading()
-    cfg = sim.config
-    return {
-        "name": cfg.gpu_name,
-        "memory_total_bytes": cfg.gpu.memory_bytes,
-        "memory_used_bytes": cfg.memory_used_bytes,
-        "peak_bandwidth_bytes_per_second": cfg.gpu.peak_bandwidth,
-        "seed": sim.seed,
-        "time": reading.time,
-        "dram_bytes": reading.dram_bytes,
-        "sm_active_seconds": reading.sm_active_seconds,
-        "pcie_rx_bytes": reading.pcie_rx_bytes,
-        "pcie_tx_bytes": reading.pcie_tx_bytes,
-    }
 
 
 def scenario_payload(sim: Simulation) -> dict:

@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
+
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.window import labels_of
+
+from .physics import Simulation
 
 NAME = "simulated_gpu"
 
@@ -65,15 +69,33 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+def gpu_payload(sim: Simulation) -> dict:
+    """What the simulated engine's ``GET /gpu`` returns: the GPU's identity and cumulative
+    counters, good to ``time`` (``GpuSample.from_payload`` reads it back)."""
+    sim.sync()
+    reading = sim.gpu_reading()
+    cfg = sim.config
+    return {
+        "name": cfg.gpu_name,
+        "memory_total_bytes": cfg.gpu.memory_bytes,
+        "memory_used_bytes": cfg.memory_used_bytes,
+        "peak_bandwidth_bytes_per_second": cfg.gpu.peak_bandwidth,
+        "seed": sim.seed,
+        "time": reading.time,
+        "dram_bytes": reading.dram_bytes,
+        "sm_active_seconds": reading.sm_active_seconds,
+        "pcie_rx_bytes": reading.pcie_rx_bytes,
+        "pcie_tx_bytes": reading.pcie_tx_bytes,
+    }
+
+
 class SimulationSource:
     """Reads an in-process Simulation."""
 
-    def __init__(self, sim):
+    def __init__(self, sim: Simulation):
         self.sim = sim
 
     def read(self) -> GpuSample:
-        from .engine_server import gpu_payload
-
         return GpuSample.from_payload(gpu_payload(self.sim))
 
     def close(self) -> None:
@@ -84,8 +106,6 @@ class HttpSource:
     """Reads the simulated engine's ``GET /gpu``."""
 
     def __init__(self, url: str, timeout: float = 2.0):
-        import httpx  # here, not at the top: every exporter imports this module, few use it
-
         self.url = url
         self._client = httpx.Client(timeout=timeout)
 
@@ -96,8 +116,6 @@ class HttpSource:
         return cls(urlunsplit((parts.scheme, parts.netloc, "/gpu", "", "")), timeout)
 
     def read(self) -> GpuSample:
-        import httpx
-
         try:
             resp = self._client.get(self.url)
         except httpx.ConnectError as exc:
@@ -142,7 +160,7 @@ class SimulatedGpuCollector:
         self._ratios: tuple[float, float, float, float] | None = None
 
     @classmethod
-    def for_simulation(cls, sim, count: int = 1) -> SimulatedGpuCollector:
+    def for_simulation(cls, sim: Simulation, count: int = 1) -> SimulatedGpuCollector:
         return cls(SimulationSource(sim), count)
 
     def collect(self) -> Collected:
@@ -168,7 +186,7 @@ class SimulatedGpuCollector:
             out.add(S.GPU_DRAM_PEAK_BANDWIDTH, sample.peak_bandwidth, labels)
             if self._ratios is not None:
                 dram, sm, rx, tx = self._ratios
-                gpm = labels_of(ident, method="gpm")
+                gpm = labels_of(ident, method=S.METHOD_GPM)
                 out.add(S.GPU_DRAM_BANDWIDTH_UTILIZATION, dram, gpm)
                 out.add(S.GPU_SM_ACTIVE, sm, gpm)
                 out.add(S.GPU_PCIE_RX, rx, labels)

@@ -9,17 +9,14 @@ One engine step (what vLLM calls a scheduler iteration) is simulated at a time:
    only if nothing was preempted, waiting requests are admitted first come first served, while
    their whole prompt fits with a small watermark left free for decode growth (what vLLM's V0
    block manager did; V1 allocates chunk by chunk and has no watermark, which preempts more).
-2. The step's cost comes from the ledger (rules/ledger.py): HBM bytes = weights + the KV of every
-   scheduled sequence (+ prefill activations), FLOPs = ``forward_flops``; the GPU time is the
-   roofline max of bytes / (peak bandwidth x efficiency) and FLOPs / (peak FLOP/s x efficiency).
-   KV loaded from the CPU tier crosses PCIe (``host_transfer_seconds``); what is not hidden behind
-   the step's GPU time stalls it. Host overhead (scheduler, detokenisation) is added on top.
+2. The step's cost is the ledger's roofline (roofline.py): the HBM bytes and FLOPs of the
+   scheduled tokens, KV loaded from the CPU tier over PCIe, and the host's overhead on top.
 3. Time moves by the step's duration; every decode token observes its inter-token latency (a
    request resumed after preemption observes the whole stall, which is what bends the ITL curve
    into a knee), finished requests observe their request histograms.
 
 The engine keeps vLLM's own counters and histograms (cumulative, with vLLM's bucket boundaries)
-in ``VllmStats``; the GPU's cumulative DRAM bytes, SM-busy seconds and PCIe bytes in ``GpuCounters``
+in ``VllmStats`` (vllm_metrics.py); the GPU's cumulative DRAM bytes, SM-busy seconds and PCIe bytes in ``GpuCounters``
 (the simulated GPU collector turns two readings into GPM-style ratios, as NVML GPM does).
 
 Deterministic: all randomness comes from one ``random.Random(seed)``, and the state at a time
@@ -29,344 +26,17 @@ was read. Time is whatever the injected ``clock`` says (``time.time`` by default
 
 from __future__ import annotations
 
-import bisect
-import math
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from kvdoctor.rules.ledger import (
-    DEFAULT_HOST_BANDWIDTH,
-    GPU_CATALOGUE,
-    GpuSpec,
-    ModelShape,
-    dtype_bytes,
-    forward_flops,
-    host_transfer_seconds,
-    kv_bytes_per_token,
-    kv_pool_bytes,
-)
-
+from .deployment import EngineConfig
+from .roofline import GpuCounters, StepLoad, step_cost
 from .scenarios import CYCLE, CYCLE_PERIOD_SECONDS, Scenario, scenario_at
-
-GIB = 1024**3
-
-# vLLM 0.32's bucket boundaries (tests/fixtures/vllm-0.32-cpu), by histogram family.
-_TOKENS_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
-_REQUEST_SECONDS_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-_ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
-    "vllm:request_prompt_tokens": _TOKENS_BUCKETS,
-    "vllm:request_generation_tokens": _TOKENS_BUCKETS,
-    "vllm:iteration_tokens_total": (
-        1.0,
-        8.0,
-        16.0,
-        32.0,
-        64.0,
-        128.0,
-        256.0,
-        512.0,
-        1024.0,
-        2048.0,
-        4096.0,
-        8192.0,
-        16384.0,
-    ),
-    "vllm:request_max_num_generation_tokens": _TOKENS_BUCKETS,
-    "vllm:request_params_n": (1.0, 2.0, 5.0, 10.0, 20.0),
-    "vllm:request_params_max_tokens": _TOKENS_BUCKETS,
-    "vllm:time_to_first_token_seconds": (
-        0.001,
-        0.005,
-        0.01,
-        0.02,
-        0.04,
-        0.06,
-        0.08,
-        0.1,
-        0.25,
-        0.5,
-        0.75,
-        1.0,
-        2.5,
-        5.0,
-        7.5,
-        10.0,
-        20.0,
-        40.0,
-        80.0,
-        160.0,
-        640.0,
-        2560.0,
-    ),
-    "vllm:inter_token_latency_seconds": _ITL_BUCKETS,
-    "vllm:request_time_per_output_token_seconds": _ITL_BUCKETS,
-    "vllm:e2e_request_latency_seconds": _REQUEST_SECONDS_BUCKETS,
-    "vllm:request_queue_time_seconds": _REQUEST_SECONDS_BUCKETS,
-    "vllm:request_inference_time_seconds": _REQUEST_SECONDS_BUCKETS,
-    "vllm:request_prefill_time_seconds": _REQUEST_SECONDS_BUCKETS,
-    "vllm:request_decode_time_seconds": _REQUEST_SECONDS_BUCKETS,
-    "vllm:request_num_preemptions": (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0),
-    "vllm:request_prefill_kv_computed_tokens": _TOKENS_BUCKETS,
-}
-
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-CACHE_TIERS = ("device", "host", "p2p", "disk", "external_unspecified")
-TRANSFER_TYPES = ("CPU_to_GPU", "GPU_to_CPU")
-ADMISSION_REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-
-# NVML names of the catalogue's GPUs, for the simulated GPU's ``model`` label.
-NVML_NAMES = {
-    "A100-40GB": "NVIDIA A100-SXM4-40GB",
-    "A100-80GB": "NVIDIA A100-SXM4-80GB",
-    "A100-80GB-PCIE": "NVIDIA A100 80GB PCIe",
-    "H100": "NVIDIA H100 80GB HBM3",
-    "H100-NVL": "NVIDIA H100 NVL",
-    "H200": "NVIDIA H200",
-    "L40S": "NVIDIA L40S",
-    "L4": "NVIDIA L4",
-    "B200": "NVIDIA B200",
-}
-
-
-# The served model's Hugging Face config.json (meta-llama/Llama-2-7b-chat-hf): the demo hands it to
-# the exporter as --model-config, so the exporter's ledger sees the same shape as the physics.
-LLAMA_2_7B_CONFIG: dict = {
-    "_name_or_path": "meta-llama/Llama-2-7b-chat-hf",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "max_position_embeddings": 4096,
-    "model_type": "llama",
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 32,
-    "rms_norm_eps": 1e-05,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float16",
-    "vocab_size": 32000,
-}
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The simulated deployment: model, GPU and the engine flags that matter to the physics.
-
-    The default is Llama-2-7B (32 KV heads: 512 KiB of KV per token, 4x Llama-3.1-8B's) on one
-    H100 SXM with vLLM's defaults: the pool holds ~100k tokens, so every KV effect shows within
-    seconds, and the "use a GQA model" advice has something to say.
-    """
-
-    model_name: str = "meta-llama/Llama-2-7b-chat-hf"
-    # The model: its config.json, or only its shape (then there is no config.json to hand out).
-    # With neither, Llama-2-7B.
-    model_config: Mapping | None = None
-    shape: ModelShape | None = None
-    gpu: GpuSpec = GPU_CATALOGUE["H100"]
-    gpu_memory_utilization: float = 0.9
-    activation_reserve_bytes: float = 3.0e9  # activations, CUDA graphs, sampler: not KV
-    cuda_context_bytes: float = 0.55e9  # memory used outside the engine's share
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 4096
-    kv_cache_dtype: str = "auto"
-    memory_efficiency: float = 0.92  # share of peak HBM bandwidth a memory-bound step reaches
-    compute_efficiency: float = 0.6  # share of peak FLOP/s a compute-bound step reaches
-    pcie_efficiency: float = 0.8  # share of PCIe peak a bulk KV copy reaches
-    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
-    step_overhead_seconds: float = 0.0006  # scheduling and launches per step (CUDA graphs)
-    sm_floor: float = 0.3  # SM activity of a memory-bound step: kernels resident, waiting on DRAM
-    admission_watermark: float = 0.01  # share of blocks kept free when admitting
-    step_jitter: float = 0.03  # relative standard deviation of a step's GPU time
-    cpu_offload_bytes: float = 64 * GIB  # the offloading connector's CPU tier
-
-    def __post_init__(self) -> None:
-        if self.model_config is None and self.shape is None:
-            object.__setattr__(self, "model_config", dict(LLAMA_2_7B_CONFIG))
-        if self.shape is None:
-            object.__setattr__(self, "shape", ModelShape.from_hf_config(dict(self.model_config), name=self.model_name))
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        dtype = None if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
-        return kv_bytes_per_token(self.shape, dtype)
-
-    @property
-    def kv_pool_bytes(self) -> float:
-        return kv_pool_bytes(self.shape, self.gpu, self.gpu_memory_utilization, self.activation_reserve_bytes)
-
-    @property
-    def num_gpu_blocks(self) -> int:
-        return int(self.kv_pool_bytes // (self.kv_bytes_per_token * self.block_size))
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        return int(self.cpu_offload_bytes // (self.kv_bytes_per_token * self.block_size))
-
-    @property
-    def gpu_name(self) -> str:
-        return NVML_NAMES.get(self.gpu.name, f"NVIDIA {self.gpu.name}")
-
-    @property
-    def peak_flops(self) -> float:
-        return self.gpu.peak_flops or 100e12
-
-    @property
-    def memory_used_bytes(self) -> float:
-        """vLLM takes its whole share up front: weights, activations and the KV pool."""
-        return self.gpu.memory_bytes * self.gpu_memory_utilization + self.cuda_context_bytes
-
-    def activation_bytes(self, prefill_tokens: float) -> float:
-        """HBM traffic of prefill activations: each layer reads and writes the hidden state a few
-        times and the MLP's intermediate once (a rough constant; decode's is negligible)."""
-        s = self.shape
-        inter = 2.7 * s.hidden_size  # ~intermediate_size of Llama-style MLPs
-        return prefill_tokens * s.num_layers * (8 * s.hidden_size + 3 * inter) * dtype_bytes(s.dtype)
-
-
-class Histogram:
-    """A cumulative Prometheus histogram: counts per bucket (``le`` inclusive) plus sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Iterable[float]):
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        if n <= 0:
-            return
-        self.counts[bisect.bisect_left(self.bounds, value)] += n
-        self.sum += value * n
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Histogram):
-            return NotImplemented
-        return (self.bounds, self.counts, self.sum) == (other.bounds, other.counts, other.sum)
-
-    __hash__ = None  # mutable
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, cumulative count) pairs, +Inf last."""
-        out, running = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts):
-            running += n
-            out.append((bound, running))
-        return out
-
-
-@dataclass
-class VllmStats:
-    """vLLM's metrics, as the engine would count them. Keys are family names."""
-
-    counters: dict[str, float] = field(default_factory=dict)
-    labelled: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> label value -> count
-    histograms: dict[str, Histogram] = field(default_factory=dict)
-
-    @classmethod
-    def new(cls) -> VllmStats:
-        stats = cls()
-        for name in (
-            "vllm:num_preemptions",
-            "vllm:prompt_tokens",
-            "vllm:generation_tokens",
-            "vllm:prefix_cache_queries",
-            "vllm:prefix_cache_hits",
-            "vllm:external_prefix_cache_queries",
-            "vllm:external_prefix_cache_hits",
-            "vllm:mm_cache_queries",
-            "vllm:mm_cache_hits",
-            "vllm:prompt_tokens_cached",
-            "vllm:estimated_flops_per_gpu",
-            "vllm:estimated_read_bytes_per_gpu",
-            "vllm:estimated_write_bytes_per_gpu",
-        ):
-            stats.counters[name] = 0.0
-        stats.labelled["vllm:request_success"] = dict.fromkeys(FINISHED_REASONS, 0.0)
-        stats.labelled["vllm:prompt_tokens_by_source"] = dict.fromkeys(PROMPT_SOURCES, 0.0)
-        stats.labelled["vllm:prompt_tokens_cached_by_source"] = dict.fromkeys(CACHE_TIERS, 0.0)
-        stats.labelled["vllm:admission_rejections"] = dict.fromkeys(ADMISSION_REJECTION_REASONS, 0.0)
-        stats.labelled["vllm:kv_offload_total_bytes"] = dict.fromkeys(TRANSFER_TYPES, 0.0)
-        stats.labelled["vllm:kv_offload_total_time"] = dict.fromkeys(TRANSFER_TYPES, 0.0)
-        stats.histograms = {name: Histogram(bounds) for name, bounds in HISTOGRAM_BUCKETS.items()}
-        return stats
-
-    def add(self, name: str, value: float) -> None:
-        self.counters[name] += value
-
-    def add_labelled(self, name: str, label: str, value: float) -> None:
-        self.labelled[name][label] += value
-
-    def observe(self, name: str, value: float, n: int = 1) -> None:
-        self.histograms[name].observe(value, n)
-
-
-@dataclass
-class GpuCounters:
-    """Cumulative GPU activity since start; two readings give GPM-style ratios and rates."""
-
-    time: float  # the simulation time these totals are good to
-    dram_bytes: float = 0.0  # bytes read and written in HBM
-    sm_active_seconds: float = 0.0  # integral of the share of SMs busy
-    pcie_rx_bytes: float = 0.0  # host -> device
-    pcie_tx_bytes: float = 0.0  # device -> host
+from .vllm_metrics import VllmStats
 
 
 @dataclass
@@ -420,10 +90,6 @@ class Request:
         self.last_token: float | None = None
         self.preemptions = 0
         self.counted = False  # prompt statistics are counted once, at the first admission
-
-    @property
-    def prefilling(self) -> bool:
-        return self.computed < self.target
 
 
 class Simulation:
@@ -532,17 +198,7 @@ class Simulation:
     def snapshot(self) -> tuple[EngineState, VllmStats]:
         """The gauges and a deep copy of the counters, consistent with each other."""
         with self._lock:
-            stats = VllmStats(
-                counters=dict(self.stats.counters),
-                labelled={k: dict(v) for k, v in self.stats.labelled.items()},
-                histograms={},
-            )
-            for name, h in self.stats.histograms.items():
-                copy = Histogram(h.bounds)
-                copy.counts = list(h.counts)
-                copy.sum = h.sum
-                stats.histograms[name] = copy
-            return self.state(), stats
+            return self.state(), self.stats.copy()
 
     # ------------------------------------------------------------------ workload
     def _follow_schedule(self) -> None:
@@ -571,7 +227,7 @@ class Simulation:
         rng = self._rng
 
         def draw(mean: int) -> int:
-            return max(1, int(round(mean * (1.0 + rng.uniform(-s.length_jitter, s.length_jitter)))))
+            return max(1, round(mean * (1.0 + rng.uniform(-s.length_jitter, s.length_jitter))))
 
         prompt = min(draw(s.prompt_tokens), self.config.max_model_len - 1)
         output = draw(s.output_tokens)
@@ -712,51 +368,37 @@ class Simulation:
             self._idle_until(self.now + 0.01)
             return
 
-        # 3. cost, from the ledger
-        kv_read_tokens = 0  # every scheduled sequence's attention reads all its KV
-        attended = 0.0  # sum over new tokens of the tokens each attends to
+        # 3. cost, from the ledger's roofline
+        kv_read_tokens = 0
+        attended = 0.0
         prefill_tokens = 0
         for req, n in scheduled:
             kv_read_tokens += req.computed + n
             attended += n * (req.computed + n / 2.0)
             if req.computed < req.target:
                 prefill_tokens += n
-        new_tokens = cfg.max_num_batched_tokens - budget
-        decode_tokens = new_tokens - prefill_tokens
-        flops = forward_flops(cfg.shape, new_tokens, attended / new_tokens)
-        weights = cfg.shape.weight_bytes
-        hbm_bytes = weights + kv_read_tokens * self._kv_bytes + cfg.activation_bytes(prefill_tokens)
-        t_mem = hbm_bytes / (cfg.gpu.peak_bandwidth * cfg.memory_efficiency)
-        t_compute = flops / (cfg.peak_flops * cfg.compute_efficiency)
-        jitter = max(0.5, 1.0 + self._rng.gauss(0.0, cfg.step_jitter))
-        t_gpu = max(t_mem, t_compute) * jitter
-        t_transfer = 0.0
-        if load_bytes:
-            t_transfer = host_transfer_seconds(
-                load_bytes, cfg.host_bandwidth, cfg.gpu.pcie_bandwidth * cfg.pcie_efficiency
-            )
-        stall = max(0.0, t_transfer - s.transfer_overlap * t_gpu)
-        t_host = cfg.step_overhead_seconds
-        if s.host_overhead_seconds:
-            t_host += s.host_overhead_seconds * max(0.5, 1.0 + self._rng.gauss(0.0, 0.08))
-        dt = t_host + t_gpu + stall
+        load = StepLoad(
+            sequences=len(scheduled),
+            new_tokens=cfg.max_num_batched_tokens - budget,
+            prefill_tokens=prefill_tokens,
+            kv_read_tokens=kv_read_tokens,
+            attended=attended,
+            host_load_bytes=load_bytes,
+        )
+        cost = step_cost(cfg, s, load, self._kv_bytes, self._rng)
 
-        # 4. the GPU's view
-        compute_share = t_compute / max(t_mem, t_compute)
-        self.gpu.dram_bytes += hbm_bytes
-        self.gpu.sm_active_seconds += t_gpu * max(cfg.sm_floor, compute_share)
-        self.gpu.pcie_rx_bytes += load_bytes + 4.0 * (decode_tokens + prefill_tokens)  # + token ids
-        self.gpu.pcie_tx_bytes += 4.0 * len(scheduled)  # sampled token ids
+        # 4. the GPU's view and the engine's own estimates
+        self.gpu.add_step(load, cost)
         if load_bytes:
             self.stats.add_labelled("vllm:kv_offload_total_bytes", "CPU_to_GPU", load_bytes)
-            self.stats.add_labelled("vllm:kv_offload_total_time", "CPU_to_GPU", t_transfer)
-        self.stats.add("vllm:estimated_flops_per_gpu", flops)
-        self.stats.add("vllm:estimated_read_bytes_per_gpu", hbm_bytes)
-        self.stats.add("vllm:estimated_write_bytes_per_gpu", (decode_tokens + prefill_tokens) * self._kv_bytes)
-        self.stats.observe("vllm:iteration_tokens_total", decode_tokens + prefill_tokens)
+            self.stats.add_labelled("vllm:kv_offload_total_time", "CPU_to_GPU", cost.transfer_seconds)
+        self.stats.add("vllm:estimated_flops_per_gpu", cost.flops)
+        self.stats.add("vllm:estimated_read_bytes_per_gpu", cost.hbm_bytes)
+        self.stats.add("vllm:estimated_write_bytes_per_gpu", load.new_tokens * self._kv_bytes)
+        self.stats.observe("vllm:iteration_tokens_total", load.new_tokens)
 
         step_start = self.now
-        self.now += dt
+        self.now += cost.seconds
         self.gpu.time = self.now
         self.steps += 1
         self._finish_step(scheduled, step_start)
@@ -837,11 +479,5 @@ class Simulation:
             # the offloading connector writes the request's new KV to the CPU tier (async, hidden)
             stored = (req.prompt + req.generated - req.host - req.shared) * self._kv_bytes
             st.add_labelled("vllm:kv_offload_total_bytes", "GPU_to_CPU", stored)
-            st.add_labelled(
-                "vllm:kv_offload_total_time",
-                "GPU_to_CPU",
-                host_transfer_seconds(
-                    stored, self.config.host_bandwidth, self.config.gpu.pcie_bandwidth * self.config.pcie_efficiency
-                ),
-            )
+            st.add_labelled("vllm:kv_offload_total_time", "GPU_to_CPU", self.config.host_copy_seconds(stored))
             self.gpu.pcie_tx_bytes += stored

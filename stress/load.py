@@ -1,4 +1,4 @@
-"""``kvdoctor stress``, the measuring half: an OpenAI-compatible load generator and the signal recorders.
+"""``kvdoctor stress``, the measuring half: an OpenAI-compatible load generator.
 
 - ``discover(...)``: finds the API (``/v1/completions``, else ``/v1/chat/completions``), the model,
   which extensions the server accepts (``ignore_eos`` for a fixed generation length, streamed
@@ -6,8 +6,8 @@
   Every way the endpoint can be unusable is an ``EndpointError`` with one line.
 - ``LoadRunner``: keeps N streaming requests in flight (N raised step by step) and records when
   each streamed token arrived, at the client: the per-token latency a user sees.
-- ``ExporterSignals`` polls a kvdoctor exporter's ``/api/v1/window``; ``LocalSignals`` runs an
-  exporter in-process on the engine's own ``/metrics`` when no exporter is given.
+
+The signals recorded meanwhile (the exporter's window) come from ``kvdoctor.stress.signals``.
 
 Every request's prompt starts with its own tag, then the same fixed text: prefix caching cannot
 share KV blocks between requests, so each request holds its own KV (the point of the test).
@@ -26,19 +26,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvdoctor.rules.window import Snapshot, Window
 from kvdoctor.stress.plan import RequestRecord
 
 __all__ = [
     "Endpoint",
     "EndpointError",
-    "ExporterSignals",
     "LoadRunner",
-    "LocalSignals",
-    "SignalsError",
     "api_root",
     "discover",
     "make_prompt",
+    "server_root",
 ]
 
 CONNECT_TIMEOUT = 10.0
@@ -49,15 +46,17 @@ CALIBRATION_WORDS = 200
 RECENT_GAPS = 4096
 
 # The fixed text: plain words, cycled with a stride so byte-pair merges stay near one token a word.
-_WORDS = ["memory", "bandwidth", "decode", "cache", "block", "token", "prefix", "layer", "head", "value", "key", "batch", "queue", "engine", "model", "latency", "throughput", "request", "server", "worker", "tensor", "kernel", "page", "pool", "tier", "host", "device", "scheduler", "stream", "prompt", "window", "signal", "sample", "metric", "counter", "gauge", "ratio", "budget", "limit", "river", "mountain", "forest", "window", "garden", "market", "harbor", "bridge", "castle", "planet", "ocean", "desert", "valley", "meadow", "island", "canyon", "glacier"]
+_TEXT = (
+    "memory bandwidth decode cache block token prefix layer head value key batch queue engine model "
+    "latency throughput request server worker tensor kernel page pool tier host device scheduler stream "
+    "prompt window signal sample metric counter gauge ratio budget limit river mountain forest window "
+    "garden market harbor bridge castle planet ocean desert valley meadow island canyon glacier"
+)
+_WORDS = _TEXT.split()
 
 
 class EndpointError(Exception):
     """The endpoint cannot be used for the test; the message is one line saying why."""
-
-
-class SignalsError(Exception):
-    """The exporter cannot be read; the message is one line saying why."""
 
 
 def api_root(url: str) -> str:
@@ -111,10 +110,7 @@ def _error_message(response: httpx.Response) -> str:
         return text[:200] or f"HTTP {response.status_code}"
     if isinstance(body, dict):
         err = body.get("error", body)
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail") or err.get("msg")
-        else:
-            msg = err
+        msg = (err.get("message") or err.get("detail") or err.get("msg")) if isinstance(err, dict) else err
         msg = msg or body.get("detail") or body.get("message")
         if msg:
             return " ".join(str(msg).split())[:300]
@@ -422,97 +418,3 @@ class LoadRunner:
                     record.token_times.append(t)
                     self.recent_gaps.append((t, (now - previous) / tokens))
         record.status, record.ended = "ok", self.clock()
-
-
-# ---------------------------------------------------------------------------------- signal sources
-
-
-class ExporterSignals:
-    """A running kvdoctor exporter: its window polled every second and merged by timestamp."""
-
-    POLL_SECONDS = 5  # each poll asks for this much (overlap covers a late poll)
-
-    def __init__(self, url: str, timeout: float = 10.0):
-        from kvdoctor.commands.record import ExporterClient
-
-        self.client = ExporterClient(url, timeout=timeout)
-        self.url = self.client.url
-        self.description = f"exporter {self.url}"
-        self.interval: float | None = None
-        self._snapshots: dict[float, Snapshot] = {}
-
-    def start(self) -> None:
-        """Check it is a kvdoctor exporter with samples; ``SignalsError`` (one line) otherwise."""
-        from kvdoctor.commands.record import ExporterError
-
-        try:
-            self.interval = self.client.interval()
-            self.poll()
-        except LookupError:
-            raise SignalsError(f"{self.url} has no /api/v1/window: is it a kvdoctor exporter?") from None
-        except ExporterError as exc:
-            raise SignalsError(str(exc)) from None
-
-    def poll(self) -> None:
-        window = self.client.window(self.POLL_SECONDS)
-        for snap in window.snapshots():
-            self._snapshots[snap.ts] = snap
-
-    def try_poll(self) -> str | None:
-        """poll(), returning the error line instead of raising (the run goes on without one poll)."""
-        from kvdoctor.commands.record import ExporterError
-
-        try:
-            self.poll()
-            return None
-        except (ExporterError, LookupError) as exc:
-            return str(exc)
-
-    def window(self, since: float | None = None) -> Window:
-        snaps = [s for t, s in self._snapshots.items() if since is None or t >= since]
-        return Window.from_snapshots(snaps)
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class LocalSignals:
-    """No exporter given: an exporter runs in this process on the engine's own /metrics."""
-
-    def __init__(self, metrics_url: str, interval: float = 1.0, retention_seconds: float = 3600.0):
-        self.metrics_url = metrics_url
-        self.interval = interval
-        self.retention_seconds = retention_seconds
-        self.description = f"in-process exporter on {metrics_url}"
-        self.exporter = None
-
-    def start(self) -> None:
-        from kvdoctor.exporter.assembly import build_exporter
-        from kvdoctor.exporter.settings import load_settings
-
-        settings = load_settings(
-            engine_url=self.metrics_url,
-            interval=self.interval,
-            retention_seconds=self.retention_seconds,
-            max_snapshots=int(self.retention_seconds / self.interval) + 10,
-        )
-        self.exporter = build_exporter(settings)
-        self.exporter.start()
-
-    def engine_up(self) -> tuple[bool | None, str]:
-        """(whether the engine source answered its last collection, its last error)."""
-        status = self.exporter.status().get("engine", {}) if self.exporter else {}
-        return status.get("up"), status.get("last_error") or ""
-
-    def try_poll(self) -> str | None:
-        return None  # the exporter's own thread collects
-
-    def window(self, since: float | None = None) -> Window:
-        if self.exporter is None:
-            return Window.empty()
-        w = self.exporter.store.window(self.retention_seconds)
-        return w if since is None else w.slice(since, math.inf)
-
-    def close(self) -> None:
-        if self.exporter is not None:
-            self.exporter.stop()

@@ -4,6 +4,8 @@ The figure (``kv-latency.png``) puts KV usage (%, left axis) and the per-token l
 (ms, right axis) on one time axis, marks each concurrency step, the preemptions and the knee; a
 side panel shows the same bins as latency against KV usage, where the knee lives. Drawn with
 matplotlib's object API on the Agg canvas: no pyplot, no global backend switch, no display.
+matplotlib comes with the ``[dashboard]`` extra: without it there is no figure (``render_figure``
+returns None) and the page says so; the rest of the report does not need it.
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 import os
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
+from kvdoctor.rules.units import MISSING, fmt_number, fmt_pct
 from kvdoctor.stress.plan import Bins, Saturation, StepSummary, Verdict
 
-__all__ = ["render_figure", "render_html", "write_json"]
+__all__ = ["FIGURE_NEEDS_EXTRA", "render_figure", "render_html", "write_json"]
 
 KV_COLOUR = "#3b7dd8"
 P50_COLOUR = "#e07b00"
@@ -28,12 +30,10 @@ P95_COLOUR = "#c0392b"
 MEAN_COLOUR = "#6d4c41"
 KNEE_COLOUR = "#8e44ad"
 STEP_SHADE = "#f2f2f2"
+FIGURE_NEEDS_EXTRA = "the figure (kv-latency.png) needs matplotlib: pip install 'kvdoctor[dashboard]'"
 
 
-def _step_colours(n: int) -> list:
-    from matplotlib import colormaps
-
-    cmap = colormaps["viridis"]
+def _step_colours(cmap, n: int) -> list:
     return [cmap(0.9 * i / max(n - 1, 1)) for i in range(n)]
 
 
@@ -52,13 +52,18 @@ def render_figure(
     verdict: Verdict,
     path: str | os.PathLike,
     title: str = "",
-) -> Path:
-    """Draws the figure into ``path`` (PNG) and returns the path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-    from matplotlib.transforms import blended_transform_factory
+) -> Path | None:
+    """Draws the figure into ``path`` (PNG) and returns the path; None without matplotlib."""
+    # matplotlib is optional (the [dashboard] extra): imported here so the rest of the report works without it.
+    try:
+        from matplotlib import colormaps  # noqa: PLC0415
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+        from matplotlib.lines import Line2D  # noqa: PLC0415
+        from matplotlib.patches import Patch  # noqa: PLC0415
+        from matplotlib.transforms import blended_transform_factory  # noqa: PLC0415
+    except ImportError:
+        return None
 
     start = float(step_starts[0]) if step_starts else float(bins.edges[0])
     x = bins.centres - start
@@ -74,8 +79,8 @@ def render_figure(
 
     # concurrency steps: alternate shading, a label at the top
     top = blended_transform_factory(ax.transData, ax.transAxes)
-    ends = list(step_starts[1:]) + [float(bins.edges[-1])]
-    for i, (s, t0, t1) in enumerate(zip(steps, step_starts, ends)):
+    ends = [*step_starts[1:], float(bins.edges[-1])]
+    for i, (s, t0, t1) in enumerate(zip(steps, step_starts, ends, strict=False)):
         a, b = t0 - start, t1 - start
         if i % 2:
             ax.axvspan(a, b, color=STEP_SHADE, zorder=0)
@@ -160,7 +165,7 @@ def render_figure(
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(bins.itl_mean) & np.isfinite(bins.kv_usage) & (bins.tokens > 0)
     if ok.any():
-        cmap = _step_colours(len(steps))
+        cmap = _step_colours(colormaps["viridis"], len(steps))
         for i, s in enumerate(steps):
             mine = ok & (bins.step == s.index)
             if mine.any():
@@ -198,14 +203,6 @@ def write_json(data: dict, path: str | os.PathLike) -> Path:
     return out
 
 
-def _fmt(v, unit: str = "", digits: int = 1) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    if unit == "%":
-        return f"{v * 100:.0f}%"
-    return f"{v:,.{digits}f}{(' ' + unit) if unit else ''}"
-
-
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1180px;
 color:#1d1d1f;padding:0 1rem}
@@ -221,23 +218,31 @@ tr.sat td{background:#fdecea}.kv{font-family:ui-monospace,Menlo,monospace;font-s
 """
 
 
-def render_html(summary: dict, png_path: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """report.html: one file, the figure embedded, every number from ``summary``."""
+def render_html(summary: dict, png_path: str | os.PathLike | None, path: str | os.PathLike) -> Path:
+    """report.html: one file, the figure embedded (when ``png_path`` is a file), every number from
+    ``summary``."""
     e = html.escape
     settings, endpoint, verdict = summary["settings"], summary["endpoint"], summary["verdict"]
     saturation, steps = summary["saturation"], summary["steps"]
-    png = base64.b64encode(Path(png_path).read_bytes()).decode()
+    if png_path is not None and Path(png_path).is_file():
+        png = base64.b64encode(Path(png_path).read_bytes()).decode()
+        figure = f'<img alt="KV usage and per-token latency over the run" src="data:image/png;base64,{png}">'
+        figure_link = '<a href="kv-latency.png">kv-latency.png</a> · '
+    else:
+        figure = f'<p class="notes">No figure: {e(FIGURE_NEEDS_EXTRA)}.</p>'
+        figure_link = ""
     sat_step = saturation.get("step")
     rows = []
     for s in steps:
         cls = ' class="sat"' if sat_step is not None and s["index"] == sat_step else ""
         rows.append(
-            f"<tr{cls}><td>×{s['concurrency']}</td><td>{_fmt(s['seconds'], 's', 0)}</td>"
+            f"<tr{cls}><td>×{s['concurrency']}</td><td>{fmt_number(s['seconds'], 's', 0)}</td>"
             f"<td>{s['requests_started']}</td><td>{s['requests_completed']}</td><td>{s['requests_failed']}</td>"
-            f"<td>{_fmt(s['tokens_per_second'], '', 1)}</td><td>{_fmt(s['itl_p50_ms'], 'ms')}</td>"
-            f"<td>{_fmt(s['itl_p95_ms'], 'ms')}</td><td>{_fmt(s['ttft_p50_ms'], 'ms', 0)}</td>"
-            f"<td>{_fmt(s['kv_usage_median'], '%')}</td><td>{_fmt(s['kv_usage_max'], '%')}</td>"
-            f"<td>{_fmt(s['preemptions'], '', 0)}</td><td>{_fmt(s['waiting_max'], '', 0)}</td></tr>"
+            f"<td>{fmt_number(s['tokens_per_second'], '', 1)}</td><td>{fmt_number(s['itl_p50_ms'], 'ms')}</td>"
+            f"<td>{fmt_number(s['itl_p95_ms'], 'ms')}</td><td>{fmt_number(s['ttft_p50_ms'], 'ms', 0)}</td>"
+            f"<td>{fmt_pct(s['kv_usage_median'], missing=MISSING)}</td>"
+            f"<td>{fmt_pct(s['kv_usage_max'], missing=MISSING)}</td>"
+            f"<td>{fmt_number(s['preemptions'], '', 0)}</td><td>{fmt_number(s['waiting_max'], '', 0)}</td></tr>"
         )
     knee = verdict["knee"]
     if saturation.get("reached"):
@@ -282,7 +287,7 @@ def render_html(summary: dict, png_path: str | os.PathLike, path: str | os.PathL
 <div class="verdict {e(verdict["pattern"])}"><b>{e(verdict["headline"])}</b></div>
 <p>{e(sat_text)} Knee: {e(knee.get("note") or "–")}.</p>
 {diag_text}
-<img alt="KV usage and per-token latency over the run" src="data:image/png;base64,{png}">
+{figure}
 <h2>Steps</h2>
 <table><tr><th>concurrency</th><th>time</th><th>started</th><th>completed</th><th>failed</th><th>tokens/s</th>
 <th>ITL p50</th><th>ITL p95</th><th>TTFT p50</th><th>KV median</th><th>KV max</th><th>preemptions</th>
@@ -299,7 +304,7 @@ requests; concurrency doubles every {settings["step_seconds"]:g} s until KV usag
 <li>The knee: a straight line and a two-level step fitted to log(latency) against KV usage
 (<span class="kv">kvdoctor.rules.knee</span>).</li>
 {notes}</ul>
-<p class="notes">Files: <a href="kv-latency.png">kv-latency.png</a> · <a href="summary.json">summary.json</a> ·
+<p class="notes">Files: {figure_link}<a href="summary.json">summary.json</a> ·
 <a href="trace.om">trace.om</a> (replay: <span class="kv">kvdoctor diagnose --replay trace.om</span>)</p>
 </body></html>
 """

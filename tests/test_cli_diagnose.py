@@ -10,13 +10,10 @@ import pty
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import parse_qs
 
 import numpy as np
 import pytest
@@ -28,7 +25,9 @@ from kvdoctor.rules.trace import format_raw_captures
 from kvdoctor.rules.window import Window
 from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusSource, parse_selector
 from kvdoctor.sources.traces import load_trace, write_window
-from tests.rules.scenarios import SCENARIO_BY_NAME
+from tests.support import servers
+from tests.support.processes import kvdoctor
+from tests.support.scenarios import SCENARIO_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 FILL = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence").glob("*.txt"))
@@ -40,7 +39,7 @@ ANSI = "\x1b["
 
 
 def scenario_trace(path: Path, name: str, start: float = T0, keep: float = 150.0) -> Path:
-    """The last ``keep`` seconds of a scenario of tests/rules/scenarios.py as a canonical trace."""
+    """The last ``keep`` seconds of a scenario of tests/support/scenarios.py as a canonical trace."""
     full = SCENARIO_BY_NAME[name].full_window()
     cut = full.slice(full.end - keep, full.end)
     write_window(Window(cut.timestamps - cut.start + start, cut.series), path)
@@ -89,62 +88,10 @@ def one_error_line(result, *phrases: str) -> str:
     return lines[0]
 
 
-class FakeHttp:
-    """A tiny HTTP server on a free port whose answers come from ``route(path) -> (status, type, body)``."""
-
-    def __init__(self, route: Callable[[str], tuple[int, str, bytes]], delay: float = 0.0):
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self):
-                outer.requests.append(self.path)
-                if delay:
-                    time.sleep(delay)
-                status, ctype, body = route(self.path)
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except OSError:  # the client gave up (a timeout test): nothing to report
-                    pass
-
-            do_GET = _answer
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                outer.bodies.append(parse_qs(self.rfile.read(length).decode()))
-                self._answer()
-
-        self.requests: list[str] = []
-        self.bodies: list[dict] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def fake_http():
-    servers: list[FakeHttp] = []
-
-    def start(route, delay: float = 0.0) -> FakeHttp:
-        server = FakeHttp(route, delay)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
+def fake_http(fake_server):
+    """fake_http(route, delay=0.0): a server on a free port answering ``route(path) -> (status, type, body)``."""
+    return lambda route, delay=0.0: fake_server(servers.computed(route, delay))
 
 
 def closed_port_url(free_port: int) -> str:
@@ -375,8 +322,8 @@ def test_unreachable_sources_exit_2_with_one_line(cli, run_cli, free_port, tmp_p
 
 def test_slow_sources_time_out_with_one_line(cli, fake_http):
     slow = fake_http(lambda path: (200, "application/json", b"{}"), delay=3.0)
-    one_error_line(cli("diagnose", "--exporter", slow.url, "--timeout", "0.5"), "did not answer within 0.5 s")
-    one_error_line(cli("diagnose", "--prometheus", slow.url, "--timeout", "0.5"), "did not answer within 0.5 s")
+    one_error_line(cli("diagnose", "--exporter", slow.url(), "--timeout", "0.5"), "did not answer within 0.5 s")
+    one_error_line(cli("diagnose", "--prometheus", slow.url(), "--timeout", "0.5"), "did not answer within 0.5 s")
 
 
 @pytest.mark.parametrize(
@@ -406,7 +353,7 @@ def test_slow_sources_time_out_with_one_line(cli, fake_http):
 )
 def test_prometheus_errors_exit_2_with_one_line(cli, fake_http, status, ctype, body, phrase):
     server = fake_http(lambda path: (status, ctype, body))
-    one_error_line(cli("diagnose", "--prometheus", server.url, "--selector", '{pod="x"}'), phrase)
+    one_error_line(cli("diagnose", "--prometheus", server.url(), "--selector", '{pod="x"}'), phrase)
 
 
 @pytest.mark.parametrize(
@@ -419,7 +366,7 @@ def test_prometheus_errors_exit_2_with_one_line(cli, fake_http, status, ctype, b
     ],
 )
 def test_exporter_errors_exit_2_with_one_line(cli, fake_http, route, phrase):
-    one_error_line(cli("diagnose", "--exporter", fake_http(route).url), phrase)
+    one_error_line(cli("diagnose", "--exporter", fake_http(route).url()), phrase)
 
 
 def test_a_prometheus_selector_matching_two_pods_is_refused(cli, fake_http):
@@ -439,7 +386,7 @@ def test_a_prometheus_selector_matching_two_pods_is_refused(cli, fake_http):
 
     server = fake_http(route)
     one_error_line(
-        cli("diagnose", "--prometheus", server.url, "--at", str(T0 + 1)),
+        cli("diagnose", "--prometheus", server.url(), "--at", str(T0 + 1)),
         "matches 2 pods (a, b)",
         "--selector '{pod=\"a\"}'",
     )
@@ -493,10 +440,10 @@ def test_raw_samples_of_series_scraped_at_different_times_line_up_in_one_window(
         "values": [[T0 + 0.5, "0.5"], [T0 + 2.0, "0.7"]],
     }
     server = fake_http(lambda path: (200, "application/json", _matrix(engine, gpu)))
-    with PrometheusSource(server.url, '{pod="a"}') as source:
+    with PrometheusSource(server.url(), '{pod="a"}') as source:
         window = source.window(60, at=T0 + 2)
-    assert server.requests == ["/api/v1/query"]
-    assert server.bodies[0]["query"] == ['{__name__=~"kvdoctor_.+",pod="a"}[61s]']
+    assert server.paths == ["/api/v1/query"]
+    assert server.forms()[0]["query"] == ['{__name__=~"kvdoctor_.+",pod="a"}[61s]']
     assert list(window.timestamps) == [T0, T0 + 0.5, T0 + 1, T0 + 2]
     (running,) = window.select(S.REQUESTS_RUNNING).values()
     (sm,) = window.select(S.GPU_SM_ACTIVE).values()
@@ -507,11 +454,11 @@ def test_raw_samples_of_series_scraped_at_different_times_line_up_in_one_window(
 def test_long_windows_use_a_range_query_at_window_over_n(fake_http):
     series = {"metric": {"__name__": S.REQUESTS_RUNNING}, "values": [[T0 - 7.2, "1"], [T0, "2"]]}
     server = fake_http(lambda path: (200, "application/json", _matrix(series)))
-    with PrometheusSource(server.url, "") as source:
+    with PrometheusSource(server.url(), "") as source:
         window = source.window(7200, at=T0)
-    assert server.requests == ["/api/v1/query_range"]
-    assert server.bodies[0]["step"] == [f"{7200 / MAX_POINTS:g}"]
-    assert float(server.bodies[0]["start"][0]) == T0 - 7200
+    assert server.paths == ["/api/v1/query_range"]
+    assert server.forms()[0]["step"] == [f"{7200 / MAX_POINTS:g}"]
+    assert float(server.forms()[0]["start"][0]) == T0 - 7200
     assert len(window) == 2
 
 
@@ -529,9 +476,9 @@ def test_the_newest_sample_is_found_without_colliding_series(fake_http):
         )
 
     server = fake_http(route)
-    with PrometheusSource(server.url, '{pod="a"}') as source:
+    with PrometheusSource(server.url(), '{pod="a"}') as source:
         assert source.newest_sample_time(at=T0 + 99) == T0 + 42
-    expression = server.bodies[0]["query"][0]
+    expression = server.forms()[0]["query"][0]
     assert expression.startswith("max(timestamp(") and f'timestamp({S.REQUESTS_WAITING}{{pod="a"}})' in expression
     assert "_bucket" not in expression
 
@@ -540,43 +487,24 @@ def test_the_newest_sample_is_found_without_colliding_series(fake_http):
 
 
 @pytest.fixture
-def live_exporter():
+def live_exporter(demo):
     """A real exporter scraping the simulated vLLM engine over HTTP, serving its API on a free port."""
-    from kvdoctor.exporter.app import create_app
-    from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.exporter.runtime import Exporter
-    from kvdoctor.exporter.server import serve_in_thread
-    from kvdoctor.exporter.settings import ExporterSettings
-    from kvdoctor.simulator.engine_server import EngineServer
-    from kvdoctor.simulator.physics import Simulation
-
-    engine = EngineServer(Simulation("kv_thrashing", seed=1)).start()
-    settings = ExporterSettings(interval=0.25, engine_url=engine.metrics_url)
-    exporter = Exporter(settings, [EngineCollector(engine.metrics_url)]).start()
-    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
-    exporter.url = f"http://127.0.0.1:{handle.port}"
-    deadline = time.monotonic() + 20
-    while exporter.cycles < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield exporter
-    handle.stop()
-    exporter.stop()
-    engine.stop()
+    return demo("kv_thrashing", in_process=True)
 
 
 @pytest.mark.slow
 def test_diagnose_reads_a_live_exporter(cli, live_exporter):
-    result = cli("diagnose", "--exporter", live_exporter.url, "--json", "--window", "5")
+    result = cli("diagnose", "--exporter", live_exporter.exporter_url, "--json", "--window", "5")
     assert result.rc in (0, 1), result.stderr
     payload = json.loads(result.stdout)
     assert payload["verdict"] != "idle"
     assert 2 <= payload["window"]["samples"] <= 5 / 0.25 + 2
     # the base URL may also be given as its /metrics; --at picks a window ending earlier
     deadline = time.monotonic() + 20
-    while live_exporter.cycles < 16 and time.monotonic() < deadline:  # 4 s of history
+    while live_exporter.exporter.cycles < 16 and time.monotonic() < deadline:  # 4 s of history
         time.sleep(0.1)
     at = time.time() - 1
-    again = cli("diagnose", "--exporter", live_exporter.url + "/metrics", "--window", "2", "--at", at, "--json")
+    again = cli("diagnose", "--exporter", live_exporter.metrics_url, "--window", "2", "--at", at, "--json")
     assert again.rc in (0, 1), again.stderr
     assert 2 <= json.loads(again.stdout)["window"]["samples"] <= 2 / 0.25 + 1
 
@@ -587,7 +515,9 @@ def test_diagnose_reads_a_live_exporter(cli, live_exporter):
 @pytest.mark.slow
 def test_record_writes_a_trace_that_replays(run_cli, cli, live_exporter, tmp_path):
     out = tmp_path / "rec.om"
-    result = run_cli("record", "--exporter", live_exporter.url, "--seconds", "2", "--interval", "0.5", "-o", out)
+    result = run_cli(
+        "record", "--exporter", live_exporter.exporter_url, "--seconds", "2", "--interval", "0.5", "-o", out
+    )
     assert result.rc == 0, result.stderr
     assert "wrote" in result.stderr
     trace = load_trace(out, AdapterNormaliser())
@@ -602,37 +532,16 @@ def test_record_writes_a_trace_that_replays(run_cli, cli, live_exporter, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_stopping_record_early_keeps_what_was_collected(live_exporter, tmp_path, sig):
+def test_stopping_record_early_keeps_what_was_collected(live_exporter, spawn, tmp_path, sig):
     out = tmp_path / "rec.om"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvdoctor",
-            "record",
-            "--exporter",
-            live_exporter.url,
-            "--seconds",
-            "120",
-            "--interval",
-            "0.25",
-            "-o",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    first = proc.stderr.readline()  # "recording ... into FILE": the first poll is done
-    assert "recording" in first, first
+    args = ("record", "--exporter", live_exporter.exporter_url, "--seconds", "120", "--interval", "0.25", "-o", out)
+    record = spawn(kvdoctor(*args, merge_stderr=False))
+    record.wait_for_line("recording", stream="stderr")  # "recording ... into FILE": the first poll is done
     time.sleep(1.5)
     started = time.monotonic()
-    proc.send_signal(sig)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=20) == 0, rest
+    assert record.stop(sig, timeout=20) == 0, record.errors
     assert time.monotonic() - started < 10
-    assert "stopped early; wrote" in rest
+    assert "stopped early; wrote" in record.errors
     window = load_trace(out, AdapterNormaliser()).window
     assert len(window) >= 4
     assert window.end - window.start >= 1.0
@@ -654,7 +563,7 @@ def test_record_falls_back_to_metrics_without_the_window_api(cli, fake_http, tmp
         return 404, "application/json", b'{"detail":"Not Found"}'
 
     out = tmp_path / "rec.om"
-    result = cli("record", "--exporter", fake_http(route).url, "--seconds", "1.2", "--interval", "0.3", "-o", out)
+    result = cli("record", "--exporter", fake_http(route).url(), "--seconds", "1.2", "--interval", "0.3", "-o", out)
     assert result.rc == 0, result.stderr
     assert "(/metrics)" in result.stderr
     window = load_trace(out, AdapterNormaliser()).window
@@ -674,7 +583,7 @@ def test_record_engine_url_writes_a_raw_trace_of_the_real_pages(cli, fake_http, 
 
     server = fake_http(route)
     out = tmp_path / "raw.om"
-    result = cli("record", "--engine-url", server.url, "--seconds", "1.5", "--interval", "0.25", "-o", out)
+    result = cli("record", "--engine-url", server.url(), "--seconds", "1.5", "--interval", "0.25", "-o", out)
     assert result.rc == 0, result.stderr
     assert "of vllm metrics" in result.stderr
     assert "# TYPE vllm:kv_cache_usage_perc gauge" in out.read_text()
@@ -708,5 +617,5 @@ def test_record_bad_input_exits_2_with_one_line(cli, tmp_path, free_port, args, 
 def test_record_refuses_a_page_no_engine_adapter_knows(cli, fake_http, tmp_path):
     server = fake_http(lambda path: (200, "text/plain", b"# TYPE foo gauge\nfoo 1\n"))
     one_error_line(
-        cli("record", "--engine-url", server.url, "--seconds", "1", "-o", tmp_path / "x.om"), "no engine adapter"
+        cli("record", "--engine-url", server.url(), "--seconds", "1", "-o", tmp_path / "x.om"), "no engine adapter"
     )

@@ -18,6 +18,7 @@ from dash import Input, Output, State, dcc, html, no_update
 from kvdoctor.dashboard import components, figures, ids
 from kvdoctor.dashboard.derive import FleetRow
 from kvdoctor.dashboard.sources import SourceError, backend, fetch_fleet, now
+from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
 
 PATH = "/fleet"
 RANGES = (("15 min", 900), ("1 h", 3600), ("6 h", 6 * 3600), ("24 h", 24 * 3600), ("7 days", 7 * 24 * 3600))
@@ -61,48 +62,31 @@ def layout(**params) -> html.Div:
             ],
             className="page page-fleet",
         )
+    controls = [
+        components.picker(
+            "range",
+            ids.FLEET_RANGE,
+            [{"label": f"last {t}", "value": s} for t, s in RANGES],
+            _range_param(params.get("range")),
+        ),
+        components.labelled(
+            "ending at (UTC)",
+            dcc.Input(
+                id=FLEET_END,
+                type="text",
+                debounce=True,
+                placeholder="now, or YYYY-MM-DD HH:MM",
+                value=_end_param(params.get("end")),
+                className="end-time",
+                style={"width": "210px"},
+            ),
+        ),
+    ]
     return html.Div(
         [
-            html.Div(
-                [
-                    html.Label(
-                        [
-                            "range",
-                            dcc.Dropdown(
-                                id=ids.FLEET_RANGE,
-                                value=_range_param(params.get("range")),
-                                clearable=False,
-                                className="picker",
-                                options=[{"label": f"last {t}", "value": s} for t, s in RANGES],
-                            ),
-                        ]
-                    ),
-                    html.Label(
-                        [
-                            "ending at (UTC)",
-                            dcc.Input(
-                                id=FLEET_END,
-                                type="text",
-                                debounce=True,
-                                placeholder="now, or YYYY-MM-DD HH:MM",
-                                value=_end_param(params.get("end")),
-                                className="end-time",
-                                style={"width": "210px"},
-                            ),
-                        ]
-                    ),
-                    html.Div(id=ids.FLEET_STATUS, className="badge-slot"),
-                ],
-                className="controls",
-            ),
+            components.controls_bar(controls, ids.FLEET_STATUS),
             html.Div(id=ids.FLEET_TABLE),
-            html.Div(
-                [
-                    dcc.Graph(id=ids.FLEET_GRAPH_ITL, figure=figures.placeholder_figure("loading…"), className="chart"),
-                    dcc.Graph(id=ids.FLEET_GRAPH_KV, figure=figures.placeholder_figure("loading…"), className="chart"),
-                ],
-                className="charts",
-            ),
+            components.chart_grid([ids.FLEET_GRAPH_ITL, ids.FLEET_GRAPH_KV]),
             dcc.Interval(id=ids.FLEET_REFRESH, interval=REFRESH_SECONDS * 1000),
             dcc.Store(id=FLEET_DATA),
         ],
@@ -176,14 +160,6 @@ def live_href(row: FleetRow, start: float | None = None, end: float | None = Non
     return "/?" + urlencode(params)
 
 
-def _ms(seconds: float) -> str:
-    return "–" if not math.isfinite(seconds) else f"{seconds * 1000:.1f} ms"
-
-
-def _pct(ratio: float) -> str:
-    return "–" if not math.isfinite(ratio) else f"{ratio * 100:.0f}%"
-
-
 def fleet_table(rows: list[FleetRow], start: float, end: float, fixed: bool):
     if not rows:
         return html.P("Prometheus has no kvdoctor exporter in this range.", className="empty")
@@ -208,8 +184,8 @@ def fleet_table(rows: list[FleetRow], start: float, end: float, fixed: bool):
                         **{"data-verdict": r.verdict},
                     ),
                     html.Td(components.verdict_title(r.worst_verdict or None) if r.worst_verdict else "–"),
-                    html.Td(_pct(r.kv_usage)),
-                    html.Td(_ms(r.itl_p95)),
+                    html.Td(fmt_pct(r.kv_usage, missing=MISSING)),
+                    html.Td(fmt_ms(r.itl_p95, missing=MISSING)),
                     html.Td("–" if not math.isfinite(r.preemption_rate) else f"{r.preemption_rate:.2f}/s"),
                 ],
                 className="fleet-row",

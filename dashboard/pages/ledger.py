@@ -10,26 +10,30 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import asdict
 
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
 from kvdoctor.dashboard import components, ids, ledger_view
-from kvdoctor.rules.ledger import (
-    COMMON_MODELS,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_HOST_BANDWIDTH,
-    GPU_CATALOGUE,
-    ModelShape,
-)
+from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH, GPU_CATALOGUE
+from kvdoctor.rules.model import COMMON_MODELS, ModelShape, load_model_shape
+from kvdoctor.rules.units import fmt_bytes_exact, fmt_ms, fmt_number
 
 PATH = "/ledger"
 UPLOADED = "__uploaded__"
 MAX_UPLOAD_BYTES = 1_000_000
 DEFAULT_MODEL = "Llama-3.1-8B" if "Llama-3.1-8B" in COMMON_MODELS else next(iter(COMMON_MODELS))
 DEFAULT_GPU = "H100" if "H100" in GPU_CATALOGUE else next(iter(GPU_CATALOGUE))
+# The form's plain inputs, in ``compute``'s argument order (after the model and the uploaded shape).
+FORM_INPUTS = (
+    ids.LEDGER_GPU,
+    ids.LEDGER_CONTEXT,
+    ids.LEDGER_BATCH,
+    ids.LEDGER_KV_DTYPE,
+    ids.LEDGER_HOST_BANDWIDTH,
+    ids.LEDGER_GPU_MEMORY_UTILIZATION,
+)
 
 
 def register(app: dash.Dash) -> None:
@@ -45,18 +49,10 @@ def register(app: dash.Dash) -> None:
         prevent_initial_call=True,
     )(read_upload)
     app.callback(
-        Output(ids.LEDGER_RESULT, "children"),
-        Output(ids.LEDGER_WHAT_IF, "children"),
-        Output(ids.LEDGER_OFFLOAD, "children"),
-        Output(ids.LEDGER_ERROR, "children"),
+        *(Output(i, "children") for i in (ids.LEDGER_RESULT, ids.LEDGER_WHAT_IF, ids.LEDGER_OFFLOAD, ids.LEDGER_ERROR)),
         Input(ids.LEDGER_MODEL, "value"),
         Input(ids.LEDGER_UPLOADED_SHAPE, "data"),
-        Input(ids.LEDGER_GPU, "value"),
-        Input(ids.LEDGER_CONTEXT, "value"),
-        Input(ids.LEDGER_BATCH, "value"),
-        Input(ids.LEDGER_KV_DTYPE, "value"),
-        Input(ids.LEDGER_HOST_BANDWIDTH, "value"),
-        Input(ids.LEDGER_GPU_MEMORY_UTILIZATION, "value"),
+        *(Input(i, "value") for i in FORM_INPUTS),
     )(compute)
 
 
@@ -174,16 +170,7 @@ def shape_from_upload(contents: str, filename: str | None) -> ModelShape:
         raise ValueError("the upload is not readable") from None
     if len(raw) > MAX_UPLOAD_BYTES:
         raise ValueError("config.json is larger than 1 MB")
-    try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError("config.json must be a JSON object")
-    name = None
-    if not config.get("_name_or_path") and filename:
-        name = filename.rsplit("/", 1)[-1]
-    return ModelShape.from_hf_config(config, name=name)
+    return load_model_shape(raw, default_name=filename.rsplit("/", 1)[-1] if filename else None)
 
 
 def read_upload(contents, filename, options):
@@ -207,20 +194,6 @@ def read_upload(contents, filename, options):
     options = [o for o in (options or _model_options()) if o["value"] != UPLOADED]
     options.insert(0, {"label": f"uploaded: {shape.name}", "value": UPLOADED})
     return asdict(shape), status, options, UPLOADED
-
-
-def _bytes(v: float) -> str:
-    if v < 1e6:
-        return f"{v:,.0f} B ({v / 1024:,.1f} KiB)"
-    return f"{v / 1e9:,.2f} GB"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.2f} ms"
-
-
-def _rate(v: float) -> str:
-    return f"{v:,.1f} tokens/s"
 
 
 def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memory_utilization):
@@ -258,17 +231,17 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
                 f"{r.model.name}: {r.model.num_layers} layers, {r.model.num_kv_heads} KV heads x head dim "
                 f"{r.model.head_dim}, {r.model.dtype}",
             ),
-            ("weights", _bytes(led.weight_bytes)),
-            ("KV bytes per token", _bytes(led.kv_bytes_per_token)),
-            ("total KV (context x batch)", _bytes(led.live_kv_bytes)),
+            ("weights", fmt_bytes_exact(led.weight_bytes)),
+            ("KV bytes per token", fmt_bytes_exact(led.kv_bytes_per_token)),
+            ("total KV (context x batch)", fmt_bytes_exact(led.live_kv_bytes)),
             (
                 "KV pool on this GPU",
-                f"{_bytes(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
+                f"{fmt_bytes_exact(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
                 f"room for {b.max_batch:,} sequences of this context)",
             ),
-            ("decode step floor", _ms(led.step_floor_seconds)),
-            ("tokens/s ceiling per sequence", _rate(led.tokens_per_second_per_sequence)),
-            ("tokens/s ceiling, whole batch", _rate(led.tokens_per_second_total)),
+            ("decode step floor", fmt_ms(led.step_floor_seconds, 2, grouping=True)),
+            ("tokens/s ceiling per sequence", fmt_number(led.tokens_per_second_per_sequence, "tokens/s")),
+            ("tokens/s ceiling, whole batch", fmt_number(led.tokens_per_second_total, "tokens/s")),
         ],
         class_name="kv-table ledger-table",
     )
@@ -279,11 +252,11 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
             [
                 c.label,
                 html.Code(c.flag) if c.flag else "–",
-                _bytes(c.ledger.kv_bytes_per_token),
-                _bytes(c.ledger.live_kv_bytes),
+                fmt_bytes_exact(c.ledger.kv_bytes_per_token),
+                fmt_bytes_exact(c.ledger.live_kv_bytes),
                 "yes" if c.fits else "no",
-                _ms(c.ledger.step_floor_seconds),
-                _rate(c.ledger.tokens_per_second_per_sequence),
+                fmt_ms(c.ledger.step_floor_seconds, 2, grouping=True),
+                fmt_number(c.ledger.tokens_per_second_per_sequence, "tokens/s"),
                 "–" if c is b else f"{c.tokens_per_second_ratio:.2f}x tokens/s",
             ]
             for c in [b, *r.what_if]
@@ -296,18 +269,19 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
         ("bandwidth host -> GPU", f"{o.link_bandwidth / 1e9:,.1f} GB/s (min of host memory and PCIe)"),
         (
             "loading one sequence's context from the host",
-            f"{_ms(o.prefix_load_seconds)} ({o.prefix_load_steps:,.1f} decode steps)",
+            f"{fmt_ms(o.prefix_load_seconds, 2, grouping=True)} ({o.prefix_load_steps:,.1f} decode steps)",
         ),
     ]
     if o.overflow_bytes <= 0:
         verdict = html.P("The KV fits in the GPU's pool: nothing needs to live on the host.", className="offload-ok")
     else:
         rows = [
-            ("KV beyond the GPU pool", _bytes(o.overflow_bytes)),
-            ("transfer time per step", _ms(o.transfer_seconds_per_step)),
-            ("decode step (floor)", _ms(o.step_seconds)),
+            ("KV beyond the GPU pool", fmt_bytes_exact(o.overflow_bytes)),
+            ("transfer time per step", fmt_ms(o.transfer_seconds_per_step, 2, grouping=True)),
+            ("decode step (floor)", fmt_ms(o.step_seconds, 2, grouping=True)),
             ("prefetch hit rate needed", f"{o.prefetch_hit_rate_needed:.1%}"),
-        ] + rows
+            *rows,
+        ]
         verdict = (
             html.P(
                 "Offload can hide behind the step: the transfer takes less than one decode step.",

@@ -7,8 +7,8 @@ Data flow (STYLE.md):
                  then LIVE_ROUTED = the tick applied, which the gate waits for
     LIVE_DIAGNOSIS -> render_banner;  LIVE_HEALTH -> render_badge
 
-Figures and extendData payloads are made on the server by figures.py; the two browser functions
-(assets/kvdoctor.js) only gate and route. What the browser already holds (the last timestamp,
+Figures and extendData payloads are made on the server (charts.py, figures.py); the two browser
+functions (assets/kvdoctor.js) only gate and route. What the browser already holds (the last timestamp,
 what each figure is made of) lives in the LIVE_CURSOR store, so the server keeps no state. On a
 failed fetch the charts get no points (only the tick, for the gate) and keep what they have; the
 badge turns stale.
@@ -26,7 +26,7 @@ import dash
 import numpy as np
 from dash import ClientsideFunction, Input, Output, State, dcc, html, no_update
 
-from kvdoctor.dashboard import components, derive, figures, ids, promql
+from kvdoctor.dashboard import charts, components, derive, figures, ids, promql
 from kvdoctor.dashboard.sources import (
     SourceError,
     backend,
@@ -35,13 +35,14 @@ from kvdoctor.dashboard.sources import (
     now,
     prometheus_diagnosis,
 )
+from kvdoctor.rules.knee import detect_knee
 
 PATH = "/"
 GRAPHS = (
-    (figures.KV_LATENCY, ids.LIVE_GRAPH_KV_LATENCY),
-    (figures.BANDWIDTH, ids.LIVE_GRAPH_BANDWIDTH),
-    (figures.TRANSFERS, ids.LIVE_GRAPH_TRANSFERS),
-    (figures.ITL_KV, ids.LIVE_GRAPH_ITL_KV),
+    (charts.KV_LATENCY, ids.LIVE_GRAPH_KV_LATENCY),
+    (charts.BANDWIDTH, ids.LIVE_GRAPH_BANDWIDTH),
+    (charts.TRANSFERS, ids.LIVE_GRAPH_TRANSFERS),
+    (charts.ITL_KV, ids.LIVE_GRAPH_ITL_KV),
 )
 CHART_ORDER = [chart for chart, _ in GRAPHS]  # the order of routeCharts' outputs
 HISTORY_RANGES = (("last 1 h", 3600), ("last 6 h", 6 * 3600), ("last 24 h", 24 * 3600))
@@ -131,54 +132,33 @@ def layout(**params) -> html.Div:
     ranges = range_options(s.live_seconds, b.prometheus is not None)
     default_range = f"live:{min(900, s.live_seconds)}"  # always among the options: see range_options
     if history:
-        ranges = [{"label": "from the Fleet link", "value": "fixed"}] + ranges
+        ranges = [{"label": "from the Fleet link", "value": "fixed"}, *ranges]
         default_range = "fixed"
 
     controls = [
-        html.Label(
-            [
-                "target",
-                dcc.Dropdown(
-                    id=ids.LIVE_TARGET,
-                    options=[{"label": "All engines and GPUs", "value": ""}],
-                    value=derive.format_target(derive.parse_target(params.get("target"))),
-                    clearable=False,
-                    className="picker",
-                ),
-            ]
-        ),
+        components.picker(
+            "target",
+            ids.LIVE_TARGET,
+            [{"label": "All engines and GPUs", "value": ""}],
+            derive.format_target(derive.parse_target(params.get("target"))),
+        )
     ]
     if b.prometheus is not None:
         controls.append(
-            html.Label(
-                [
-                    "exporter",
-                    dcc.Dropdown(
-                        id=ids.LIVE_INSTANCE,
-                        options=instance_options,
-                        value=instance,
-                        clearable=False,
-                        className="picker wide",
-                        placeholder=instance_error or "no exporter found",
-                    ),
-                ]
+            components.picker(
+                "exporter",
+                ids.LIVE_INSTANCE,
+                instance_options,
+                instance,
+                wide=True,
+                placeholder=instance_error or "no exporter found",
             )
         )
     else:  # exporter only: nothing to pick, but the callback reads the value
         controls.append(
             html.Div(dcc.Dropdown(id=ids.LIVE_INSTANCE, options=[], value=EXPORTER_INSTANCE), style={"display": "none"})
         )
-    controls.append(
-        html.Label(
-            [
-                "range",
-                dcc.Dropdown(
-                    id=ids.LIVE_RANGE, options=ranges, value=default_range, clearable=False, className="picker"
-                ),
-            ]
-        )
-    )
-    controls.append(html.Div(components.badge(None), id=ids.LIVE_BADGE, className="badge-slot"))
+    controls.append(components.picker("range", ids.LIVE_RANGE, ranges, default_range))
 
     # The verdict is what on-call came for: put it in the first paint instead of waiting for the
     # charts' first fetch (the browser is busy loading Plotly for seconds on a slow machine).
@@ -193,20 +173,9 @@ def layout(**params) -> html.Div:
         pass
     return html.Div(
         [
-            html.Div(controls, className="controls"),
+            components.controls_bar(controls, ids.LIVE_BADGE, components.badge(None)),
             html.Div(components.banner(first_diagnosis, notes), id=ids.LIVE_BANNER),
-            html.Div(
-                [
-                    dcc.Graph(
-                        id=graph_id,
-                        figure=figures.placeholder_figure("loading…"),
-                        config={"displaylogo": False},
-                        className="chart",
-                    )
-                    for _, graph_id in GRAPHS
-                ],
-                className="charts",
-            ),
+            components.chart_grid([graph_id for _, graph_id in GRAPHS], config={"displaylogo": False}),
             dcc.Interval(
                 id=ids.LIVE_INTERVAL, interval=int(s.refresh_seconds * 1000), n_intervals=0, disabled=bool(history)
             ),
@@ -263,10 +232,7 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
             raise SourceError("history and other exporters need --prometheus")
         if not instance:
             raise SourceError("history comes from Prometheus: pick one of its exporters")
-        if range_value == "fixed" and history:
-            end = history["to"]
-        else:
-            end = clock
+        end = history["to"] if range_value == "fixed" and history else clock
         if is_history:
             step = promql.range_step(span, s.oversampling * s.max_points)
         else:
@@ -290,31 +256,31 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
             # The diagnosis' knee covers its last minute; a range shows its own knee.
             chart_diagnosis = dict(got.diagnosis or {}, knee=history_knee(got.frame))
         if full:
-            charts = figures.live_charts(got.frame, chart_diagnosis)
-            sigs = {c: figures.signature(d) for c, d in charts.items()}
+            chart_data = charts.live_charts(got.frame, chart_diagnosis)
+            sigs = charts.signatures(chart_data)
         else:
             # Only the points the browser does not have yet (the fetch reaches further back, for
             # the rate window); their figures must be made of the same traces, else rebuild.
             mask = got.frame.ts > last
             if np.any(mask):
-                charts = figures.live_charts(derive.slice_frame(got.frame, mask), chart_diagnosis)
-                sigs = {c: figures.signature(d) for c, d in charts.items()}
+                chart_data = charts.live_charts(derive.slice_frame(got.frame, mask), chart_diagnosis)
+                sigs = charts.signatures(chart_data)
             else:  # nothing new to append, but the knee or the sources may have changed
-                charts = None
+                chart_data = None
                 probe = (
-                    figures.live_charts(
+                    charts.live_charts(
                         derive.slice_frame(got.frame, got.frame.ts >= got.frame.ts.max()), chart_diagnosis
                     )
                     if len(got.frame)
                     else None
                 )
-                sigs = {c: figures.signature(d) for c, d in probe.items()} if probe else cursor.get("sigs")
+                sigs = charts.signatures(probe) if probe else cursor.get("sigs")
             if sigs != cursor.get("sigs"):
                 full = True  # something new to draw (a GPU, the knee, the floor): rebuild, do not append
                 got = get(True)
                 chart_diagnosis = got.diagnosis
-                charts = figures.live_charts(got.frame, chart_diagnosis)
-                sigs = {c: figures.signature(d) for c, d in charts.items()}
+                chart_data = charts.live_charts(got.frame, chart_diagnosis)
+                sigs = charts.signatures(chart_data)
     except SourceError as exc:
         health = {"ok": False, "error": str(exc), "newest": previous_newest, "history": False}
         return _no_points(tick), no_update, no_update, health, no_update, no_update
@@ -322,9 +288,11 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
     if full:
         # History shares a points budget per chart (drawing speed); live charts keep every point.
         budget = s.max_chart_points if is_history else None
-        data = chart_payload({c: figures.downsample(d, s.max_points, budget) for c, d in charts.items()}, True, 0, tick)
-    elif charts:
-        data = chart_payload(charts, False, s.live_points_cap, tick)
+        data = chart_payload(
+            {c: charts.downsample(d, s.max_points, budget) for c, d in chart_data.items()}, True, 0, tick
+        )
+    elif chart_data:
+        data = chart_payload(chart_data, False, s.live_points_cap, tick)
     else:
         data = _no_points(tick)
     newest_ts = float(got.frame.ts[-1]) if len(got.frame) else last
@@ -367,12 +335,10 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
 
 def history_knee(frame) -> dict | None:
     """The rules' knee detection on a range's (KV usage, mean ITL) pairs."""
-    from kvdoctor.rules.knee import detect_knee
-
     return detect_knee(frame.kv_usage, frame.itl_mean).to_json()
 
 
-def chart_payload(charts: dict, full: bool, cap: int, tick: int) -> dict:
+def chart_payload(chart_data: dict, full: bool, cap: int, tick: int) -> dict:
     """What the chart router in the browser applies: whole figures, or ``extendData`` per graph.
 
     ``tick`` goes back to the browser's gate once the charts have taken the points (LIVE_ROUTED).
@@ -382,13 +348,13 @@ def chart_payload(charts: dict, full: bool, cap: int, tick: int) -> dict:
             "mode": "full",
             "order": CHART_ORDER,
             "tick": tick,
-            "figures": {c: figures.build(c, charts[c]) for c in CHART_ORDER},
+            "figures": {c: figures.build(c, chart_data[c]) for c in CHART_ORDER},
         }
     return {
         "mode": "extend",
         "order": CHART_ORDER,
         "tick": tick,
-        "extend": {c: figures.extension(charts[c], cap) for c in CHART_ORDER},
+        "extend": {c: charts.extension(chart_data[c], cap) for c in CHART_ORDER},
     }
 
 

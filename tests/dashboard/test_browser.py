@@ -13,36 +13,17 @@ import time
 import pytest
 
 from kvdoctor.dashboard.app import create_app, serve_in_thread
-from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
-from tests import tools
-from tests.dashboard.browser import Page, chromium_browser
-from tests.dashboard.synthetic import SCENARIOS, FakeExporter, FakePrometheus, SyntheticEngine
+from kvdoctor.rules.ledger import GPU_CATALOGUE
+from kvdoctor.rules.model import COMMON_MODELS
+from tests.support import tools
+from tests.support.browser import Page
+from tests.support.synthetic import SCENARIOS, FakeExporter, SyntheticEngine, fake_fleet
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, tools.requires_chromium, pytest.mark.timeout(240)]
 
 # Room for a busy machine (Chromium rendering shares the CPUs with everything else); the
 # acceptance bar, a verdict within 10 s, is checked against the real demo (test_demo_browser.py).
 SLOW_MS = 30_000
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium_browser(tools.require("chromium")) as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser):
-    opened = []
-
-    def open_page(base_url: str) -> Page:
-        p = Page(browser, base_url)
-        opened.append(p)
-        return p
-
-    yield open_page
-    for p in opened:
-        p.close()
 
 
 @pytest.fixture
@@ -72,10 +53,7 @@ def fake_exporter():
 
     yield make
     for fake in made:
-        try:
-            fake.stop()
-        except OSError:
-            pass
+        fake.stop()
 
 
 def _wait_for_verdict(p: Page, verdict: str, timeout_ms: int = SLOW_MS):
@@ -101,10 +79,10 @@ def _wait_for_charts(p: Page, timeout_s: float = SLOW_MS / 1000) -> list[list[in
 
 
 @pytest.mark.parametrize("scenario", ["thrashing", "bandwidth", "healthy"])
-def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_exporter, page):
+def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_exporter, open_page):
     exporter = fake_exporter(scenario)
     handle = served(exporter_url=exporter.url)
-    p = page(handle.url)
+    p = open_page(handle.url)
     p.goto("/")
     _wait_for_verdict(p, SCENARIOS[scenario].verdict)  # the 10 s bar is checked on the real demo
 
@@ -126,10 +104,10 @@ def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_expo
     assert p.errors == []
 
 
-def test_stale_badge_when_the_exporter_goes_away(served, fake_exporter, page):
+def test_stale_badge_when_the_exporter_goes_away(served, fake_exporter, open_page):
     exporter = fake_exporter("thrashing", gpus=2)
     handle = served(exporter_url=exporter.url)
-    p = page(handle.url)
+    p = open_page(handle.url)
     p.goto("/")
     _wait_for_verdict(p, "kv_thrashing")
     before = _wait_for_charts(p)
@@ -148,7 +126,7 @@ def test_stale_badge_when_the_exporter_goes_away(served, fake_exporter, page):
     assert p.errors == []
 
 
-def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter, page):
+def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter, open_page):
     """Each window request takes 1.5 s against a 1 s refresh: the browser must wait for each answer
     instead of firing a new request every second (Dash would drop every answer but the last), and
     wait until the charts have taken it: a tick landing between the first answer and the charts'
@@ -158,10 +136,11 @@ def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter
     # Slower than the refresh, not than the request timeout (2 s by default: a loaded machine can
     # spend the 0.5 s left over building and sending the window, and then nothing ever arrives).
     url = served(exporter_url=exporter.url, environ={"KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "10"}).url
-    for load in range(3):
-        if load:
+    p = None
+    for _ in range(3):
+        if p is not None:
             p.close()  # its polling would add to the requests counted below
-        p = page(url)
+        p = open_page(url)
         asked_before = len(exporter.requests)
         p.goto("/")
         first = _wait_for_charts(p)
@@ -176,10 +155,10 @@ def test_an_exporter_slower_than_the_refresh_still_updates(served, fake_exporter
     assert p.errors == []
 
 
-def test_source_down_badge(served, fake_exporter, page):
+def test_source_down_badge(served, fake_exporter, open_page):
     exporter = fake_exporter("healthy", gpus=1)
     exporter.sources_down = {"nvml": "NVML library not found"}
-    p = page(served(exporter_url=exporter.url).url)
+    p = open_page(served(exporter_url=exporter.url).url)
     p.goto("/")
     badge = p.page.locator("#live-badge .badge[data-state='source-down']")
     badge.wait_for(timeout=SLOW_MS)
@@ -196,8 +175,8 @@ def _ledger_value(p: Page, row: str) -> str:
     return p.page.locator(f"table.ledger-table tr:has(th:text-is('{row}')) td").inner_text()
 
 
-def test_ledger_computes_the_known_model(served, page, tmp_path):
-    p = page(served(exporter_url="http://127.0.0.1:9").url)
+def test_ledger_computes_the_known_model(served, open_page, tmp_path):
+    p = open_page(served(exporter_url="http://127.0.0.1:9").url)
     p.goto("/ledger")
     p.page.wait_for_selector("table.ledger-table")
     _set_number(p, "ledger-context", 8192)
@@ -220,18 +199,12 @@ def test_ledger_computes_the_known_model(served, page, tmp_path):
     assert p.errors == []
 
 
-def test_fleet_ranks_targets_and_a_click_opens_live(served, page):
-    now = time.time()
-    prometheus = FakePrometheus(
-        {
-            "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 3700, gpus=2),
-            "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 3700, gpus=2),
-            "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 3700, gpus=2),
-        },
-        pods={"10.0.0.1:9745": "chat-0", "10.0.0.2:9745": "chat-1", "10.0.0.3:9745": "summarise-0"},
-    )
+def test_fleet_ranks_targets_and_a_click_opens_live(served, open_page):
+    targets = {"10.0.0.1:9745": "healthy", "10.0.0.2:9745": "thrashing", "10.0.0.3:9745": "bandwidth"}
+    pods = {"10.0.0.1:9745": "chat-0", "10.0.0.2:9745": "chat-1", "10.0.0.3:9745": "summarise-0"}
+    prometheus = fake_fleet(targets, age=3700, gpus=2, pods=pods)
     try:
-        p = page(served(prometheus_url=prometheus.url).url)
+        p = open_page(served(prometheus_url=prometheus.url).url)
         p.goto("/fleet")
         p.page.wait_for_selector("table.fleet tbody tr", timeout=SLOW_MS)
         rows = p.page.locator("table.fleet tbody tr")

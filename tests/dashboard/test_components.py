@@ -9,7 +9,7 @@ import pytest
 
 from kvdoctor.dashboard import components, derive
 from kvdoctor.dashboard.pages import live
-from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, diagnosis_for
+from tests.support.synthetic import SCENARIOS, SyntheticEngine, diagnosis_for
 
 
 def _text(component) -> str:

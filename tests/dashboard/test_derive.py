@@ -11,7 +11,7 @@ from kvdoctor.dashboard import derive
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.stats import histogram_quantile_rows
 from kvdoctor.rules.window import Window, labels_of
-from tests.dashboard.synthetic import ENGINE, SCENARIOS, SyntheticEngine
+from tests.support.synthetic import ENGINE, SCENARIOS, SyntheticEngine
 
 INF = math.inf
 
@@ -119,9 +119,7 @@ def test_target_options_list_engines_and_gpus():
     window = SyntheticEngine(SCENARIOS["healthy"], t0=0.0, gpus=3).window(0.0, 5.0)
     options = derive.target_options(window.series.keys())
     assert [o.value for o in options] == ["", "gpu=0", "gpu=1", "gpu=2"]  # one engine: no engine entry
-    two_engines = list(window.series.keys()) + [
-        (S.KV_CACHE_USAGE, labels_of(engine="vllm", model_name="tiny", dp_rank="1"))
-    ]
+    two_engines = [*window.series.keys(), (S.KV_CACHE_USAGE, labels_of(engine="vllm", model_name="tiny", dp_rank="1"))]
     values = [o.value for o in derive.target_options(two_engines)]
     assert "engine=vllm&model_name=tiny" in values and "engine=vllm&model_name=tiny&dp_rank=1" in values
 

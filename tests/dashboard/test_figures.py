@@ -9,8 +9,8 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from kvdoctor.dashboard import derive, figures
-from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, diagnosis_for
+from kvdoctor.dashboard import charts, derive, figures
+from tests.support.synthetic import SCENARIOS, SyntheticEngine, diagnosis_for
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,9 @@ def frame():
 
 
 @pytest.fixture(scope="module")
-def charts(frame):
-    return figures.live_charts(frame, diagnosis_for(SCENARIOS["thrashing"]))
+def live(frame):
+    """The Live charts' data of a thrashing engine with 8 GPUs."""
+    return charts.live_charts(frame, diagnosis_for(SCENARIOS["thrashing"]))
 
 
 @pytest.mark.parametrize(
@@ -31,28 +32,28 @@ def charts(frame):
     ],
 )
 def test_compact_rounds_to_significant_digits_and_nulls_gaps(values, expected):
-    assert figures.compact(values) == expected
+    assert charts.compact(values) == expected
 
 
 def test_compact_prints_short():
-    assert json.dumps(figures.compact([0.1 + 0.2, 1e-7 * 3, 123456789.0])) == "[0.3, 3e-07, 123500000.0]"
+    assert json.dumps(charts.compact([0.1 + 0.2, 1e-7 * 3, 123456789.0])) == "[0.3, 3e-07, 123500000.0]"
 
 
-def test_live_charts_have_the_guides_traces(charts):
-    names = {c: [t["name"] for t in d["traces"]] for c, d in charts.items()}
-    assert names[figures.KV_LATENCY] == ["KV cache usage (%)", "ITL p50 (ms)", "ITL p95 (ms)"]
-    assert len(names[figures.BANDWIDTH]) == 16  # DRAM and SM for each of 8 GPUs
-    assert names[figures.TRANSFERS][0] == "preemptions/s"
-    assert charts[figures.ITL_KV]["extras"]["x_unit"] == "tokens"
-    kv = charts[figures.KV_LATENCY]["traces"][0]["y"]
+def test_live_charts_have_the_guides_traces(live):
+    names = {c: [t["name"] for t in d["traces"]] for c, d in live.items()}
+    assert names[charts.KV_LATENCY] == ["KV cache usage (%)", "ITL p50 (ms)", "ITL p95 (ms)"]
+    assert len(names[charts.BANDWIDTH]) == 16  # DRAM and SM for each of 8 GPUs
+    assert names[charts.TRANSFERS][0] == "preemptions/s"
+    assert live[charts.ITL_KV]["extras"]["x_unit"] == "tokens"
+    kv = live[charts.KV_LATENCY]["traces"][0]["y"]
     assert 90 <= max(kv) <= 100  # a percentage, not a ratio
 
 
-@pytest.mark.parametrize("chart", figures.LIVE_CHARTS)
-def test_every_figure_is_valid_plotly(charts, chart):
-    fig = figures.build(chart, charts[chart])
+@pytest.mark.parametrize("chart", charts.LIVE_CHARTS)
+def test_every_figure_is_valid_plotly(live, chart):
+    fig = figures.build(chart, live[chart])
     go.Figure(fig)  # raises on any property Plotly does not know
-    assert len(fig["data"]) >= len(charts[chart]["traces"])
+    assert len(fig["data"]) >= len(live[chart]["traces"])
     json.dumps(fig)  # what Dash sends must be plain JSON
 
 
@@ -62,20 +63,20 @@ def test_other_figures_are_valid_plotly():
     go.Figure(figures.fleet_history_figure("ITL p95", "ms", []))
 
 
-def test_knee_is_drawn_on_both_latency_charts(charts):
-    kv_fig = figures.build(figures.KV_LATENCY, charts[figures.KV_LATENCY])
+def test_knee_is_drawn_on_both_latency_charts(live):
+    kv_fig = figures.build(charts.KV_LATENCY, live[charts.KV_LATENCY])
     assert kv_fig["layout"]["shapes"][0]["y0"] == pytest.approx(90.0)  # knee at KV 0.9
     assert "jumps" in kv_fig["layout"]["annotations"][0]["text"]
-    scatter = figures.build(figures.ITL_KV, charts[figures.ITL_KV])
+    scatter = figures.build(charts.ITL_KV, live[charts.ITL_KV])
     assert scatter["layout"]["shapes"][0]["x0"] == pytest.approx(90_000)  # 0.9 x 100k tokens
-    no_knee = figures.live_charts(
+    no_knee = charts.live_charts(
         derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], 0.0).window(0, 60)), diagnosis_for(SCENARIOS["healthy"])
     )
-    assert figures.build(figures.KV_LATENCY, no_knee[figures.KV_LATENCY])["layout"]["shapes"] == []
+    assert figures.build(charts.KV_LATENCY, no_knee[charts.KV_LATENCY])["layout"]["shapes"] == []
 
 
-def test_decode_floor_line_is_fitted_over_the_kv_range(frame, charts):
-    floor = charts[figures.ITL_KV]["extras"]["floor"]
+def test_decode_floor_line_is_fitted_over_the_kv_range(frame, live):
+    floor = live[charts.ITL_KV]["extras"]["floor"]
     assert floor["fit"] and floor["x"] == [0.0, 100_000.0]
     # The synthetic floor is (16 GB + tokens x 128 KiB) / 3.35 TB/s.
     assert floor["y"][0] == pytest.approx(16e9 / 3.35e12 * 1000, rel=1e-2)
@@ -84,33 +85,33 @@ def test_decode_floor_line_is_fitted_over_the_kv_range(frame, charts):
 
 def test_no_floor_without_the_model_shape():
     engine = SyntheticEngine(SCENARIOS["healthy"], t0=0.0, with_floor=False)
-    charts = figures.live_charts(derive.live_frame(engine.window(0, 60)))
-    assert charts[figures.ITL_KV]["extras"]["floor"] is None
-    assert len(figures.build(figures.ITL_KV, charts[figures.ITL_KV])["data"]) == 1
+    live = charts.live_charts(derive.live_frame(engine.window(0, 60)))
+    assert live[charts.ITL_KV]["extras"]["floor"] is None
+    assert len(figures.build(charts.ITL_KV, live[charts.ITL_KV])["data"]) == 1
 
 
-def test_extension_appends_the_same_traces_with_a_cap(frame, charts):
-    part = figures.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-3]))
-    payload, indices, cap = figures.extension(part[figures.BANDWIDTH], 900)
+def test_extension_appends_the_same_traces_with_a_cap(frame, live):
+    part = charts.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-3]))
+    payload, indices, cap = charts.extension(part[charts.BANDWIDTH], 900)
     assert indices == list(range(16)) and cap == 900
     assert len(payload["x"]) == 16 and all(len(x) == 2 for x in payload["x"])
-    assert payload["x"][0] == charts[figures.BANDWIDTH]["traces"][0]["x"][-2:]
-    assert figures.extension({"traces": [], "extras": {}}, 10) is None
+    assert payload["x"][0] == live[charts.BANDWIDTH]["traces"][0]["x"][-2:]
+    assert charts.extension({"traces": [], "extras": {}}, 10) is None
 
 
 def test_signature_changes_with_what_is_drawn_not_with_new_points(frame):
     diagnosis = diagnosis_for(SCENARIOS["thrashing"])
-    whole = figures.live_charts(frame, diagnosis)
-    tail = figures.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-5]), diagnosis)
-    for chart in figures.LIVE_CHARTS:
-        assert figures.signature(whole[chart]) == figures.signature(tail[chart])
+    whole = charts.live_charts(frame, diagnosis)
+    tail = charts.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-5]), diagnosis)
+    for chart in charts.LIVE_CHARTS:
+        assert charts.signature(whole[chart]) == charts.signature(tail[chart])
     moved = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.7})
-    assert figures.signature(figures.live_charts(frame, moved)[figures.KV_LATENCY]) != figures.signature(
-        whole[figures.KV_LATENCY]
+    assert charts.signature(charts.live_charts(frame, moved)[charts.KV_LATENCY]) != charts.signature(
+        whole[charts.KV_LATENCY]
     )
     wobble = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.9049})
-    assert figures.signature(figures.live_charts(frame, wobble)[figures.KV_LATENCY]) == figures.signature(
-        whole[figures.KV_LATENCY]
+    assert charts.signature(charts.live_charts(frame, wobble)[charts.KV_LATENCY]) == charts.signature(
+        whole[charts.KV_LATENCY]
     )
 
 
@@ -120,8 +121,8 @@ def test_downsample_caps_points_and_keeps_the_extremes():
     y = np.sin(np.arange(n) / 500.0)
     y[40_000] = 25.0  # one spike
     y[50_000:50_100] = np.nan  # one gap
-    data = {"traces": [{"name": "a", "kind": "p95", "group": "", "x": x, "y": figures.compact(y)}], "extras": {}}
-    out = figures.downsample(data, 2000)["traces"][0]
+    data = {"traces": [{"name": "a", "kind": "p95", "group": "", "x": x, "y": charts.compact(y)}], "extras": {}}
+    out = charts.downsample(data, 2000)["traces"][0]
     assert len(out["x"]) <= 2000
     assert 25.0 in out["y"] and None in out["y"]
     assert out["x"] == sorted(out["x"])
@@ -135,27 +136,27 @@ def test_traces_share_a_chart_budget():
             "kind": "dram",
             "group": str(i),
             "x": x,
-            "y": figures.compact(np.sin(np.arange(len(x)) / 50 + i)),
+            "y": charts.compact(np.sin(np.arange(len(x)) / 50 + i)),
         }
         for i in range(16)
     ]
-    out = figures.downsample({"traces": traces, "extras": {}}, 2000, chart_budget=8000)["traces"]
+    out = charts.downsample({"traces": traces, "extras": {}}, 2000, chart_budget=8000)["traces"]
     assert all(len(t["x"]) <= 500 for t in out)  # 8,000 / 16
-    few = figures.downsample({"traces": traces[:2], "extras": {}}, 2000, chart_budget=8000)["traces"]
+    few = charts.downsample({"traces": traces[:2], "extras": {}}, 2000, chart_budget=8000)["traces"]
     assert all(len(t["x"]) <= 2000 and len(t["x"]) > 1500 for t in few)
-    many = figures.downsample({"traces": traces * 4, "extras": {}}, 2000, chart_budget=8000)["traces"]
-    assert all(len(t["x"]) <= figures.MIN_POINTS_PER_TRACE for t in many)  # never below the floor
+    many = charts.downsample({"traces": traces * 4, "extras": {}}, 2000, chart_budget=8000)["traces"]
+    assert all(len(t["x"]) <= charts.MIN_POINTS_PER_TRACE for t in many)  # never below the floor
 
 
-def test_scatters_keep_fewer_points(charts):
+def test_scatters_keep_fewer_points(live):
     long = derive.live_frame(SyntheticEngine(SCENARIOS["thrashing"], t0=0.0, gpus=1).window(0.0, 1500.0))
-    scatter = figures.live_charts(long)[figures.ITL_KV]
+    scatter = charts.live_charts(long)[charts.ITL_KV]
     assert len(scatter["traces"][0]["x"]) > 1400
-    cut = figures.downsample(scatter, 2000)["traces"][0]
-    assert 10 <= len(cut["x"]) <= figures.MAX_SCATTER_POINTS
+    cut = charts.downsample(scatter, 2000)["traces"][0]
+    assert 10 <= len(cut["x"]) <= charts.MAX_SCATTER_POINTS
     assert max(cut["y"]) == max(scatter["traces"][0]["y"])  # the worst latency is still drawn
-    assert figures.extension(scatter, 900)[2] == figures.MAX_SCATTER_POINTS
-    assert figures.extension(charts[figures.KV_LATENCY], 900)[2] == 900
+    assert charts.extension(scatter, 900)[2] == charts.MAX_SCATTER_POINTS
+    assert charts.extension(live[charts.KV_LATENCY], 900)[2] == 900
 
 
 def test_scatter_thinning_keeps_an_outlier_an_even_sample_drops():
@@ -164,14 +165,14 @@ def test_scatter_thinning_keeps_an_outlier_an_even_sample_drops():
     y = 20 + 0.0002 * x + rng.normal(0, 1, 4_000)
     y[1_234] = 200.0  # one slow token, once
     x[2_345] = 90_000.0  # the fullest the cache got
-    even = np.linspace(0, len(x) - 1, figures.MAX_SCATTER_POINTS).round().astype(int)
+    even = np.linspace(0, len(x) - 1, charts.MAX_SCATTER_POINTS).round().astype(int)
     assert 1_234 not in even and 2_345 not in even  # what the even sample used to lose
-    keep = figures.thin_scatter(x, y)
+    keep = charts.thin_scatter(x, y)
     assert 1_234 in keep and 2_345 in keep
     assert {int(np.argmin(x)), int(np.argmin(y))} <= set(keep.tolist())
     assert len(keep) < 600 and list(keep) == sorted(keep)
     # What a cell drops lies under a kept marker: every point is within a cell of one kept.
-    cell_x, cell_y = (x.max() - 0) / figures.SCATTER_GRID[0], (y.max() - 0) / figures.SCATTER_GRID[1]
+    cell_x, cell_y = (x.max() - 0) / charts.SCATTER_GRID[0], (y.max() - 0) / charts.SCATTER_GRID[1]
     near = (np.abs(x[:, None] - x[keep][None, :]) <= cell_x) & (np.abs(y[:, None] - y[keep][None, :]) <= cell_y)
     assert near.any(axis=1).all()
 
@@ -179,19 +180,19 @@ def test_scatter_thinning_keeps_an_outlier_an_even_sample_drops():
 def test_scatter_thinning_is_bounded_and_skips_gaps():
     rng = np.random.default_rng(3)
     x, y = rng.uniform(0, 1, 50_000), rng.uniform(0, 1, 50_000)  # a cloud that fills the plot
-    keep = figures.thin_scatter(x, y, limit=400)
+    keep = charts.thin_scatter(x, y, limit=400)
     assert 100 <= len(keep) <= 400
     x[:10] = np.nan
-    assert not set(figures.thin_scatter(x, y).tolist()) & set(range(10))
-    assert len(figures.thin_scatter(np.full(100, np.nan), np.ones(100))) == 0
+    assert not set(charts.thin_scatter(x, y).tolist()) & set(range(10))
+    assert len(charts.thin_scatter(np.full(100, np.nan), np.ones(100))) == 0
     data = {
         "traces": [{"name": "s", "kind": "itl_points", "group": "", "x": [1.0, None, 2.0], "y": [3.0, 4.0, None]}],
         "extras": {},
     }
-    assert figures.downsample(data, 2000)["traces"][0]["x"] == [1.0]
+    assert charts.downsample(data, 2000)["traces"][0]["x"] == [1.0]
 
 
 def test_knee_extras_ignores_an_empty_knee():
-    assert figures.knee_extras({"knee": {"kind": None, "kv_level": None}}) is None
-    assert figures.knee_extras({"knee": None}) is None
-    assert figures.knee_extras({"knee": {"kind": "jump", "kv_level": 0.873}}) == {"kind": "jump", "kv_level": 0.88}
+    assert charts.knee_extras({"knee": {"kind": None, "kv_level": None}}) is None
+    assert charts.knee_extras({"knee": None}) is None
+    assert charts.knee_extras({"knee": {"kind": "jump", "kv_level": 0.873}}) == {"kind": "jump", "kv_level": 0.88}

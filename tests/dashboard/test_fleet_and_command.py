@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,22 +11,17 @@ from kvdoctor.dashboard import components, ids, promql
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.derive import FleetRow
 from kvdoctor.dashboard.pages import fleet
-from kvdoctor.dashboard.sources import PrometheusClient, fetch_fleet
+from kvdoctor.dashboard.sources import fetch_fleet
 from kvdoctor.rules import signals as S
-from tests.dashboard.synthetic import SCENARIOS, FakePrometheus, SyntheticEngine
+from kvdoctor.sources.prometheus import PrometheusClient
+from tests.support.processes import kvdoctor
+from tests.support.synthetic import fake_fleet
 
 
 @pytest.fixture
 def prometheus():
-    now = time.time()
-    fake = FakePrometheus(
-        {
-            "10.0.0.1:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 4000, gpus=1),
-            "10.0.0.2:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 4000, gpus=1),
-            "10.0.0.3:9745": SyntheticEngine(SCENARIOS["bandwidth"], t0=now - 4000, gpus=1),
-        },
-        pods={"10.0.0.2:9745": "llama-2"},
-    )
+    targets = {"10.0.0.1:9745": "healthy", "10.0.0.2:9745": "thrashing", "10.0.0.3:9745": "bandwidth"}
+    fake = fake_fleet(targets, age=4000, gpus=1, pods={"10.0.0.2:9745": "llama-2"})
     yield fake
     fake.stop()
 
@@ -48,7 +41,7 @@ def test_fleet_page_callbacks_render_links_to_live(prometheus):
     app = create_app(prometheus_url=prometheus.url, environ={})
     with app.server.test_request_context("/fleet"):
         data, badge = fleet.fetch(0, 3600, "", None)
-        table, itl_fig, kv_fig = fleet.render(data)
+        table, itl_fig, _kv_fig = fleet.render(data)
     text = str(table)
     assert text.index("10.0.0.2:9745") < text.index("10.0.0.1:9745")
     assert "/?instance=10.0.0.2%3A9745" in text and "from=" in text  # live link and review link
@@ -183,20 +176,9 @@ def test_command_refuses_a_port_in_use(capsys):
 
 
 @pytest.mark.slow
-def test_command_serves_on_loopback_and_prints_its_url():
+def test_command_serves_on_loopback_and_prints_its_url(spawn):
     import httpx
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdoctor", "dashboard", "--exporter", "http://127.0.0.1:1", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith("kvdoctor dashboard: http://127.0.0.1:")
-        url = line.split(": ", 1)[1]
-        assert httpx.get(url, timeout=10).status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    dashboard = spawn(kvdoctor("dashboard", "--exporter", "http://127.0.0.1:1", "--port", "0", merge_stderr=False))
+    url = dashboard.wait_for_line(r"^kvdoctor dashboard: (http://127\.0\.0\.1:\S+)").group(1)
+    assert httpx.get(url, timeout=10).status_code == 200

@@ -9,7 +9,8 @@ import pytest
 
 from kvdoctor.dashboard import ledger_view
 from kvdoctor.dashboard.pages import ledger as page
-from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
+from kvdoctor.rules.ledger import GPU_CATALOGUE
+from kvdoctor.rules.model import COMMON_MODELS
 
 # Llama-3.1-8B: 32 layers, 8 KV heads, head dim 128, bf16 -> 2 x 32 x 8 x 128 x 2 bytes per token.
 LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
@@ -90,7 +91,7 @@ def test_an_uploaded_config_becomes_the_model():
     shape, status, options, value = page.read_upload(_upload(QWEN_LIKE), "config.json", None)
     assert value == page.UPLOADED and options[0] == {"label": "uploaded: my-model", "value": page.UPLOADED}
     assert "28 layers" in status and "4 KV heads" in status
-    result, what_if, offload, error = page.compute(page.UPLOADED, shape, "H100", 4096, 4, "auto", 300, 0.9)
+    result, _what_if, _offload, error = page.compute(page.UPLOADED, shape, "H100", 4096, 4, "auto", 300, 0.9)
     assert error is None
     assert "57,344 B" in str(result)  # 2 x 28 x 4 x 128 x 2 bytes per token
 
@@ -105,7 +106,7 @@ def test_an_uploaded_config_becomes_the_model():
     ],
 )
 def test_a_bad_upload_says_why_and_keeps_the_model(contents, message):
-    store, status, options, value = page.read_upload(contents, "config.json", None)
+    store, status, _options, value = page.read_upload(contents, "config.json", None)
     assert message in str(status)
     assert store is value is page.no_update
 

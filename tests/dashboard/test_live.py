@@ -7,11 +7,12 @@ import time
 import pytest
 from dash import no_update
 
-from kvdoctor.dashboard import figures
+from kvdoctor.dashboard import charts
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import live
-from kvdoctor.dashboard.sources import ExporterClient, SourceError
-from tests.dashboard.synthetic import SCENARIOS, FakeExporter, FakePrometheus, SyntheticEngine, diagnosis_for
+from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.http import SourceError
+from tests.support.synthetic import SCENARIOS, FakeExporter, SyntheticEngine, diagnosis_for, fake_fleet
 
 DATA, CURSOR, DIAGNOSIS, HEALTH, OPTIONS, DISABLED = range(6)
 
@@ -35,7 +36,7 @@ def _in_app(app, fn, *args):
 
 def test_exporter_client_reads_window_diagnosis_and_status(exporter):
     client = ExporterClient(exporter.url, timeout=2.0)
-    window, status = client.window(60)
+    window, status = client.window_and_sources(60)
     assert 55 <= len(window) <= 61 and set(status["sources"]) == {"engine", "nvml"}  # carried by the window
     assert client.diagnosis()["verdict"] == "kv_thrashing"
     assert set(client.status()["sources"]) == {"engine", "nvml"}
@@ -46,7 +47,7 @@ def test_exporter_client_reads_window_diagnosis_and_status(exporter):
 
 def test_exporter_client_names_an_unreachable_exporter():
     client = ExporterClient("http://127.0.0.1:9", timeout=0.5)
-    with pytest.raises(SourceError, match="127.0.0.1:9/api/v1/window: connection refused"):
+    with pytest.raises(SourceError, match=r"127\.0\.0\.1:9/api/v1/window: connection refused"):
         client.window(10)
 
 
@@ -55,9 +56,9 @@ def test_first_fetch_sends_whole_figures_then_only_new_points(exporter):
     first = _in_app(app, live.fetch, 0, "", "live:900", "", None, None)
     data, cursor = first[DATA], first[CURSOR]
     assert data["mode"] == "full" and data["order"] == [c for c, _ in live.GRAPHS]
-    kv_fig = data["figures"][figures.KV_LATENCY]
+    kv_fig = data["figures"][charts.KV_LATENCY]
     assert len(kv_fig["data"]) == 3 and 295 <= len(kv_fig["data"][0]["x"]) <= 302
-    assert len(data["figures"][figures.BANDWIDTH]["data"]) == 16
+    assert len(data["figures"][charts.BANDWIDTH]["data"]) == 16
     assert first[DIAGNOSIS]["diagnosis"]["verdict"] == "kv_thrashing"
     assert first[HEALTH]["ok"] and not first[HEALTH]["sources_down"]
     assert [o["value"] for o in first[OPTIONS]][:2] == ["", "gpu=0"]
@@ -67,7 +68,7 @@ def test_first_fetch_sends_whole_figures_then_only_new_points(exporter):
     second = _in_app(app, live.fetch, 1, "", "live:900", "", None, cursor)
     ext = second[DATA]
     assert ext["mode"] == "extend"
-    payload, indices, cap = ext["extend"][figures.KV_LATENCY]
+    payload, indices, cap = ext["extend"][charts.KV_LATENCY]
     assert indices == [0, 1, 2] and cap == app.server.extensions["kvdoctor_dashboard"].settings.live_points_cap
     new_x = payload["x"][0]
     assert 1 <= len(new_x) <= 3 and new_x[0] > kv_fig["data"][0]["x"][-1]  # only points after the last one
@@ -105,7 +106,7 @@ def test_a_new_knee_rebuilds_instead_of_appending(exporter):
     exporter.diagnosis = dict(diagnosis_for(SCENARIOS["thrashing"]), knee={"kind": "jump", "kv_level": 0.6})
     out = _in_app(app, live.fetch, 1, "", "live:900", "", None, first[CURSOR])
     assert out[DATA]["mode"] == "full"
-    assert out[DATA]["figures"][figures.KV_LATENCY]["layout"]["shapes"][0]["y0"] == pytest.approx(60.0)
+    assert out[DATA]["figures"][charts.KV_LATENCY]["layout"]["shapes"][0]["y0"] == pytest.approx(60.0)
     assert out[DIAGNOSIS]["diagnosis"]["knee"]["kv_level"] == 0.6
 
 
@@ -114,7 +115,7 @@ def test_changing_the_target_refetches_the_whole_window(exporter):
     first = _in_app(app, live.fetch, 0, "", "live:900", "", None, None)
     out = _in_app(app, live.fetch, 0, "gpu=3", "live:900", "", None, first[CURSOR])
     assert out[DATA]["mode"] == "full"
-    assert [t["name"] for t in out[DATA]["figures"][figures.BANDWIDTH]["data"]] == ["GPU 3", "GPU 3 SM active (%)"]
+    assert [t["name"] for t in out[DATA]["figures"][charts.BANDWIDTH]["data"]] == ["GPU 3", "GPU 3 SM active (%)"]
 
 
 def test_the_exporter_only_gives_what_it_holds_so_the_span_is_capped(exporter):
@@ -140,14 +141,8 @@ def test_parse_range(value, expected):
 
 @pytest.fixture
 def prometheus():
-    now = time.time()
-    fake = FakePrometheus(
-        {
-            "10.0.0.1:9745": SyntheticEngine(SCENARIOS["thrashing"], t0=now - 7200, gpus=2),
-            "10.0.0.2:9745": SyntheticEngine(SCENARIOS["healthy"], t0=now - 7200, gpus=2),
-        },
-        pods={"10.0.0.1:9745": "llama-0", "10.0.0.2:9745": "llama-1"},
-    )
+    targets = {"10.0.0.1:9745": "thrashing", "10.0.0.2:9745": "healthy"}
+    fake = fake_fleet(targets, age=7200, gpus=2, pods={"10.0.0.1:9745": "llama-0", "10.0.0.2:9745": "llama-1"})
     yield fake
     fake.stop()
 
@@ -158,9 +153,9 @@ def test_live_from_prometheus_for_one_target(prometheus):
     assert not prometheus.unknown
     data = out[DATA]
     assert data["mode"] == "full"
-    kv = data["figures"][figures.KV_LATENCY]["data"][0]["y"]
+    kv = data["figures"][charts.KV_LATENCY]["data"][0]["y"]
     assert 290 <= len(kv) <= 302 and min(v for v in kv if v is not None) > 85  # thrashing: KV near full
-    assert len(data["figures"][figures.BANDWIDTH]["data"]) == 4
+    assert len(data["figures"][charts.BANDWIDTH]["data"]) == 4
     # rules.diagnosis is there: the dashboard diagnoses the last minute itself, with evidence.
     assert out[DIAGNOSIS]["diagnosis"]["verdict"] == "kv_thrashing"
     assert out[DIAGNOSIS]["diagnosis"]["evidence"]
@@ -177,10 +172,10 @@ def test_history_from_prometheus_is_downsampled_and_fetched_once(prometheus):
         assert all(len(t["x"]) <= 2000 for t in fig["data"])
     # Up to 2,000 points a trace, shared by a chart's traces: 4 (2 GPUs x DRAM, SM) share 8,000 and
     # keep every point of the range; the 5 of the transfers chart are cut to 1,600 each.
-    kept = len(out[DATA]["figures"][figures.KV_LATENCY]["data"][0]["x"])
+    kept = len(out[DATA]["figures"][charts.KV_LATENCY]["data"][0]["x"])
     assert kept == 1801
-    assert [len(t["x"]) for t in out[DATA]["figures"][figures.BANDWIDTH]["data"]] == [kept] * 4
-    assert [len(t["x"]) for t in out[DATA]["figures"][figures.TRANSFERS]["data"]] == [1600] * 5
+    assert [len(t["x"]) for t in out[DATA]["figures"][charts.BANDWIDTH]["data"]] == [kept] * 4
+    assert [len(t["x"]) for t in out[DATA]["figures"][charts.TRANSFERS]["data"]] == [1600] * 5
     again = _in_app(app, live.fetch, 1, "", "hist:3600", "10.0.0.2:9745", None, out[CURSOR])
     assert again[DATA] is no_update
 
@@ -190,7 +185,7 @@ def test_a_fleet_link_range_is_honoured(prometheus):
     end = time.time() - 600
     history = {"from": end - 1800, "to": end}
     out = _in_app(app, live.fetch, 0, "", "fixed", "10.0.0.1:9745", history, None)
-    xs = out[DATA]["figures"][figures.KV_LATENCY]["data"][0]["x"]
+    xs = out[DATA]["figures"][charts.KV_LATENCY]["data"][0]["x"]
     assert abs(xs[-1] / 1000 - end) <= 2 and abs(xs[0] / 1000 - (end - 1800)) <= 2
 
 

@@ -14,33 +14,31 @@ import httpx
 import numpy as np
 import pytest
 
-from kvdoctor.dashboard import figures, promql
+from kvdoctor.dashboard import charts, promql
 from kvdoctor.dashboard.app import create_app, serve_in_thread
 from kvdoctor.dashboard.settings import DashboardSettings
-from kvdoctor.dashboard.sources import PrometheusClient, fetch_fleet, fetch_live_from_prometheus
+from kvdoctor.dashboard.sources import fetch_fleet, fetch_live_from_prometheus
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Window
-from tests import tools
-from tests.dashboard.browser import Page, chromium_browser
-from tests.dashboard.demo_process import Demo
-from tests.dashboard.synthetic import SCENARIOS, SyntheticEngine, backfill
+from kvdoctor.sources.prometheus import PrometheusClient
+from tests.support import tools
+from tests.support.browser import Page, chromium_browser
+from tests.support.demo import DemoProcess
+from tests.support.synthetic import SCENARIOS, SyntheticEngine, backfill
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, tools.requires_prometheus, pytest.mark.timeout(400)]
 
 
 @pytest.fixture
-def demos():
-    started = [Demo("kv_thrashing", dashboard=False).start(), Demo("healthy", dashboard=False).start()]
-    yield started
-    for d in started:
-        d.stop()
+def demos(demo):
+    return [demo("kv_thrashing"), demo("healthy")]
 
 
-def _instance(demo: Demo) -> str:
+def _instance(demo: DemoProcess) -> str:
     return demo.exporter_url.removeprefix("http://").rstrip("/")
 
 
-def _exporter_verdict(demo: Demo) -> str | None:
+def _exporter_verdict(demo: DemoProcess) -> str | None:
     r = httpx.get(demo.exporter_url + "/api/v1/diagnosis", timeout=5)
     return r.json().get("verdict") if r.status_code == 200 else None
 
@@ -161,7 +159,7 @@ def test_history_from_a_backfilled_prometheus_keeps_a_burst(prometheus_server, t
     peak = np.nanmax(frame.preemption_rate)
     assert peak >= 0.8 * 60 / step  # a window of four steps would show a quarter of it
     assert frame.ts[np.nanargmax(frame.preemption_rate)] == start + 61 * step
-    transfers = figures.downsample(figures.live_charts(frame)[figures.TRANSFERS], 100)
+    transfers = charts.downsample(charts.live_charts(frame)[charts.TRANSFERS], 100)
     preemptions = next(t for t in transfers["traces"] if t["kind"] == "preemptions")
     assert len(preemptions["x"]) <= 100 and max(v for v in preemptions["y"] if v is not None) == pytest.approx(
         peak, rel=1e-3

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import tools
 from tests.e2e.vllm_server import VLLMServer, ensure_tiny_model
+from tests.support import tools
 
 # vLLM's start-up (60-120 s; ~230 s seen on a 2-core machine under heavy load) is charged to the
 # first test that uses the server: give those tests room beyond the suite's per-test timeout.

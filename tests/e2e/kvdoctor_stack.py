@@ -8,29 +8,21 @@ restart_engine(server)        # the vLLM server again on its port, counters back
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 import httpx
 
-from tests import tools
+from tests.support.processes import OnLoopback, Process, http_ok, kvdoctor, start_on_free_port
+from tests.support.tools import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ALERT_RULES = ROOT / "rules" / "alerts.yaml"
 
 
-class ExporterProcessError(RuntimeError):
-    """The exporter subprocess did not start or answer."""
-
-
 @dataclass
-class ExporterProcess:
+class ExporterProcess(OnLoopback):
     """``kvdoctor exporter`` in its own process, scraping an engine every ``interval`` seconds."""
 
     engine_metrics_url: str
@@ -39,35 +31,24 @@ class ExporterProcess:
     interval: float = 1.0
     port: int = 0
     extra_args: tuple[str, ...] = ()
-    process: subprocess.Popen | None = None
+    process: Process | None = None
     starts: list[float] = field(default_factory=list)  # seconds each start took to /readyz
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
         return Path(self.workdir) / f"exporter-{self.pod}.log"
 
-    def command(self) -> list[str]:
+    def arguments(self) -> list[object]:
         return [
-            sys.executable,
-            "-m",
-            "kvdoctor",
             "exporter",
             "--engine-url",
             self.engine_metrics_url,
             "--engine",
             "vllm",
             "--interval",
-            str(self.interval),
+            self.interval,
             "--port",
-            str(self.port),
+            self.port,
             "--pod",
             self.pod,
             "--no-nvml",
@@ -78,66 +59,27 @@ class ExporterProcess:
 
     def start(self, timeout: float = 60, attempts: int = 3) -> ExporterProcess:
         """Starts on ``port`` (a free one if 0) and waits for /readyz (one collection cycle done)."""
-        Path(self.workdir).mkdir(parents=True, exist_ok=True)
-        keep_port = self.port != 0
-        for _ in range(attempts):
-            if not keep_port:
-                self.port = tools.free_port()
-            started = time.monotonic()
-            with open(self.log_path, "ab") as log:
-                log.write(f"\n$ {' '.join(self.command())}\n".encode())
-                log.flush()
-                self.process = subprocess.Popen(
-                    self.command(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
-            try:
-                tools.wait_until(self._ready, timeout=timeout, interval=0.2, what="exporter /readyz")
-                self.starts.append(time.monotonic() - started)
-                return self
-            except (TimeoutError, ExporterProcessError):
-                in_use = "already in use" in self.log_tail()
-                self.stop()
-                if not in_use:
-                    raise ExporterProcessError(f"the exporter did not become ready:\n{self.log_tail()}") from None
-                if keep_port:  # the port we must keep is still held (TIME_WAIT is fine: SO_REUSEADDR)
-                    time.sleep(1.0)
-        raise ExporterProcessError(f"the exporter could not bind a port in {attempts} attempts:\n{self.log_tail()}")
+        started = time.monotonic()
+        start_on_free_port(lambda port: self._launch(port, timeout), attempts, port=self.port or None)
+        self.starts.append(time.monotonic() - started)
+        return self
 
-    def _ready(self) -> bool:
-        if self.process is None or self.process.poll() is not None:
-            raise ExporterProcessError(f"exporter exited with {self.process.returncode if self.process else None}")
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def _launch(self, port: int, timeout: float) -> ExporterProcess:
+        self.port = port
+        self.process = kvdoctor(*self.arguments(), log=self.log_path, name="exporter").start()
+        self.process.wait_for(http_ok(f"{self.url}/readyz"), timeout=timeout, what="ready (/readyz)")
+        return self
 
     def stop(self, timeout: float = 10) -> None:
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop(timeout=timeout)
 
     def restart(self, down_seconds: float = 0.0) -> None:
         """Stops and starts again on the same port, after ``down_seconds`` without an exporter."""
         self.stop()
         time.sleep(down_seconds)
         self.start()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
     def get(self, path: str, **params) -> dict:
         resp = httpx.get(f"{self.url}{path}", params=params or None, timeout=10)
@@ -150,15 +92,10 @@ class ExporterProcess:
 
 def restart_engine(server, ready_timeout: float = 300) -> float:
     """Stops the vLLM ``server`` and starts it again on the same port (so the exporter's
-    --engine-url stays right, as for a restarted engine container); returns the seconds it took.
-
-    ``VLLMServer.start`` always picks a fresh port, so its port finder is pinned for this start.
-    """
-    port = server.port
+    --engine-url stays right, as for a restarted engine container); returns the seconds it took."""
     started = time.monotonic()
     server.stop()
-    with mock.patch.object(tools, "free_port", lambda: port):
-        server.start(ready_timeout=ready_timeout, attempts=3)
+    server.start(ready_timeout=ready_timeout, attempts=3, port=server.port)
     return time.monotonic() - started
 
 
@@ -183,8 +120,6 @@ class Watcher:
     on a thread, for as long as a test runs: what was said *while* something restarted."""
 
     def __init__(self, exporter: ExporterProcess, prometheus=None, period: float = 1.0):
-        import threading
-
         self.exporter = exporter
         self.prometheus = prometheus
         self.period = period

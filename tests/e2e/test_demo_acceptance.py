@@ -8,11 +8,8 @@ passes on it, the dashboard answers, a scenario switch over HTTP changes the ver
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,12 +18,12 @@ import pytest
 
 from kvdoctor.exporter.adapters import ADAPTERS
 from kvdoctor.rules import signals as S
-from tests import tools
+from tests.support import tools
+from tests.support.demo import DemoProcess
+from tests.support.processes import run
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT = 90.0  # imports and the simulation's warm-up, on a busy 2-core machine
 DEFAULT_PORT = 9745
 
 
@@ -46,52 +43,6 @@ def port_free(port: int) -> bool:
     return True
 
 
-class Demo:
-    """``python -m kvdoctor demo ARGS`` with its output collected line by line."""
-
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvdoctor", "demo", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-
-    def wait_started(self) -> dict[str, str]:
-        """The URLs it printed, by name (dashboard, metrics, diagnosis, engine)."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"demo exited ({self.proc.wait()}) before it started:\n{self.proc.stderr.read()}")
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("Ctrl-C to stop."):
-                break
-        else:
-            raise AssertionError(f"demo did not start within {START_TIMEOUT:.0f} s: {self.lines}")
-        urls = {}
-        for line in self.lines[1:]:
-            words = line.split()
-            if len(words) >= 2 and words[1].startswith("http"):
-                urls[words[0]] = words[1]
-        return urls
-
-    def stop(self, signum: int = signal.SIGINT, timeout: float = 20.0) -> tuple[int, str, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, err = self.proc.communicate()
-            raise AssertionError(f"demo did not stop within {timeout:.0f} s of signal {signum}")
-        return self.proc.returncode, "\n".join(self.lines) + out, err
-
-
 def metrics_with_every_signal(url: str, timeout: float = 30.0) -> str:
     wanted = demo_signals()
     deadline = time.monotonic() + timeout
@@ -106,18 +57,20 @@ def metrics_with_every_signal(url: str, timeout: float = 30.0) -> str:
     raise AssertionError(f"/metrics still lacks {sorted(missing)} after {timeout:.0f} s")
 
 
-def verdict(diagnosis_url: str) -> str | None:
-    payload = httpx.get(diagnosis_url, timeout=5).json()
-    return payload.get("verdict") if isinstance(payload, dict) else None
+def stopped_cleanly(demo: DemoProcess) -> str:
+    """Asserts the stopped demo exited 0 with no traceback; returns its stdout."""
+    out, err = demo.process.output, demo.process.errors
+    assert demo.process.returncode == 0, err
+    assert "Traceback" not in err and "Traceback" not in out
+    return out
 
 
 def check_demo(port: int, tmp_path: Path) -> None:
-    dashboard_port = tools.free_port()
-    demo = Demo("--port", str(port), "--dashboard-port", str(dashboard_port), "--status-every", "2")
+    demo = DemoProcess(port=port, dashboard=True, dashboard_port=tools.free_port(), status_every=2, merge_stderr=False)
     try:
-        urls = demo.wait_started()
+        urls = demo.start().urls
         assert urls["metrics"] == f"http://127.0.0.1:{port}/metrics"
-        names = [line.split()[0] for line in demo.lines[1:] if line.startswith("  ")]
+        names = [line.split()[0] for line in demo.printed()[1:] if line.startswith("  ")]
         if "dashboard" in urls:  # printed first
             assert names[0] == "dashboard"
             assert httpx.get(urls["dashboard"], timeout=20).status_code == 200
@@ -125,24 +78,19 @@ def check_demo(port: int, tmp_path: Path) -> None:
         body = metrics_with_every_signal(urls["metrics"])
         promtool = tools.promtool()
         if promtool is not None:
-            page = tmp_path / "metrics.txt"
-            page.write_text(body)
-            check = subprocess.run([promtool, "check", "metrics"], stdin=page.open(), capture_output=True, text=True)
-            assert check.returncode == 0, check.stdout + check.stderr
+            check = run([promtool, "check", "metrics"], input=body)
+            assert check.rc == 0, check.stdout + check.stderr
 
-        engine = urls["engine"].removesuffix("/metrics")
-        switched = httpx.post(engine + "/scenario", json={"scenario": "kv_thrashing"}, timeout=5)
-        assert switched.status_code == 200
+        assert demo.switch("kv_thrashing")["scenario"] == "kv_thrashing"
         tools.wait_until(
-            lambda: verdict(urls["diagnosis"]) == "kv_thrashing",
+            lambda: demo.verdict() == "kv_thrashing",
             timeout=30,
             interval=0.5,
             what="the kv_thrashing verdict after the switch",
         )
     finally:
-        rc, out, err = demo.stop(signal.SIGINT)
-    assert rc == 0, err
-    assert "Traceback" not in err and "Traceback" not in out
+        demo.stop(signal.SIGINT)
+    out = stopped_cleanly(demo)
     assert "| verdict " in out  # the live status line
     assert out.rstrip().endswith("kvdoctor demo: stopping")
     if tools.promtool() is None:
@@ -160,26 +108,21 @@ def test_demo_on_a_free_port(tmp_path):
 
 
 def test_sigterm_stops_it_cleanly():
-    demo = Demo("--port", "0", "--no-dashboard", "--scenario", "cycle")
-    demo.wait_started()
-    rc, out, err = demo.stop(signal.SIGTERM)
-    assert rc == 0 and "Traceback" not in err
+    demo = DemoProcess("cycle", merge_stderr=False)
+    try:
+        demo.start()
+    finally:
+        demo.stop(signal.SIGTERM)
+    stopped_cleanly(demo)
 
 
-def test_port_in_use_is_one_line_and_exit_2():
+def test_port_in_use_is_one_line_and_exit_2(run_cli):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "kvdoctor", "demo", "--port", str(port), "--no-dashboard"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-        )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+        result = run_cli("demo", "--port", port, "--no-dashboard", timeout=120)
+    assert result.rc == 2
+    assert result.stderr.strip().splitlines() == [
         f"kvdoctor demo: error: exporter: port {port} on 127.0.0.1 is already in use (choose another with --port)"
     ]

@@ -17,7 +17,7 @@ import pytest
 
 from kvdoctor.rules.diagnosis import VERDICTS
 from tests.e2e.kvdoctor_stack import ROOT, ExporterProcess
-from tests.tools import requires_vllm
+from tests.support.tools import requires_vllm
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 

@@ -12,21 +12,15 @@ import time
 
 import pytest
 
+from kvdoctor.rules.promql import VERDICT_ALERT
 from tests.e2e.kvdoctor_stack import ALERT_RULES, ExporterProcess, Watcher, prometheus_config, restart_engine
 from tests.e2e.vllm_server import BackgroundLoad
-from tests.tools import requires_prometheus, requires_vllm, wait_until
+from tests.support.tools import requires_prometheus, requires_vllm, wait_until
 
 pytestmark = [pytest.mark.slow, requires_vllm, requires_prometheus]
 
-# The alerts that name a slow cause (KvdoctorSourceDown is about the exporter's sources).
-SLOW_CAUSE_ALERTS = {
-    "KVCacheThrashing",
-    "KVCacheTierMiss",
-    "KVCacheCapacityPressure",
-    "DecodeMemoryBandwidthBound",
-    "DecodeComputeBound",
-    "DecodeHostOverheadBound",
-}
+# The alerts that name a slow cause, one per slow verdict (KvdoctorSourceDown is about the sources).
+SLOW_CAUSE_ALERTS = set(VERDICT_ALERT.values())
 OK_VERDICTS = {"healthy", "idle"}
 
 # Light load: two short generations in flight (ITL ~20-60 ms on a busy 2-core machine, SLO 100 ms).
@@ -47,8 +41,8 @@ def stack(vllm_server, prometheus_server, tmp_path, request):
     """An exporter on the shared vLLM and a Prometheus scraping it with the alert rules; both fresh."""
     pod = f"e2e-{request.node.name.removeprefix('test_')[:40].replace('_', '-')}"
     exporter = ExporterProcess(vllm_server.metrics_url, tmp_path, pod=pod).start()
-    prom = prometheus_server(prometheus_config(exporter.target), rule_files=[ALERT_RULES])
     try:
+        prom = prometheus_server(prometheus_config(exporter.target), rule_files=[ALERT_RULES])
         prom.wait_for_targets_up(timeout=30)
         yield exporter, prom
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.vllm_server import metric_sum, run_load, samples
-from tests.tools import requires_vllm, wait_until
+from tests.support.tools import requires_vllm, wait_until
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 

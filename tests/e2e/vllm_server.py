@@ -18,10 +18,7 @@ float32 (2 x 4 layers x 2 KV heads x 64 x 4 bytes = 4 KiB per token) holds ~4,00
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -30,14 +27,15 @@ from pathlib import Path
 
 import httpx
 
-from tests import tools
+from tests.support import tools
+from tests.support.processes import OnLoopback, Process, run, start_on_free_port
+from tests.support.tools import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MAKE_TINY_MODEL = ROOT / "scripts" / "make_tiny_model.py"
 
 
 class VLLMError(RuntimeError):
-    """The vLLM server could not be started."""
+    """The tiny model could not be built."""
 
 
 def ensure_tiny_model(python: str, dest: Path | None = None, timeout: float = 300) -> Path:
@@ -45,20 +43,14 @@ def ensure_tiny_model(python: str, dest: Path | None = None, timeout: float = 30
     if it is not there yet. Concurrent builders are safe: the script renames a finished folder into place."""
     dest = Path(dest or tools.tiny_model_dir())
     if not (dest / "config.json").is_file():
-        proc = subprocess.run(
-            [python, str(MAKE_TINY_MODEL), "--out", str(dest)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-        if proc.returncode != 0 or not (dest / "config.json").is_file():
-            raise VLLMError(f"make_tiny_model.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}")
+        made = run([python, MAKE_TINY_MODEL, "--out", dest], timeout=timeout)
+        if made.rc != 0 or not (dest / "config.json").is_file():
+            raise VLLMError(f"make_tiny_model.py failed ({made.rc}):\n{made.stdout}\n{made.stderr[-3000:]}")
     return dest
 
 
 @dataclass
-class VLLMServer:
+class VLLMServer(OnLoopback):
     """One ``vllm.entrypoints.openai.api_server`` process on 127.0.0.1."""
 
     python: str
@@ -70,11 +62,8 @@ class VLLMServer:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    process: Process | None = None
+    start_seconds: float = 0.0
 
     @property
     def metrics_url(self) -> str:
@@ -111,7 +100,6 @@ class VLLMServer:
     def _environment(self) -> dict[str, str]:
         cache = Path(self.workdir) / "cache"
         return {
-            **os.environ,
             "VLLM_CACHE_ROOT": str(cache / "vllm"),
             "XDG_CACHE_HOME": str(cache),
             "HF_HOME": str(cache / "hf"),
@@ -120,75 +108,34 @@ class VLLMServer:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            "PYTHONUNBUFFERED": "1",
             **self.env,
         }
 
-    def start(self, ready_timeout: float = 360, attempts: int = 2) -> VLLMServer:
-        """Starts the server and waits (at most ``ready_timeout`` s) until /metrics answers."""
+    def start(self, ready_timeout: float = 360, attempts: int = 2, port: int | None = None) -> VLLMServer:
+        """Starts the server (on ``port``, else a free one) and waits (at most ``ready_timeout`` s)
+        until /metrics answers."""
         Path(self.workdir).mkdir(parents=True, exist_ok=True)
-        for _ in range(attempts):
-            self.port = tools.free_port()
-            with open(self.log_path, "ab") as log:
-                log.write(f"\n$ {' '.join(self.command())}\n".encode())
-                log.flush()
-                self.process = subprocess.Popen(
-                    self.command(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=self._environment(),
-                    start_new_session=True,
-                )
-            started = time.monotonic()
-            try:
-                tools.wait_until(self._ready, timeout=ready_timeout, interval=1.0, what="vLLM /metrics")
-                self.start_seconds = time.monotonic() - started
-                return self
-            except (TimeoutError, VLLMError) as exc:
-                port_taken = "address already in use" in self.log_tail().lower()
-                self.stop()
-                if not port_taken:
-                    raise VLLMError(
-                        f"vLLM did not become ready: {exc}\n--- {self.log_path} ---\n{self.log_tail()}"
-                    ) from None
-        raise VLLMError(f"vLLM could not bind a free port in {attempts} attempts:\n{self.log_tail()}")
+        started = time.monotonic()
+        start_on_free_port(lambda free: self._launch(free, ready_timeout), attempts, port=port)
+        self.start_seconds = time.monotonic() - started
+        return self
+
+    def _launch(self, port: int, ready_timeout: float) -> VLLMServer:
+        self.port = port
+        self.process = Process(self.command(), env=self._environment(), log=self.log_path, name="vLLM").start()
+        self.process.wait_for(self._ready, timeout=ready_timeout, interval=1.0, what="serving /metrics")
+        return self
 
     def _ready(self) -> bool:
-        if self.process is None or self.process.poll() is not None:
-            raise VLLMError(f"vLLM exited with {self.process.returncode if self.process else None}")
-        try:
-            resp = httpx.get(self.metrics_url, timeout=5)
-        except httpx.HTTPError:
-            return False
+        resp = httpx.get(self.metrics_url, timeout=5)
         return resp.status_code == 200 and "vllm:" in resp.text
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM (vLLM stops its engine process itself, ~4 s), then SIGKILL whatever is left
         of the server's own process group."""
-        proc, self.process = self.process, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only its children are in it
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop(timeout=timeout)
 
     def metrics_text(self) -> str:
         resp = httpx.get(self.metrics_url, timeout=10)
@@ -295,16 +242,10 @@ async def _load(
     return result
 
 
-def run_load(
-    base_url: str,
-    model: str = "tiny",
-    concurrency: int = 16,
-    duration_s: float = 20,
-    max_tokens: int = 1024,
-    prompt: Callable[[int], str] = default_prompt,
-) -> LoadResult:
-    """Keeps ``concurrency`` long completions in flight for ``duration_s`` seconds, then returns."""
-    return asyncio.run(_load(base_url, model, concurrency, duration_s, max_tokens, prompt, None, LoadResult()))
+def run_load(base_url: str, model: str = "tiny", **options) -> LoadResult:
+    """Keeps ``concurrency`` long completions in flight for ``duration_s`` seconds, then returns
+    (the options of BackgroundLoad)."""
+    return BackgroundLoad(base_url, model, **options).start().wait()
 
 
 class BackgroundLoad:

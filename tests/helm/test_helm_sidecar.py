@@ -4,15 +4,11 @@ copy-paste snippet is what the named templates render."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -20,11 +16,13 @@ import pytest
 import yaml
 
 from kvdoctor.exporter.gpu_filter import GpuFilterPending, make_gpu_filter, parse_gpu_filter
-from tests import tools
-from tests.helm.chart import CHART_DIR, ROOT, arg_value, prometheus_seconds
-from tests.tools import requires_helm
+from tests.helm.chart import CHART_DIR, ROOT, arg_value, prometheus_seconds, rendered_command, replaced
+from tests.support import tools
+from tests.support.processes import http_ok
+from tests.support.servers import respond
+from tests.support.tools import requires_helm
 
-pytestmark = [pytest.mark.slow, requires_helm]
+pytestmark = requires_helm
 
 FIXTURE = ROOT / "tests" / "fixtures" / "vllm-0.32-cpu" / "idle.txt"
 POD_NAME = "kvdoctor-test-pod"
@@ -37,32 +35,10 @@ NODE = [(0, U0, "NVIDIA H100 80GB HBM3"), (1, U1, "NVIDIA H100 80GB HBM3"), (2, 
 # ------------------------------------------------------------------- the real exporter process
 
 
-class _MetricsHandler(http.server.BaseHTTPRequestHandler):
-    body = FIXTURE.read_bytes()
-
-    def do_GET(self):
-        if self.path.split("?")[0] != "/metrics":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def engine_metrics_server():
+def engine_metrics_server(fake_server):
     """A local stand-in for the engine: serves a real vLLM 0.32 /metrics capture (idle.txt)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MetricsHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    return fake_server({"/metrics": respond(FIXTURE.read_bytes())}).url("/metrics")
 
 
 def container_env(container: dict) -> dict[str, str]:
@@ -78,7 +54,8 @@ def container_env(container: dict) -> dict[str, str]:
     return env
 
 
-def test_rendered_sidecar_starts_the_real_exporter(helm, engine_metrics_server, tmp_path):
+@pytest.mark.slow
+def test_rendered_sidecar_starts_the_real_exporter(helm, engine_metrics_server, spawn, tmp_path):
     rendered = helm.render("default")
     _, engine = rendered.container("engine")
     _, sidecar = rendered.container("kvdoctor")
@@ -87,51 +64,17 @@ def test_rendered_sidecar_starts_the_real_exporter(helm, engine_metrics_server, 
     # What the sidecar scrapes is the engine container's port on the pod's loopback.
     engine_port = engine["ports"][0]["containerPort"]
     assert arg_value(argv, "--engine-url") == f"http://127.0.0.1:{engine_port}/metrics"
-    exe = Path(sys.executable).with_name("kvdoctor")  # the image's ENTRYPOINT, installed in .venv here
-    if not exe.exists():
-        pytest.skip(f"needs the kvdoctor console script at {exe} (pip install -e .)")
-
     port = tools.free_port()
-    # Exactly the rendered arguments, but for the two that are about this machine: a free port,
-    # and the engine URL of the local stand-in.
-    args = [
-        f"--port={port}"
-        if a.startswith("--port=")
-        else f"--engine-url={engine_metrics_server}"
-        if a.startswith("--engine-url=")
-        else a
-        for a in argv[1:]
-    ]
-    assert len(args) == len(argv) - 1
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
-    env.update(container_env(sidecar))
-    log = tmp_path / "exporter.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(exe), *args], stdout=out, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, cwd=tmp_path
-        )
+    argv = replaced(argv, port=port, engine_url=engine_metrics_server)
+    exporter = spawn(rendered_command(argv, container_env(sidecar), tmp_path))
     base = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready():
-            if proc.poll() is not None:
-                raise AssertionError(f"exporter exited {proc.returncode}:\n{log.read_text()}")
-            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-
-        tools.wait_until(ready, timeout=60, what="the exporter's /readyz (the readiness probe's path)")
-        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200  # the liveness probe's path
-        metrics = httpx.get(f"{base}/metrics", timeout=5)
-        assert metrics.status_code == 200
-        text = metrics.text
-        assert re.search(r'^kvdoctor_kv_cache_usage_ratio\{[^}]*pod="kvdoctor-test-pod"', text, re.M), text[:2000]
-        assert re.search(r"^kvdoctor_source_up\{[^}]*\} 1(\.0)?$", text, re.M)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    exporter.wait_for(http_ok(f"{base}/readyz"), timeout=60, what="ready on /readyz (the readiness probe's path)")
+    assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200  # the liveness probe's path
+    metrics = httpx.get(f"{base}/metrics", timeout=5)
+    assert metrics.status_code == 200
+    text = metrics.text
+    assert re.search(r'^kvdoctor_kv_cache_usage_ratio\{[^}]*pod="kvdoctor-test-pod"', text, re.M), text[:2000]
+    assert re.search(r"^kvdoctor_source_up\{[^}]*\} 1(\.0)?$", text, re.M)
 
 
 # --------------------------------------------------------------------------- GPU visibility

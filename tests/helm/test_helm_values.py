@@ -205,3 +205,115 @@ def test_every_empty_default_has_an_example_under_it():
         if not (below.strip().startswith("#") and len(below) - len(below.lstrip()) > len(match.group(1))):
             missing.append(f"line {number + 1}: {line.strip()}")
     assert not missing, f"empty defaults without an example under them: {missing}"
+
+
+# ------------------------------------------------------------- the sidecar's flags are the exporter's
+
+SIDECAR_TPL = (CHART_DIR / "templates" / "_sidecar.tpl").read_text()
+SIDECAR_VALUES_TEXT = re.search(r"^sidecar:\n(?:(?:[ #].*)?\n)*", VALUES_TEXT, re.M).group(0)
+SCENARIO_SIDECARS = {
+    name: (yaml.safe_load((CHART_DIR / "ci" / f"{name}-values.yaml").read_text()) or {}).get("sidecar") or {}
+    for name in SCENARIOS
+}
+
+
+def exporter_parser():
+    from kvdoctor.cli import build_parser
+
+    return build_parser()._subparsers._group_actions[0].choices["exporter"]
+
+
+def settings_for(argv: list[str]):
+    """The exporter's settings for ``argv`` exactly as ``kvdoctor exporter`` builds them."""
+    from kvdoctor.commands.exporter import settings_from_args
+
+    return settings_from_args(exporter_parser().parse_args(argv))
+
+
+def exporter_flags() -> set[str]:
+    from kvdoctor.exporter.settings import options
+
+    return {flag for option in options() for flag in option.flag_names()}
+
+
+def exporter_variables() -> set[str]:
+    from kvdoctor.exporter.settings import COLLECTOR_ENV_PREFIX, collector_registry, options
+
+    names = {env for option in options() if not option.is_collectors for env in option.env}
+    return names | {COLLECTOR_ENV_PREFIX + name.upper() for name in collector_registry()}
+
+
+def chart_flags() -> dict[str, str | None]:
+    """Each flag the sidecar template passes -> the ``sidecar`` value it prints (None: computed)."""
+    lines = SIDECAR_TPL.splitlines()
+    found: dict[str, str | None] = {}
+    for number, line in enumerate(lines):
+        for flag in re.findall(r'"(--[a-z][a-z0-9.-]*)=%[sd]"', line):
+            key = re.search(r"\$s\.(\w+)", line) or re.search(r"with \$s\.(\w+)", lines[number - 1])
+            found[flag] = key.group(1) if key else None
+    return found
+
+
+def test_every_flag_the_chart_passes_is_an_exporter_flag():
+    flags = chart_flags()
+    assert len(flags) >= 7, flags
+    assert set(flags) <= exporter_flags(), sorted(set(flags) - exporter_flags())
+
+
+def test_every_flag_and_variable_the_sidecar_values_name_is_the_exporters():
+    """values.yaml's sidecar section (its comments and examples) and the scenarios' extraArgs and
+    extraEnv name flags and KVDOCTOR_* variables the exporter knows."""
+    container = re.search(r'define "kvdoctor.sidecar.container".*?\n\{\{- end \}\}', SIDECAR_TPL, re.S).group(0)
+    values = "\n".join(line for line in SIDECAR_VALUES_TEXT.splitlines() if "nvidia-smi" not in line)
+    texts = [values, container] + [yaml.safe_dump(s) for s in SCENARIO_SIDECARS.values()]
+    named_flags = {f for text in texts for f in re.findall(r"(?<![\w-])(--[a-z][a-z0-9.-]*[a-z0-9])", text)}
+    named_vars = {v for text in texts for v in re.findall(r"\bKVDOCTOR_[A-Z0-9_]+", text)}
+    assert named_flags and named_vars
+    assert named_flags <= exporter_flags(), sorted(named_flags - exporter_flags())
+    assert named_vars <= exporter_variables(), sorted(named_vars - exporter_variables())
+
+
+def test_the_default_sidecar_values_are_settings_the_exporter_accepts():
+    sidecar = VALUES["sidecar"]
+    argv = []
+    for flag, key in chart_flags().items():
+        if key is None:
+            continue  # computed by the template: the policies are checked below
+        value = sidecar[key] if key != "engineUrl" else sidecar[key] or "http://127.0.0.1:8000/metrics"
+        if value != "":
+            argv.append(f"{flag}={value}")
+    settings = settings_for(argv)
+    assert (settings.host, settings.port, settings.interval) == (sidecar["host"], sidecar["port"], sidecar["interval"])
+    assert (settings.engine, settings.log_level) == (sidecar["engine"], sidecar["logLevel"])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_scenarios_extra_args_are_settings_the_exporter_accepts(scenario):
+    settings_for(list(SCENARIO_SIDECARS[scenario].get("extraArgs") or []))
+
+
+def test_every_gpu_filter_the_template_writes_is_a_policy_the_exporter_accepts():
+    define = re.search(r'define "kvdoctor.gpuFilter".*?\{\{- end \}\}\n\{\{- end \}\}', SIDECAR_TPL, re.S).group(0)
+    list_file = re.search(r'define "kvdoctor.gpuListFile" -\}\}(\S+?)\{\{', SIDECAR_TPL).group(1)
+    policies = [
+        p.replace("%s", list_file if p.startswith("file:") else "GPU-0a1b")
+        for p in re.findall(r'printf "([a-z-]+:%s)"', define)
+    ]
+    policies += re.findall(r'print "([a-z-]+)"', define) + re.findall(r'"(all|auto)"', define)
+    assert {p.split(":")[0] for p in policies} == {"file", "engine-processes", "uuids", "all", "auto"}
+    for policy in policies:
+        assert settings_for([f"--gpu-filter={policy}"]).gpu_filter.startswith(policy.split(":")[0])
+
+
+def test_the_schema_bounds_of_sidecar_values_are_within_the_exporters():
+    from kvdoctor.exporter.settings import options
+
+    choices = {o.flag: o.choices for o in options()}
+    sidecar = SCHEMA["properties"]["sidecar"]["properties"]
+    for flag, key in chart_flags().items():
+        node = sidecar[key] if key else {}
+        for bound in ("minimum", "maximum"):
+            if bound in node:
+                settings_for([f"{flag}={node[bound]}"])
+        if "enum" in node:
+            assert set(node["enum"]) == set(choices[flag]), flag

@@ -17,33 +17,19 @@ import schemathesis
 from schemathesis import checks
 from schemathesis.generation import GenerationMode
 
-from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.assembly import build_exporter
-from kvdoctor.exporter.server import serve_in_thread
-from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.simulator import gpu as simulated_gpu
-from kvdoctor.simulator.engine_server import EngineServer
-from kvdoctor.simulator.physics import Simulation
+from tests.support.demo import InProcessDemo
 
 EXAMPLES = 25
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def live_exporter():
-    engine = EngineServer(Simulation("kv_thrashing", seed=1)).start()
-    settings = ExporterSettings(
-        engine_url=engine.metrics_url, engine="vllm", nvml=False, interval=0.2, max_window_seconds=120
-    )
-    exporter = build_exporter(settings, extra_collectors=[simulated_gpu.for_engine_url(engine.metrics_url)])
-    for _ in range(5):
-        exporter.run_cycle()
-    exporter.start()
-    http = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
-    yield http.url
-    http.stop()
-    exporter.stop()
-    engine.stop()
+    demo = InProcessDemo("kv_thrashing", interval=0.2, warm_cycles=5, max_window_seconds=120)
+    try:
+        yield demo.start().exporter_url
+    finally:
+        demo.stop()
 
 
 def fuzz(operation, base_url: str, mode: GenerationMode, to_run: list) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import random
 import re
 import tracemalloc
@@ -27,17 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.collectors.engine import EngineCollector
-from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook
-from kvdoctor.exporter.server import serve_in_thread
-from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
-from tests.reliability import servers
+from tests.support import servers
+from tests.support.exporter_rig import ExporterRig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/vllm-0.32-cpu/fill-sequence/08.txt"
 MAX_BODY = 4 * 2**20
@@ -80,75 +73,41 @@ def label_explosion() -> bytes:
     return GOOD + lines.encode()
 
 
+def exploding() -> servers.Behaviour:
+    """A new label explosion for every scrape."""
+    return servers.computed(lambda path: (200, servers.EXPOSITION, label_explosion()))
+
+
 # ------------------------------------------------------------------------------------------ rig
 
 
-def parse_page(text: str) -> dict[tuple[str, frozenset], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-class Rig:
-    """The real engine collector, runtime and HTTP app; cycles run when the test says."""
+class Rig(ExporterRig):
+    """The real engine collector, runtime (diagnosis included) and HTTP app, with this file's
+    bounds; cycles run when the test says."""
 
     def __init__(self, engine_url: str, scrape_timeout: float = SCRAPE_TIMEOUT):
-        os.environ.pop("KVDOCTOR_POD", None)
-        self.settings = ExporterSettings(
-            engine_url=engine_url,
-            interval=0.2,
+        super().__init__(
+            engine_url,
             scrape_timeout=scrape_timeout,
-            nvml=False,
+            diagnose=True,
             max_body_bytes=MAX_BODY,
             max_series=MAX_SERIES,
             max_snapshots=4,
         )
-        self.collector = EngineCollector(
-            self.settings.engine_url, "auto", timeout=scrape_timeout, max_body_bytes=MAX_BODY
-        )
-        self.exporter = Exporter(self.settings, [self.collector], diagnose_hook=default_diagnose_hook(self.settings))
-        self.http = serve_in_thread(create_app(self.exporter), "127.0.0.1", 0)
-        self.client = httpx.Client(timeout=5)
-
-    def cycle(self) -> None:
-        self.exporter.run_cycle()
-
-    def get(self, path: str) -> httpx.Response:
-        return self.client.get(f"{self.http.url}{path}")
-
-    def page(self) -> dict[tuple[str, frozenset], float]:
-        resp = self.get("/metrics")
-        assert resp.status_code == 200
-        return parse_page(resp.text)
-
-    def up(self) -> float | None:
-        return self.page().get((S.SOURCE_UP, frozenset({("source", "engine")})))
-
-    def errors(self, reason: str, source: str = "engine") -> float:
-        return self.page().get((S.SOURCE_ERRORS, frozenset({("source", source), ("reason", reason)})), 0.0)
 
     def engine_value(self, name: str) -> float | None:
         return self.page().get((name, frozenset(ENGINE.items())))
 
-    def close(self) -> None:
-        self.client.close()
-        self.http.stop()
-        self.exporter.stop()
-
 
 @pytest.fixture
-def engine():
-    server = servers.FaultServer(servers.respond(GOOD))
-    yield server
-    server.stop()
+def engine(fake_server):
+    return fake_server(servers.respond(GOOD))
 
 
 @pytest.fixture
 def rig(engine, request):
     fault = request.node.callspec.params.get("fault") if hasattr(request.node, "callspec") else None
-    r = Rig(engine.url + "/metrics", scrape_timeout=fault.scrape_timeout if fault else SCRAPE_TIMEOUT)
+    r = Rig(engine.url("/metrics"), scrape_timeout=fault.scrape_timeout if fault else SCRAPE_TIMEOUT)
     yield r
     r.close()
 
@@ -166,7 +125,8 @@ def no_infinite_counter(rig: Rig) -> None:
     assert rig.errors("exception", source="diagnosis") == 0
 
 
-def reset_passes_through_and_rates_stay_sane(rig: Rig) -> None:
+def reset_passes_through(rig: Rig) -> None:
+    """A counter reset reaches the page as it is, and the rates derived from it stay sane."""
     assert rig.engine_value(S.GENERATION_TOKENS) == 10.0  # raw counters: Prometheus' rate() handles resets
     diagnosis = rig.get("/api/v1/diagnosis").json()
     for item in diagnosis.get("evidence", []):
@@ -183,62 +143,31 @@ def capped(rig: Rig) -> None:
 @dataclass
 class Fault:
     id: str
-    behaviour: Callable[[], servers.Behaviour]
+    answer: servers.Behaviour | bytes  # bytes: that page, as a normal answer
     reason: str
     up: float  # source_up during the fault: 0 (the scrape failed) or 1 (used, with the reason counted)
     check: Callable[[Rig], None] | None = None
-    xfail: str = ""
     # Parsing thousands of series under tracemalloc is slow on a busy machine: a longer timeout
     # keeps that case about the cap, not about the timeout.
     scrape_timeout: float = SCRAPE_TIMEOUT
     slow: bool = False  # several seconds: marked slow (deselected by -m "not slow")
 
+    @property
+    def behaviour(self) -> servers.Behaviour:
+        return servers.respond(self.answer) if isinstance(self.answer, bytes) else self.answer
 
-NEEDS_ENGINE_CHANGE = "needs the engine collector change in the closing report (exporter/collectors/engine.py): "
+
 FAULTS = [
-    Fault("reset_mid_body", lambda: servers.reset_mid_body(GOOD), "transport_error", 0.0),
-    Fault(
-        "http_404",
-        lambda: servers.respond(b"404 page not found\n", status=404, content_type="text/plain"),
-        "http_404",
-        0.0,
-    ),
-    Fault(
-        "slow_body_past_the_timeout", lambda: servers.trickle(GOOD, chunk=2048, pause=0.1), "timeout", 0.0, slow=True
-    ),
-    Fault("declared_gigantic_body", lambda: servers.declared_huge(200 * 2**20), "body_too_large", 0.0, slow=True),
-    Fault("gzip_bomb", lambda: servers.gzipped(servers.gzip_bomb(256 * 2**20)), "body_too_large", 0.0, slow=True),
-    Fault("invalid_utf8", lambda: servers.respond(INVALID_UTF8), "parse_error", 0.0),
-    Fault(
-        "duplicate_series",
-        lambda: servers.respond(GOOD + f"{GEN} {FIXTURE_GEN!r}\n".encode()),
-        "duplicate_series",
-        1.0,
-        check=not_doubled,
-    ),
-    Fault(
-        "nan_and_inf",
-        lambda: servers.respond(page(**{KV: "NaN", GEN: "+Inf"})),
-        "non_finite_value",
-        1.0,
-        check=no_infinite_counter,
-    ),
-    Fault(
-        "counter_decrease",
-        lambda: servers.respond(page(**{GEN: "10.0", PROMPT: "5.0"})),
-        "counter_reset",
-        1.0,
-        check=reset_passes_through_and_rates_stay_sane,
-    ),
-    Fault(
-        "label_explosion",
-        lambda: servers.dynamic(label_explosion),
-        "series_cap",
-        1.0,
-        check=capped,
-        scrape_timeout=3.0,
-        slow=True,
-    ),
+    Fault("reset_mid_body", servers.reset_mid_body(GOOD), "transport_error", 0.0),
+    Fault("http_404", servers.respond(b"404 page not found\n", status=404, content_type="text/plain"), "http_404", 0.0),
+    Fault("slow_body_past_the_timeout", servers.trickle(GOOD, chunk=2048, pause=0.1), "timeout", 0.0, slow=True),
+    Fault("declared_gigantic_body", servers.declared_huge(200 * 2**20), "body_too_large", 0.0),
+    Fault("gzip_bomb", servers.gzip_bomb_answer(256 * 2**20), "body_too_large", 0.0, slow=True),
+    Fault("invalid_utf8", INVALID_UTF8, "parse_error", 0.0),
+    Fault("duplicate_series", GOOD + f"{GEN} {FIXTURE_GEN!r}\n".encode(), "duplicate_series", 1.0, check=not_doubled),
+    Fault("nan_and_inf", page(**{KV: "NaN", GEN: "+Inf"}), "non_finite_value", 1.0, check=no_infinite_counter),
+    Fault("counter_decrease", page(**{GEN: "10.0", PROMPT: "5.0"}), "counter_reset", 1.0, check=reset_passes_through),
+    Fault("label_explosion", exploding(), "series_cap", 1.0, check=capped, scrape_timeout=3.0, slow=True),
 ]
 
 
@@ -247,18 +176,13 @@ def traced() -> tuple[int, int]:
     return tracemalloc.get_traced_memory()
 
 
-def marks(fault: Fault) -> list:
-    out = [pytest.mark.xfail(reason=fault.xfail, strict=True)] if fault.xfail else []
-    return out + ([pytest.mark.slow] if fault.slow else [])
-
-
-@pytest.mark.parametrize("fault", [pytest.param(f, id=f.id, marks=marks(f)) for f in FAULTS])
-def test_engine_fault(rig: Rig, engine: servers.FaultServer, fault: Fault):
+@pytest.mark.parametrize("fault", [pytest.param(f, id=f.id, marks=[pytest.mark.slow] * f.slow) for f in FAULTS])
+def test_engine_fault(rig: Rig, engine: servers.FakeServer, fault: Fault):
     for _ in range(2):
         rig.cycle()
     assert rig.up() == 1.0 and rig.engine_value(S.GENERATION_TOKENS) == FIXTURE_GEN
 
-    engine.behaviour = fault.behaviour()
+    engine.behaviour = fault.behaviour
     tracemalloc.start()
     try:
         start, _ = traced()
@@ -295,10 +219,10 @@ def test_engine_fault(rig: Rig, engine: servers.FaultServer, fault: Fault):
 
 
 def test_a_label_explosion_does_not_crowd_out_the_real_signals(engine):
-    rig = Rig(engine.url + "/metrics", scrape_timeout=3.0)
+    rig = Rig(engine.url("/metrics"), scrape_timeout=3.0)
     try:
         rig.cycle()
-        engine.behaviour = servers.dynamic(label_explosion)
+        engine.behaviour = exploding()
         rig.cycle()
         assert rig.errors("series_cap") >= 1
         assert rig.engine_value(S.GENERATION_TOKENS) == FIXTURE_GEN, "the cap dropped a real signal"

@@ -10,6 +10,8 @@ survivors are re-enumerated and their labels follow them).
 
 from __future__ import annotations
 
+import itertools
+
 import pynvml
 import pytest
 
@@ -121,7 +123,7 @@ def test_a_driver_that_stays_down_is_retried_with_a_doubling_backoff_up_to_its_c
             reasons.add(exc.reason)
         if nv.calls.count("nvmlInit") > calls_before:
             attempts.append(clock.now - start)
-    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert attempts[0] == 1.0 and gaps[:5] == [2.0, 4.0, 8.0, 16.0, 32.0]
     assert all(g == BACKOFF_MAX for g in gaps[6:]) and max(gaps) == BACKOFF_MAX
     assert reasons == {"nvml_reinit_failed", "nvml_reinit_pending"}

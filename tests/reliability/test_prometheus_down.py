@@ -22,15 +22,10 @@ import pytest
 
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import fleet, live
-from kvdoctor.dashboard.sources import (
-    PrometheusClient,
-    SourceError,
-    fetch_fleet,
-    fetch_live_from_prometheus,
-    prometheus_diagnosis,
-)
-from tests import tools
-from tests.reliability import servers
+from kvdoctor.dashboard.sources import fetch_fleet, fetch_live_from_prometheus, prometheus_diagnosis
+from kvdoctor.sources.http import SourceError
+from kvdoctor.sources.prometheus import PrometheusClient
+from tests.support import servers
 
 TIMEOUT = 0.5
 EMPTY = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
@@ -111,8 +106,8 @@ class FaultyPrometheus:
 
     def __init__(self, fault: Fault):
         self.fault = fault
-        self.server = servers.FaultServer(fault.behaviour()) if fault.behaviour else None
-        self.url = self.server.url if self.server else f"http://127.0.0.1:{tools.free_port()}"
+        self.server = servers.FakeServer(fault.behaviour()) if fault.behaviour else None
+        self.url = self.server.url() if self.server else servers.refusing_url()
 
     def rearm(self) -> None:
         if self.server is not None:

@@ -19,13 +19,8 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import psutil
@@ -35,50 +30,27 @@ from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import serve_in_thread
 from kvdoctor.exporter.settings import ExporterSettings
-from tests import tools
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
+from tests.support.processes import Process, kvdoctor
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def command(*args: str, env: dict | None = None) -> Process:
+    """``python -m kvdoctor ARGS`` with no KVDOCTOR_* from the caller's environment: "by default"
+    means no configuration at all."""
+    return kvdoctor(*args, env=env, clean_env=True, merge_stderr=False)
 
 
-class Command:
-    """``python -m kvdoctor ARGS`` in the background, until stopped."""
+def listening(process: Process, expected: int, timeout: float = 60.0) -> list[tuple[str, int]]:
+    """The (address, port) pairs ``process`` listens on, once there are ``expected`` of them."""
+    ps = psutil.Process(process.pid)
 
-    def __init__(self, *args: str, env: dict | None = None):
-        # No KVDOCTOR_* from the caller's environment: "by default" means no configuration at all.
-        base = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvdoctor", *args],
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env={**base, **(env or {})},
+    def probe():
+        found = sorted(
+            {(c.laddr.ip, c.laddr.port) for c in ps.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
         )
+        return found if len(found) >= expected else None
 
-    def listening(self, expected: int, timeout: float = 60.0) -> list[tuple[str, int]]:
-        """The (address, port) pairs the process listens on, once there are ``expected`` of them."""
-        ps = psutil.Process(self.proc.pid)
-
-        def probe():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exited {self.proc.returncode}: {self.proc.stderr.read()}")
-            found = sorted(
-                {(c.laddr.ip, c.laddr.port) for c in ps.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-            )
-            return found if len(found) >= expected else None
-
-        return tools.wait_until(probe, timeout=timeout, interval=0.2, what=f"{expected} listening sockets")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+    return process.wait_for(probe, timeout=timeout, what=f"{expected} listening sockets")
 
 
 def is_loopback(address: str) -> bool:
@@ -98,23 +70,15 @@ def is_loopback(address: str) -> bool:
     ],
     ids=["exporter", "dashboard", "demo"],
 )
-def test_every_server_listens_on_loopback_only_by_default(args, sockets):
-    command = Command(*args)
-    try:
-        found = command.listening(sockets)
-    finally:
-        command.stop()
+def test_every_server_listens_on_loopback_only_by_default(args, sockets, spawn):
+    found = listening(spawn(command(*args)), sockets)
     assert len(found) == sockets, found
     assert all(is_loopback(address) for address, _ in found), f"{args[0]} listens on {found}"
 
 
 @pytest.mark.slow
-def test_the_exporter_listens_on_every_interface_only_when_configured():
-    command = Command("exporter", "--port", "0", "--no-nvml", "--host", "0.0.0.0")
-    try:
-        found = command.listening(1)
-    finally:
-        command.stop()
+def test_the_exporter_listens_on_every_interface_only_when_configured(spawn):
+    found = listening(spawn(command("exporter", "--port", "0", "--no-nvml", "--host", "0.0.0.0")), 1)
     assert [address for address, _ in found] == ["0.0.0.0"]
 
 
@@ -125,13 +89,10 @@ def basic(user: str, password: str) -> dict:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def start_dashboard(env: dict) -> tuple[Command, str]:
-    command = Command("dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0", env=env)
-    line = command.proc.stdout.readline().strip()
-    if not line.startswith("kvdoctor dashboard: http://"):
-        command.stop()
-        raise AssertionError(f"the dashboard did not start: {line!r} {command.proc.stderr.read()}")
-    return command, line.split(": ", 1)[1].rstrip("/")
+def start_dashboard(spawn, env: dict) -> str:
+    """The dashboard's URL, once it printed it."""
+    dashboard = spawn(command("dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0", env=env))
+    return dashboard.wait_for_line(r"^kvdoctor dashboard: (http://\S+)").group(1).rstrip("/")
 
 
 CALLBACK = {
@@ -144,44 +105,37 @@ CALLBACK = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["variable", "file"])
-def test_dashboard_basic_auth_guards_pages_and_callbacks(source, tmp_path):
+def test_dashboard_basic_auth_guards_pages_and_callbacks(source, tmp_path, spawn):
     if source == "variable":
         env = {"KVDOCTOR_DASHBOARD_USERS": "ann:s3cret-pw,bob:other"}
     else:
         secret = tmp_path / "users"
         secret.write_text("# mounted secret\nann:s3cret-pw\n")
         env = {"KVDOCTOR_DASHBOARD_AUTH_FILE": str(secret)}
-    command, url = start_dashboard(env)
-    try:
-        with httpx.Client(timeout=10) as client:
-            for headers in ({}, basic("ann", "wrong"), basic("mallory", "s3cret-pw"), {"Authorization": "Basic ???"}):
-                page = client.get(url + "/", headers=headers)
-                assert page.status_code == 401 and "Basic" in page.headers["WWW-Authenticate"]
-                assert "kvdoctor" not in page.text.lower().replace('realm="kvdoctor"', "")
-                callback = client.post(url + "/_dash-update-component", json=CALLBACK, headers=headers)
-                assert callback.status_code == 401
-            assert client.get(url + "/", headers=basic("ann", "s3cret-pw")).status_code == 200
-            assert (
-                client.post(
-                    url + "/_dash-update-component", json=CALLBACK, headers=basic("ann", "s3cret-pw")
-                ).status_code
-                != 401
-            )
-    finally:
-        command.stop()
+    url = start_dashboard(spawn, env)
+    with httpx.Client(timeout=10) as client:
+        for headers in ({}, basic("ann", "wrong"), basic("mallory", "s3cret-pw"), {"Authorization": "Basic ???"}):
+            page = client.get(url + "/", headers=headers)
+            assert page.status_code == 401 and "Basic" in page.headers["WWW-Authenticate"]
+            assert "kvdoctor" not in page.text.lower().replace('realm="kvdoctor"', "")
+            callback = client.post(url + "/_dash-update-component", json=CALLBACK, headers=headers)
+            assert callback.status_code == 401
+        assert client.get(url + "/", headers=basic("ann", "s3cret-pw")).status_code == 200
+        authorised = client.post(url + "/_dash-update-component", json=CALLBACK, headers=basic("ann", "s3cret-pw"))
+        assert authorised.status_code != 401
 
 
 @pytest.mark.slow
-def test_a_malformed_users_list_fails_at_start_without_echoing_passwords():
-    result = subprocess.run(
-        [sys.executable, "-m", "kvdoctor", "dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "KVDOCTOR_DASHBOARD_USERS": "ann:hunter2-secret,bob-without-password"},
+def test_a_malformed_users_list_fails_at_start_without_echoing_passwords(run_cli):
+    result = run_cli(
+        "dashboard",
+        "--exporter",
+        "http://127.0.0.1:9",
+        "--port",
+        "0",
+        env={"KVDOCTOR_DASHBOARD_USERS": "ann:hunter2-secret,bob-without-password"},
     )
-    assert result.returncode == 2
+    assert result.rc == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert "entry 2" in result.stderr and "hunter2" not in result.stderr
 

@@ -11,8 +11,9 @@ import dataclasses
 import pytest
 
 from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
-from kvdoctor.simulator import physics, scenarios
-from kvdoctor.simulator.physics import EngineConfig, Simulation
+from kvdoctor.simulator import scenarios, vllm_metrics
+from kvdoctor.simulator.deployment import EngineConfig
+from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import SCENARIOS, Scenario
 
 T0 = 1_800_000_000.0
@@ -57,7 +58,7 @@ def gpu_ratios(sim: Simulation, first, last) -> tuple[float, float, float]:
 def itl_increase(first, last) -> tuple[list[int], float]:
     h0 = first.histograms["vllm:inter_token_latency_seconds"]
     h1 = last.histograms["vllm:inter_token_latency_seconds"]
-    return [b - a for a, b in zip(h0.counts, h1.counts)], h1.sum - h0.sum
+    return [b - a for a, b in zip(h0.counts, h1.counts, strict=True)], h1.sum - h0.sum
 
 
 def mean_itl(first, last) -> float:
@@ -102,7 +103,7 @@ def test_itl_rises_with_resident_kv():
         )
         with pytest.MonkeyPatch.context() as mp:
             mp.setitem(scenarios.SCENARIOS, "probe", variant)
-            sim, readings = run("probe", seconds=6)
+            _sim, readings = run("probe", seconds=6)
         usage = sum(r[0].kv_usage for r in readings) / len(readings)
         points.append((usage, mean_itl(readings[0][1], readings[-1][1])))
     usages = [u for u, _ in points]
@@ -116,7 +117,7 @@ def test_itl_rises_with_resident_kv():
 
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n != "kv_thrashing"])
 def test_no_preemption_while_demand_fits_the_pool(name):
-    sim, readings = run(name, seconds=15)
+    _sim, readings = run(name, seconds=15)
     assert counter(readings[-1][1], "vllm:num_preemptions") == 0
 
 
@@ -129,33 +130,33 @@ def test_preemptions_only_when_the_pool_is_exhausted(monkeypatch):
         original(self, req)
 
     monkeypatch.setattr(Simulation, "_preempt", spy)
-    sim, readings = run("kv_thrashing", seconds=15)
+    sim, _readings = run("kv_thrashing", seconds=15)
     assert len(usage_at_preemption) > 15  # demand is far above the pool: it preempts every second
     # a decode token needs one block: the pool is within a block or two of full when it preempts
     assert min(usage_at_preemption) > 1 - 3 / sim.config.num_gpu_blocks
 
 
 def test_thrashing_kv_oscillates_just_under_the_ceiling_and_itl_gets_stalls():
-    sim, readings = run("kv_thrashing", seconds=15, step=0.5)
+    _sim, readings = run("kv_thrashing", seconds=15, step=0.5)
     usage = [r[0].kv_usage for r in readings]
     assert min(usage) > 0.9 and max(usage) <= 1.0
     assert max(usage) - min(usage) > 0.002  # each preemption frees blocks: it moves, it is not pinned
     counts, _ = itl_increase(readings[0][1], readings[-1][1])
-    bounds = physics.HISTOGRAM_BUCKETS["vllm:inter_token_latency_seconds"]
-    stalls = sum(c for b, c in zip((*bounds, float("inf")), counts) if b > 0.3)
+    bounds = vllm_metrics.HISTOGRAM_BUCKETS["vllm:inter_token_latency_seconds"]
+    stalls = sum(c for b, c in zip((*bounds, float("inf")), counts, strict=True) if b > 0.3)
     assert stalls > 10  # resumed requests observe their whole wait: the tail of the knee
     assert readings[-1][0].waiting > 0
 
 
 def test_healthy_has_no_latency_tail():
-    sim, readings = run("healthy", seconds=15)
+    _sim, readings = run("healthy", seconds=15)
     counts, _ = itl_increase(readings[0][1], readings[-1][1])
     assert sum(counts[:1]) / sum(counts) > 0.95  # almost every token within the first bucket (10 ms)
     assert max(r[0].kv_usage for r in readings) < 0.3 and readings[-1][0].waiting == 0
 
 
 def test_capacity_pressure_fills_the_pool_and_grows_the_queue_without_preempting():
-    sim, readings = run("capacity_pressure", seconds=30)
+    _sim, readings = run("capacity_pressure", seconds=30)
     usage = sorted(r[0].kv_usage for r in readings)
     assert usage[len(usage) // 2] >= 0.9
     waiting = [r[0].waiting for r in readings]
@@ -233,7 +234,7 @@ def test_counters_and_histograms_only_grow_across_scenario_switches():
                 assert value >= previous.labelled[family][label], (family, label)
         for name, hist in stats.histograms.items():
             before = previous.histograms[name]
-            assert all(b >= a for a, b in zip(before.counts, hist.counts)), name
+            assert all(b >= a for a, b in zip(before.counts, hist.counts, strict=True)), name
             assert hist.sum >= before.sum - 1e-9, name
             cumulative = [c for _, c in hist.cumulative()]
             assert cumulative == sorted(cumulative), name
@@ -305,7 +306,8 @@ def test_cycle_walks_every_scenario_in_order():
 
 
 def test_a_model_that_does_not_fit_is_refused():
-    from kvdoctor.rules.ledger import COMMON_MODELS, GPU_CATALOGUE
+    from kvdoctor.rules.ledger import GPU_CATALOGUE
+    from kvdoctor.rules.model import COMMON_MODELS
 
     with pytest.raises(ValueError, match="no room for a KV cache"):
         Simulation(

@@ -152,7 +152,7 @@ def test_bins_follow_the_exporter_intervals_with_the_engine_latency():
     np.testing.assert_allclose(bins.tokens, 100)
     np.testing.assert_allclose(bins.preemptions, [0, 0, 2, 1])
     # every token of an interval sits in one bucket: the quantiles stay inside it
-    for lat, p50, p95 in zip(itl[1:], bins.itl_p50, bins.itl_p95):
+    for lat, p50, p95 in zip(itl[1:], bins.itl_p50, bins.itl_p95, strict=True):
         upper = min(le for le in LE if lat <= le)
         lower = max([le for le in LE if le < upper], default=0.0)
         assert lower <= p50 <= p95 <= upper
@@ -214,7 +214,7 @@ def test_saturation_at_the_kv_ceiling_without_preemption():
 
 
 def test_latency_that_jumps_once_kv_passes_a_level_is_preemption_onset():
-    kv = [0.0] + list(np.linspace(0.1, 1.0, 30))
+    kv = [0.0, *np.linspace(0.1, 1.0, 30)]
     itl = [0.0] + [0.02 if u < 0.8 else 0.2 for u in kv[1:]]
     pre = [0.0] + [1.0 if u >= 0.8 else 0.0 for u in kv[1:]]
     window = recorded_window(kv, itl, preemptions=pre)
@@ -228,7 +228,7 @@ def test_latency_that_jumps_once_kv_passes_a_level_is_preemption_onset():
 
 
 def test_latency_rising_with_kv_is_bandwidth_bound():
-    kv = [0.0] + list(np.linspace(0.1, 0.9, 30))
+    kv = [0.0, *np.linspace(0.1, 0.9, 30)]
     itl = [0.0] + [0.01 * (1 + 2 * u) for u in kv[1:]]
     window = recorded_window(kv, itl)
     steps = steps_over(30, 10)
@@ -239,7 +239,7 @@ def test_latency_rising_with_kv_is_bandwidth_bound():
 
 
 def test_flat_latency_has_no_knee_and_says_whether_kv_saturated():
-    kv = [0.0] + list(np.linspace(0.1, 0.9, 30))
+    kv = [0.0, *np.linspace(0.1, 0.9, 30)]
     window = recorded_window(kv, [0.0] + [0.02] * 30)
     steps = steps_over(30, 10)
     bins = bins_of(window, steps)
@@ -374,7 +374,7 @@ class FakeEngine:
                         yield f'data: {{"choices":[{{"text":"t{i}","finish_reason":null}}]}}\n\n'
                     else:
                         yield f'data: {{"choices":[{{"delta":{{"content":"t{i}"}},"finish_reason":null}}]}}\n\n'
-                yield 'data: {"choices":[],"usage":{"completion_tokens":%d}}\n\n' % n
+                yield f'data: {{"choices":[],"usage":{{"completion_tokens":{n}}}}}\n\n'
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")

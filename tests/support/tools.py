@@ -1,18 +1,21 @@
-"""Where the real tools the tests use are, and skip markers for tests that need one.
+"""Where the real tools the tests use are, the ``needs_tools`` marker, and waiting for things.
 
-scripts/install-test-deps.sh installs them into the repository (.tools/, .cache/) or through apt;
-each finder looks there first, then on PATH, and returns a path or None.
+scripts/install-test-deps.sh installs the tools into the repository (.tools/, .cache/) or through
+apt; each finder looks there first, then on PATH, and returns a path or None.
 
-    from tests.tools import requires_promtool, promtool
+    from tests.support.tools import requires_promtool, promtool
 
-    @requires_promtool
+    @requires_promtool                      # = pytest.mark.needs_tools("promtool")
     def test_rules_pass_promtool():
         subprocess.run([promtool(), "check", "rules", ...], check=True)
 
-The ``requires_*`` markers are checked when the test is about to run (tests/conftest.py), not at
-import, so deselected tests never pay for a lookup (finding vLLM costs a Python start-up).
-Set KVDOCTOR_REQUIRE_TOOLS=all (or a comma-separated list such as "promtool,helm") to turn a
-missing tool into a failure instead of a skip, e.g. on a machine where the install must have worked.
+A test that needs a tool carries ``needs_tools`` (``-m "not needs_tools"`` leaves it out). The
+tools it names are looked up when the test is about to run (tests/support/fixtures.py), not at
+import, so deselected tests never pay for a lookup (finding vLLM costs a Python start-up); a
+missing one skips the test with a reason naming it and its install command. Set
+KVDOCTOR_REQUIRE_TOOLS=all (or a comma-separated list such as "promtool,helm") to turn a missing
+tool into a failure instead, e.g. in CI, where the install must have worked. ``require`` called
+by a test that is not marked ``needs_tools`` fails it: the marker must say what the test needs.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from typing import TypeVar
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = ROOT / ".tools"
 CACHE_DIR = ROOT / ".cache"
 VLLM_VENV = CACHE_DIR / "vllm-venv"
 TINY_MODEL_DIR = CACHE_DIR / "tiny-model"
 INSTALL = "bash scripts/install-test-deps.sh"
+MARKER = "needs_tools"
 
 
 def _executable(path: Path) -> str | None:
@@ -128,9 +132,15 @@ def required_strictly(tool: str) -> bool:
     return "all" in wanted or tool in wanted
 
 
+# The test being set up or run (tests/support/fixtures.py keeps it), so ``require`` can check its marker.
+current_test: pytest.Item | None = None
+
+
 def require(tool: str) -> str:
     """Path of ``tool``; skips the calling test (or fails it, see KVDOCTOR_REQUIRE_TOOLS) if missing.
-    For use inside fixtures and tests."""
+    For use inside fixtures and tests, which must be marked ``needs_tools``."""
+    if current_test is not None and current_test.get_closest_marker(MARKER) is None:
+        pytest.fail(f"{current_test.nodeid} uses {tool} but is not marked {MARKER}", pytrace=False)
     path = find(tool)
     if path is None:
         if required_strictly(tool):
@@ -139,13 +149,20 @@ def require(tool: str) -> str:
     return path
 
 
-# Skip markers. `requires` is registered and enforced in tests/conftest.py (pytest_runtest_setup).
-requires_promtool = pytest.mark.requires("promtool")
-requires_prometheus = pytest.mark.requires("prometheus")
-requires_helm = pytest.mark.requires("helm")
-requires_chromium = pytest.mark.requires("chromium")
-requires_chromedriver = pytest.mark.requires("chromedriver")
-requires_vllm = pytest.mark.requires("vllm")
+def needs(*tools: str) -> pytest.MarkDecorator:
+    """The marker of a test that needs ``tools`` (each looked up, and skipped on, before it runs)."""
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise ValueError(f"unknown tool {unknown[0]!r}: add it to tests/support/tools.py TOOLS")
+    return getattr(pytest.mark, MARKER)(*tools)
+
+
+requires_promtool = needs("promtool")
+requires_prometheus = needs("prometheus")
+requires_helm = needs("helm")
+requires_chromium = needs("chromium")
+requires_chromedriver = needs("chromedriver")
+requires_vllm = needs("vllm")
 
 
 def free_port() -> int:

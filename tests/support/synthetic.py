@@ -8,71 +8,30 @@ which also backfills the same samples into a real Prometheus (``backfill``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
-import subprocess
+import re
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
+from kvdoctor.dashboard import derive, promql
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.simulator.vllm_metrics import TTFT_BUCKETS as VLLM_TTFT_BUCKETS
+from tests.support.processes import Process
+from tests.support.servers import JSON, FakeServer, send, send_json, serve_until_killed
 
-# vLLM's inter-token latency buckets (seconds).
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    math.inf,
-)
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-    math.inf,
-)
+# vLLM's histogram bounds (seconds), +Inf included.
+ITL_BUCKETS = (*S.ITL_BUCKETS, math.inf)
+TTFT_BUCKETS = (*VLLM_TTFT_BUCKETS, math.inf)
 ENGINE = {"engine": "vllm", "model_name": "tiny"}
 CAPACITY_TOKENS = 100_000.0
 TOKENS_PER_SECOND = 400.0
@@ -294,8 +253,8 @@ class SyntheticEngine:
         for g in range(self.gpus):
             gl = {"gpu": str(g), "uuid": f"GPU-{g:04d}", "model": "NVIDIA H100 80GB HBM3"}
             wobble = 0.03 * np.sin(t / 7.0 + g)
-            put(S.GPU_DRAM_BANDWIDTH_UTILIZATION, np.clip(sc.dram + wobble, 0, 1), labels_of(gl, method="gpm"))
-            put(S.GPU_SM_ACTIVE, np.clip(sc.sm - wobble, 0, 1), labels_of(gl, method="gpm"))
+            put(S.GPU_DRAM_BANDWIDTH_UTILIZATION, np.clip(sc.dram + wobble, 0, 1), labels_of(gl, method=S.METHOD_GPM))
+            put(S.GPU_SM_ACTIVE, np.clip(sc.sm - wobble, 0, 1), labels_of(gl, method=S.METHOD_GPM))
             put(S.GPU_MEMORY_USED, 70e9, labels_of(gl))
             put(S.GPU_MEMORY_TOTAL, 80e9, labels_of(gl))
             put(S.GPU_PCIE_RX, sc.kv_to_gpu_bytes_per_second / self.gpus + 1e8, labels_of(gl))
@@ -311,10 +270,11 @@ class SyntheticEngine:
 
 @dataclass
 class FakeExporter:
-    """The exporter's JSON API over HTTP on loopback, serving a SyntheticEngine.
+    """The exporter's JSON API over HTTP on loopback (a FakeServer), serving a SyntheticEngine.
 
     ``fail = True`` makes every request answer 500 (a broken exporter); ``stop()`` closes the port
-    (an exporter that went away); ``sources_down`` marks sources down in the window and status.
+    and its connections (an exporter that went away); ``sources_down`` marks sources down in the
+    window and status; ``requests`` lists the paths asked for.
     """
 
     engine: SyntheticEngine
@@ -324,68 +284,45 @@ class FakeExporter:
     diagnosis: dict | None = None
     embed_status: bool = True
     delay: float = 0.0  # seconds each window request takes (a slow exporter)
-    stopped: bool = False
-    requests: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.diagnosis is None:
             self.diagnosis = diagnosis_for(self.engine.scenario)
-        fake = self
+        self.server = FakeServer(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, like the real exporter (uvicorn)
-            disable_nagle_algorithm = True  # headers and body go out in two writes
+    @property
+    def requests(self) -> list[str]:
+        return self.server.paths
 
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                if fake.stopped:  # a kept-alive connection outlives shutdown(): hang up like a dead process
-                    self.close_connection = True
-                    return
-                parts = urlsplit(self.path)
-                fake.requests.append(self.path)
-                if fake.fail:
-                    return self._send(500, {"error": "broken on purpose"})
-                if parts.path == "/api/v1/window":
-                    time.sleep(fake.delay)
-                    try:
-                        seconds = float(parse_qs(parts.query)["seconds"][0])
-                    except (KeyError, ValueError):
-                        return self._send(400, {"error": "seconds"})
-                    seconds = min(seconds, fake.max_window_seconds)
-                    now = time.time()
-                    window = fake.engine.window(now - seconds, now)
-                    payload = window.to_json()
-                    for item in payload["series"]:
-                        if item["name"] == S.SOURCE_UP and item["labels"].get("source") in fake.sources_down:
-                            item["values"] = [0.0 for _ in item["values"]]
-                    if fake.embed_status:  # the real exporter adds its sources' status to the window
-                        payload["seconds"] = seconds
-                        payload["sources"] = fake.status()["sources"]
-                    return self._send(200, payload)
-                if parts.path == "/api/v1/diagnosis":
-                    return self._send(200, fake.diagnosis)
-                if parts.path == "/api/v1/status":
-                    return self._send(200, fake.status())
-                return self._send(404, {"error": "not found"})
-
-            def _send(self, status, payload):
-                body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+    def _answer(self, h: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(h.path)
+        if self.fail:
+            return send_json(h, {"error": "broken on purpose"}, 500)
+        if parts.path == "/api/v1/window":
+            time.sleep(self.delay)
+            try:
+                seconds = float(parse_qs(parts.query)["seconds"][0])
+            except (KeyError, ValueError):
+                return send_json(h, {"error": "seconds"}, 400)
+            seconds = min(seconds, self.max_window_seconds)
+            now = time.time()
+            payload = self.engine.window(now - seconds, now).to_json()
+            for item in payload["series"]:
+                if item["name"] == S.SOURCE_UP and item["labels"].get("source") in self.sources_down:
+                    item["values"] = [0.0 for _ in item["values"]]
+            if self.embed_status:  # the real exporter adds its sources' status to the window
+                payload["seconds"] = seconds
+                payload["sources"] = self.status()["sources"]
+            return send_json(h, payload)
+        if parts.path == "/api/v1/diagnosis":
+            return send_json(h, self.diagnosis)
+        if parts.path == "/api/v1/status":
+            return send_json(h, self.status())
+        return send_json(h, {"error": "not found"}, 404)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.server.url()
 
     def status(self) -> dict:
         return {
@@ -396,17 +333,13 @@ class FakeExporter:
         }
 
     def stop(self) -> None:
-        self.stopped = True
-        self._server.shutdown()
-        self._server.server_close()
+        self.server.stop()
 
 
 # ------------------------------------------------------------------------------ fake Prometheus
 
 
 def _prom_duration(expr: str) -> float | None:
-    import re
-
     m = re.search(r"\[(\d+)s\]", expr)
     return float(m.group(1)) if m else None
 
@@ -425,72 +358,43 @@ class FakePrometheus:
     unknown: list = field(default_factory=list)
 
     def __post_init__(self):
-        fake = self
         self._cache: dict = {}
         self._answers: dict = {}
+        self.server = FakeServer(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                parts = urlsplit(self.path)
-                params = {k: v[0] for k, v in parse_qs(parts.query).items()}
-                fake.queries.append((parts.path, params))
-                cached = fake._answers.get(self.path)
-                if cached is not None:  # the same range query again (the benchmark): answer as fast as we can
-                    return self._send_bytes(cached)
-                try:
-                    if parts.path == "/api/v1/query":
-                        data = fake._instant(params["query"], float(params.get("time", time.time())))
-                    elif parts.path == "/api/v1/query_range":
-                        data = fake._range(
-                            params["query"], float(params["start"]), float(params["end"]), float(params["step"])
-                        )
-                    else:
-                        return self._send(404, {"status": "error", "error": "not found"})
-                except KeyError as exc:
-                    fake.unknown.append(params.get("query"))
-                    return self._send(400, {"status": "error", "errorType": "bad_data", "error": str(exc)})
-                body = json.dumps({"status": "success", "data": data}).encode()
-                if parts.path == "/api/v1/query_range":
-                    fake._answers[self.path] = body
-                return self._send_bytes(body)
-
-            def _send_bytes(self, body, status=200):
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _send(self, status, payload):
-                body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+    def _answer(self, h: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(h.path)
+        form = getattr(h, "body", b"").decode()  # the clients POST their queries, form-encoded
+        params = {k: v[0] for k, v in parse_qs("&".join(q for q in (parts.query, form) if q)).items()}
+        self.queries.append((parts.path, params))
+        key = (h.path, form)
+        cached = self._answers.get(key)
+        if cached is not None:  # the same range query again (the benchmark): answer as fast as we can
+            return send(h, cached, content_type=JSON)
+        try:
+            if parts.path == "/api/v1/query":
+                data = self._instant(params["query"], float(params.get("time", time.time())))
+            elif parts.path == "/api/v1/query_range":
+                data = self._range(params["query"], float(params["start"]), float(params["end"]), float(params["step"]))
+            else:
+                return send_json(h, {"status": "error", "error": "not found"}, 404)
+        except KeyError as exc:
+            self.unknown.append(params.get("query"))
+            return send_json(h, {"status": "error", "errorType": "bad_data", "error": str(exc)}, 400)
+        body = json.dumps({"status": "success", "data": data}).encode()
+        if parts.path == "/api/v1/query_range":
+            self._answers[key] = body
+        return send(h, body, content_type=JSON)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.server.url()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.server.stop()
 
     # -- data
     def _frame(self, instance: str, target: dict, start: float, end: float, rate_window: float):
-        from kvdoctor.dashboard import derive
-
         key = (instance, tuple(sorted(target.items())), start, end, rate_window)
         if key not in self._cache:
             window = self.targets[instance].window(start - max(rate_window, 60.0), end)
@@ -516,8 +420,6 @@ class FakePrometheus:
         return labels
 
     def _instant(self, expr: str, at: float) -> dict:
-        from kvdoctor.dashboard import promql
-
         vector: list = []
         known = False
 
@@ -535,46 +437,50 @@ class FakePrometheus:
             m = promql.matchers({promql.TARGET_LABEL: inst})
             base = self._base_labels(inst)
             window, frame = self._frame(inst, {}, at - 120.0, at, 60.0)
-            verdict = engine.scenario.verdict
+            verdicts = [(dict(base, verdict=engine.scenario.verdict), 1.0)]
             short = {"instance": inst}
-            answers = {
-                promql.target_listing_query(inst): lambda: [
-                    add(dict(labels, __name__=name, **({"pod": base["pod"]} if "pod" in base else {})), 1.0)
+            pod = {"pod": base["pod"]} if "pod" in base else {}
+            answers: dict[str, list[tuple[dict, float]]] = {
+                promql.target_listing_query(inst): [
+                    (dict(labels, __name__=name, **pod), 1.0)
                     for name, labels in window.series
                     if name in (S.KV_CACHE_USAGE, S.GPU_SM_ACTIVE, S.GPU_DRAM_BANDWIDTH_UTILIZATION)
                 ],
-                S.SOURCE_UP + m: lambda: [
-                    add(dict(labels, **base, __name__=S.SOURCE_UP), float(values[-1]))
+                S.SOURCE_UP + m: [
+                    (dict(labels, **base, __name__=S.SOURCE_UP), float(values[-1]))
                     for labels, values in window.select(S.SOURCE_UP).items()
                 ],
-                "up" + m: lambda: add(dict(base, __name__="up"), 1.0),
-                f"{S.DIAGNOSIS_VERDICT}{m} == 1": lambda: add(dict(base, verdict=verdict), 1.0),
+                "up" + m: [(dict(base, __name__="up"), 1.0)],
+                f"{S.DIAGNOSIS_VERDICT}{m} == 1": verdicts,
             }
-            fleet_answers = {
-                fleet["verdict"]: lambda: add(dict(base, verdict=verdict), 1.0),
-                fleet["worst"]: lambda: add(dict(base, verdict=verdict), 1.0),
-                fleet["kv_usage"]: lambda: add(short, float(frame.kv_usage[-1])),
-                fleet["itl_p95"]: lambda: add(short, float(frame.itl_p95[-1])),
-                fleet["preemption_rate"]: lambda: add(short, float(frame.preemption_rate[-1])),
-                fleet["info"]: lambda: add(dict({k: v for k, v in base.items() if k != "job"}, **ENGINE), 1.0),
+            fleet_answers: dict[str, list[tuple[dict, float]]] = {
+                fleet["verdict"]: verdicts,
+                fleet["worst"]: verdicts,
+                fleet["kv_usage"]: [(short, float(frame.kv_usage[-1]))],
+                fleet["itl_p95"]: [(short, float(frame.itl_p95[-1]))],
+                fleet["preemption_rate"]: [(short, float(frame.preemption_rate[-1]))],
+                fleet["info"]: [(dict({k: v for k, v in base.items() if k != "job"}, **ENGINE), 1.0)],
             }
             for table in (answers, fleet_answers):
                 if expr in table:
                     known = True
-                    table[expr]()
+                    for metric, value in table[expr]:
+                        add(metric, value)
         if not known:
             raise KeyError(f"the fake does not know {expr!r}")
         return {"resultType": "vector", "result": vector}
 
     def _range(self, expr: str, start: float, end: float, step: float) -> dict:
-        from kvdoctor.dashboard import derive, promql
-
-        grid = start + step * np.arange(int(math.floor((end - start) / step + 1e-9)) + 1)
+        grid = start + step * np.arange(math.floor((end - start) / step + 1e-9) + 1)
         rate_window = _prom_duration(expr) or 10.0
         matrix = []
 
         def add(metric: dict, ts: np.ndarray, values: np.ndarray):
-            vals = [[float(t), repr(float(v))] for t, v in zip(grid, self._at(ts, values, grid)) if math.isfinite(v)]
+            vals = [
+                [float(t), repr(float(v))]
+                for t, v in zip(grid, self._at(ts, values, grid), strict=True)
+                if math.isfinite(v)
+            ]
             if vals:
                 matrix.append({"metric": metric, "values": vals})
 
@@ -594,11 +500,11 @@ class FakePrometheus:
             window = self._latest_window(inst, end)
             candidates = (
                 [{}]
-                + [{"gpu": dict(l)["gpu"]} for n, l in window.series if n == S.GPU_SM_ACTIVE]
+                + [{"gpu": dict(labels)["gpu"]} for name, labels in window.series if name == S.GPU_SM_ACTIVE]
                 + [
-                    dict((k, v) for k, v in l if k in derive.ENGINE_TARGET_LABELS)
-                    for n, l in window.series
-                    if n == S.KV_CACHE_USAGE
+                    {k: v for k, v in labels if k in derive.ENGINE_TARGET_LABELS}
+                    for name, labels in window.series
+                    if name == S.KV_CACHE_USAGE
                 ]
             )
             for target in candidates:
@@ -620,6 +526,16 @@ class FakePrometheus:
                         add({}, frame.ts, getattr(frame, key))
                     return {"resultType": "matrix", "result": matrix}
         raise KeyError(f"the fake does not know {expr!r}")
+
+
+def fake_fleet(
+    scenarios: Mapping[str, str], *, age: float, gpus: int, pods: Mapping[str, str] | None = None
+) -> FakePrometheus:
+    """A FakePrometheus over one SyntheticEngine per target (instance -> scenario name), each
+    running for ``age`` seconds with ``gpus`` GPUs; ``pods``: instance -> pod label."""
+    now = time.time()
+    engines = {inst: SyntheticEngine(SCENARIOS[name], t0=now - age, gpus=gpus) for inst, name in scenarios.items()}
+    return FakePrometheus(engines, pods=dict(pods or {}))
 
 
 # ------------------------------------------------------------------- a real Prometheus, backfilled
@@ -644,7 +560,9 @@ def write_openmetrics(window: Window, path, labels: Mapping[str, str] | None = N
             text = name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items())) + "}"
             values = window.series[(name, series_labels)]
             keep = np.isfinite(values).tolist()
-            out.write("".join([f"{text} {v!r} {t}\n" for v, t, k in zip(values.tolist(), stamps, keep) if k]))
+            out.write(
+                "".join([f"{text} {v!r} {t}\n" for v, t, k in zip(values.tolist(), stamps, keep, strict=True) if k])
+            )
             count += sum(keep)
         out.write("# EOF\n")
     return count
@@ -686,51 +604,33 @@ def backfill(
                 path = os.path.join(tmp, f"{int(lo)}.om")
                 total += write_openmetrics(Window(window.timestamps, series), path, labels)
                 while len(running) >= 2:  # at most two promtools reading at once
-                    _finish(running.pop(0))
-                running.append(
-                    subprocess.Popen(
-                        [
-                            promtool,
-                            "tsdb",
-                            "create-blocks-from",
-                            f"--max-block-duration={block_seconds}s",
-                            "--quiet",
-                            "openmetrics",
-                            path,
-                            str(blocks_dir),
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                    )
-                )
+                    _finish(*running.pop(0))
+                argv = [promtool, "tsdb", "create-blocks-from", f"--max-block-duration={block_seconds}s", "--quiet"]
+                running.append((Process([*argv, "openmetrics", path, blocks_dir], name="promtool").start(), path))
             while running:
-                _finish(running.pop(0))
+                _finish(*running.pop(0))
         finally:
-            for proc in running:  # only after a failure
-                proc.kill()
-                proc.wait()
+            for proc, _ in running:  # only after a failure
+                proc.stop()
     return total
 
 
-def _finish(proc: subprocess.Popen) -> None:
-    _, err = proc.communicate(timeout=900)
-    os.unlink(proc.args[-2])  # the input file: a day of samples is about 1.6 GB of text
-    if proc.returncode != 0:
-        last = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        raise RuntimeError(f"promtool could not backfill {proc.args[-2]}: {last[0]}")
+def _finish(proc: Process, path: str) -> None:
+    rc = proc.wait(timeout=900)
+    os.unlink(path)  # the input file: a day of samples is about 1.6 GB of text
+    if rc != 0:
+        last = proc.output.strip().splitlines()[-1:] or [f"exit status {rc}"]
+        raise RuntimeError(f"promtool could not backfill {path}: {last[0]}")
 
 
 def main(argv=None) -> int:
     """Serve a fake exporter or Prometheus in its own process (the benchmark keeps it off its GIL).
 
-        python -m tests.dashboard.synthetic exporter --minutes 15 --gpus 8
-        python -m tests.dashboard.synthetic prometheus --hours 24 --gpus 8 --instance 10.0.0.1:9745 --end T
+        python -m tests.support.synthetic exporter --minutes 15 --gpus 8
+        python -m tests.support.synthetic prometheus --hours 24 --gpus 8 --instance 10.0.0.1:9745 --end T
 
     Prints the URL on the first line, then serves until killed.
     """
-    import argparse
-
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=("exporter", "prometheus"))
     parser.add_argument("--scenario", default="thrashing", choices=sorted(SCENARIOS))
@@ -749,11 +649,7 @@ def main(argv=None) -> int:
         end = args.end or time.time()
         engine = SyntheticEngine(SCENARIOS[args.scenario], t0=end - args.hours * 3600 - 600, gpus=args.gpus)
         server = FakePrometheus({args.instance: engine})
-    print(server.url, flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+    serve_until_killed(server.server)
     return 0
 
 
