@@ -19,6 +19,10 @@ Endpoints (all on the engine's port):
                        ``?scenario=...``); 200 with the new state, 400 naming the choices
 ``GET /gpu``           the simulated GPU's cumulative counters (JSON), read by the
                        ``simulated_gpu`` collector the way GPM reads a device
+``POST /v1/completions``, ``POST /v1/chat/completions``
+                       OpenAI-compatible answers, streamed or not, made by the simulated
+                       engine beside the scenario's clients (serving.py): ``kvdoctor stress``
+                       runs against the demo
 =====================  ========================================================================
 
 ``python -m kvdoctor.simulator.engine_server --scenario cycle --port 8000`` runs one
@@ -44,9 +48,11 @@ from .deployment import EngineConfig
 from .gpu import gpu_payload
 from .physics import Simulation
 from .scenarios import SCENARIO_CHOICES
+from .serving import ApiError, CompletionRun, parse_request
 from .vllm_metrics import ADMISSION_REJECTION_REASONS, CACHE_TIERS, FINISHED_REASONS, PROMPT_SOURCES, TRANSFER_TYPES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_REQUEST_BYTES = 1 << 20  # a request body past this is cut (prompts of a few thousand words fit)
 
 _MFU_HELP = "(for Model Flops Utilization calculations)."
 # (family, HELP) in vLLM 0.32's order; counters first, then histograms.
@@ -339,11 +345,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         parts = urlsplit(self.path)
+        if parts.path in ("/v1/completions", "/v1/chat/completions"):
+            self._complete(chat=parts.path.endswith("/chat/completions"))
+            return
         if parts.path != "/scenario":
             self._json(404, {"error": f"no such endpoint {parts.path!r}"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(min(length, 65536)) if length else b""
+        raw = self._body()
         name = (parse_qs(parts.query).get("scenario") or [None])[0]
         if name is None and raw:
             try:
@@ -358,10 +366,42 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.sim.set_scenario(name)
         self._json(200, scenario_payload(self.server.sim))
 
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(min(length, MAX_REQUEST_BYTES)) if length else b""
+
+    def _complete(self, chat: bool) -> None:
+        sim = self.server.sim
+        try:
+            try:
+                body = json.loads(self._body() or b"null")
+            except ValueError:
+                raise ApiError(400, "the request body is not JSON") from None
+            completion = parse_request(body, chat, sim.config.model_name, sim.config.max_model_len)
+        except ApiError as exc:
+            self._json(exc.status, exc.payload())
+            return
+        run = CompletionRun(sim, completion)
+        try:
+            if not completion.stream:
+                self._json(200, run.answer())
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in run.events():
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        finally:
+            run.cancel()  # a client that left mid-answer frees its KV blocks; a no-op when done
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # a load generator opens its connections all at once
 
     def handle_error(self, request, client_address):
         # A scraper that gives up mid-response (its timeout) is not the engine's problem; stay quiet

@@ -19,9 +19,12 @@ The engine keeps vLLM's own counters and histograms (cumulative, with vLLM's buc
 in ``VllmStats`` (vllm_metrics.py); the GPU's cumulative DRAM bytes, SM-busy seconds and PCIe bytes in ``GpuCounters``
 (the simulated GPU collector turns two readings into GPM-style ratios, as NVML GPM does).
 
+Requests sent to the engine's API (``submit``; serving.py streams their tokens) run beside the
+scenario's clients and outlive a scenario switch.
+
 Deterministic: all randomness comes from one ``random.Random(seed)``, and the state at a time
-depends only on the seed, the start time and when scenarios were switched, not on how often it
-was read. Time is whatever the injected ``clock`` says (``time.time`` by default).
+depends only on the seed, the start time, when scenarios were switched and what was submitted,
+not on how often it was read. Time is whatever the injected ``clock`` says (``time.time`` by default).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .deployment import EngineConfig
+from .requests import API_EPOCH, Request
 from .roofline import GpuCounters, StepLoad, step_cost
 from .scenarios import CYCLE, CYCLE_PERIOD_SECONDS, Scenario, scenario_at
 from .vllm_metrics import VllmStats
@@ -49,47 +53,6 @@ class EngineState:
     waiting: int
     kv_usage: float
     used_blocks: int
-
-
-class Request:
-    __slots__ = (
-        "arrival",
-        "computed",
-        "counted",
-        "epoch",
-        "first_scheduled",
-        "first_token",
-        "generated",
-        "holds_shared",
-        "host",
-        "id",
-        "last_token",
-        "output",
-        "preemptions",
-        "private_blocks",
-        "prompt",
-        "shared",
-        "target",
-    )
-
-    def __init__(self, rid: int, epoch: int, arrival: float, prompt: int, output: int, shared: int, host: int):
-        self.id = rid
-        self.epoch = epoch
-        self.arrival = arrival
-        self.prompt = prompt
-        self.output = output
-        self.shared = shared  # tokens of the shared (device-cached) prefix
-        self.host = host  # tokens whose KV comes from the CPU tier
-        self.computed = 0  # tokens with KV on the GPU
-        self.target = prompt  # tokens the current prefill brings the KV up to
-        self.generated = 0
-        self.private_blocks = 0
-        self.holds_shared = False
-        self.first_scheduled: float | None = None
-        self.first_token: float | None = None
-        self.last_token: float | None = None
-        self.preemptions = 0
-        self.counted = False  # prompt statistics are counted once, at the first admission
 
 
 class Simulation:
@@ -195,6 +158,24 @@ class Simulation:
             g = self.gpu
             return GpuCounters(g.time, g.dram_bytes, g.sm_active_seconds, g.pcie_rx_bytes, g.pcie_tx_bytes)
 
+    def submit(self, prompt_tokens: int, output_tokens: int) -> Request:
+        """Queue a request sent to the engine's API; it runs until ``output_tokens`` are made."""
+        with self._lock:
+            self.advance_to(self._clock())
+            self._next_id += 1
+            req = Request(self._next_id, API_EPOCH, self.now, prompt_tokens, output_tokens, 0, 0)
+            self.waiting.append(req)
+            return req
+
+    def cancel(self, req: Request) -> None:
+        """The client went away: drop ``req`` wherever it is (a no-op once it finished)."""
+        with self._lock:
+            if req in self.running:
+                self.running.remove(req)
+                self._release(req)
+            elif req in self.waiting:
+                self.waiting.remove(req)
+
     def snapshot(self) -> tuple[EngineState, VllmStats]:
         """The gauges and a deep copy of the counters, consistent with each other."""
         with self._lock:
@@ -209,11 +190,12 @@ class Simulation:
             self._switch(due)
 
     def _switch(self, scenario: Scenario) -> None:
-        aborted = list(self.running) + list(self.waiting)
+        aborted = [r for r in (*self.running, *self.waiting) if r.epoch != API_EPOCH]
         for req in self.running:
-            self._release(req)
-        self.running.clear()
-        self.waiting.clear()
+            if req.epoch != API_EPOCH:
+                self._release(req)
+        self.running = [r for r in self.running if r.epoch == API_EPOCH]
+        self.waiting = deque(r for r in self.waiting if r.epoch == API_EPOCH)
         if aborted:
             self.stats.add_labelled("vllm:request_success", "abort", len(aborted))
         self._epoch += 1
