@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 
+from kvdoctor.rules.signals import PREFIX_CACHE_HITS, PREFIX_CACHE_HITS_BY_TIER
 from kvdoctor.rules.window import SeriesKey
 
-from .base import EngineAdapter, MetricMap
+from .base import UNATTRIBUTED_TIER, EngineAdapter, MetricMap, Ratio
 
-# Order matters for detection: the first adapter whose ``detect`` families are present wins.
+# Order matters for detection: among the adapters that recognise a page equally surely, the
+# first one here wins.
 _MODULES = ("vllm", "sglang", "trtllm", "trtllm_triton", "tgi", "llamacpp", "lmcache", "dynamo_kvbm")
 
 ADAPTERS: dict[str, EngineAdapter] = {}
@@ -29,12 +31,20 @@ for _name in _MODULES:
 
 
 def detect(names: Iterable[str]) -> EngineAdapter | None:
-    """The engine adapter whose identifying families appear among ``names``, or None."""
+    """The engine adapter that recognises a page with these family and sample names, or None.
+
+    An adapter whose identifying families are present beats one that only finds some other
+    family it reads (a page with vLLM's TTFT histogram and LMCache's counters is vLLM's); ties
+    go to the first adapter in ``_MODULES``, so a page mixing several engines' families always
+    resolves the same way.
+    """
     present = set(names)
+    best, best_score = None, 0
     for adapter in ADAPTERS.values():
-        if any(n in present for n in adapter.detect):
-            return adapter
-    return None
+        score = adapter.recognises(present)
+        if score > best_score:
+            best, best_score = adapter, score
+    return best
 
 
 def normalise_page(
@@ -42,14 +52,42 @@ def normalise_page(
 ) -> dict[SeriesKey, float]:
     """One scrape's raw samples -> canonical samples, live or replayed: every KV-tier adapter
     (with the engine's name in its ``engine`` label), then the engine adapter, whose value wins
-    where both produce the same series."""
+    where both produce the same series.
+
+    Prefix hits count every tier once: a KV tier on the page names the hits its engine could
+    only call ``external_unspecified``, so those engine series give way to the tier's; and
+    where the engine counted no such hits at all (vLLM before ``external_prefix_cache_hits``),
+    the tier's hits are added to ``prefix_cache_hits_total`` too.
+    """
+    raw = raw if isinstance(raw, list) else list(raw)
     extra = dict(extra_labels or {})
     tier_labels = {**extra, "engine": adapter.name}
-    out: dict[SeriesKey, float] = {}
+    tiers: dict[SeriesKey, float] = {}
     for tier in TIER_ADAPTERS.values():
-        out.update(tier.normalise(raw, tier_labels))
-    out.update(adapter.normalise(raw, extra))
-    return out
+        tiers.update(tier.normalise(raw, tier_labels))
+    engine = adapter.normalise(raw, extra)
+    tier_hits = {key: v for key, v in tiers.items() if key[0] == PREFIX_CACHE_HITS_BY_TIER}
+    if tier_hits:
+        unattributed = [
+            key for key in engine if key[0] == PREFIX_CACHE_HITS_BY_TIER and ("tier", UNATTRIBUTED_TIER) in key[1]
+        ]
+        for key in unattributed:
+            del engine[key]
+        if not unattributed:
+            for (_, labels), v in tier_hits.items():
+                total = (PREFIX_CACHE_HITS, tuple(kv for kv in labels if kv[0] != "tier"))
+                into = engine if total in engine else tiers
+                into[total] = into.get(total, 0.0) + v
+    return {**tiers, **engine}
 
 
-__all__ = ["ADAPTERS", "TIER_ADAPTERS", "EngineAdapter", "MetricMap", "detect", "normalise_page"]
+__all__ = [
+    "ADAPTERS",
+    "TIER_ADAPTERS",
+    "UNATTRIBUTED_TIER",
+    "EngineAdapter",
+    "MetricMap",
+    "Ratio",
+    "detect",
+    "normalise_page",
+]

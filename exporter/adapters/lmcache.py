@@ -17,7 +17,12 @@ What maps, and why:
 - ``lmcache:num_remote_read_bytes_total`` / ``..._write_bytes_total`` are remote-backend <-> LMCache
   host traffic, not GPU transfers, and are deliberately not mapped (counting them as well would
   count a remote hit twice).
-- Only ``model_name`` is kept; per-worker series add up.
+- ``served_model_name`` (newer releases: the engine's served name) becomes ``model_name``, so the
+  tier's series line up with the engine's; older releases have only ``model_name`` (the model
+  path), which is kept as it is. Per-worker series add up.
+- On the engine's page these hits are the tokens vLLM counts as ``external_prefix_cache_hits``:
+  ``normalise_page`` lets this tier name them instead of vLLM's ``external_unspecified`` tier,
+  and adds them to the total hits only where vLLM counted no connector hits.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 from kvdoctor.rules import signals as S
 
 from .base import EngineAdapter, MetricMap
+
+_ENGINE_LABELS = {"served_model_name": "model_name"}
 
 _HITS = MetricMap(
     ("lmcache:num_hit_tokens_total",),
@@ -56,6 +63,7 @@ def with_bytes_per_token(bytes_per_token: float) -> EngineAdapter:
             ),
         ),
         cannot_provide=(),
+        engine_labels=_ENGINE_LABELS,
     )
 
 
@@ -71,4 +79,5 @@ TIER_ADAPTER = EngineAdapter(
     ),
     maps=(_HITS,),
     cannot_provide=(S.KV_TRANSFER_BYTES,),
+    engine_labels=_ENGINE_LABELS,
 )

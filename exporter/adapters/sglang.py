@@ -1,8 +1,18 @@
 """SGLang (``--enable-metrics``), ``/metrics`` on the server port.
 
 Sources: sgl-project/sglang ``python/sglang/srt/observability/metrics_collector.py`` (current;
-``python/sglang/srt/metrics/collector.py`` before the move), ``scheduler_metrics_mixin.py``,
-``docs/references/production_metrics.md``.
+``python/sglang/srt/metrics/collector.py`` before the move, ``metrics_collector.py`` in the 2024
+``sglang/srt/metrics`` package), ``scheduler_metrics_mixin.py``, ``hicache_pool_stats.py``,
+``docs/references/production_metrics.md``; real pages under tests/fixtures/published/sglang/.
+
+Generations (every row lists the newest name first):
+- Late 2024 (SGLang 0.3.x, the first Prometheus support, sgl-project/sglang#1853): the model is in
+  a ``name`` label (mapped to ``model_name``), running/waiting are ``sglang:num_requests_running``
+  / ``sglang:num_requests_waiting``, and ``sglang:cache_hit_rate`` is a **percent** (10.61 means
+  10.61 %): the scheduler set it to ``100 * hit/total``.
+- 2025 on: ``model_name`` label, ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs``, and
+  ``cache_hit_rate`` a 0..1 ratio. The family is declared ``percent_or_ratio``: a sample with the
+  2024 ``name`` label, or above 1, is a percent; otherwise a ratio.
 
 Traps, all checked in the source:
 - ``sglang:num_retracted_reqs`` is a gauge of the retractions *since the last log interval* (the
@@ -14,9 +24,13 @@ Traps, all checked in the source:
   hits = ``sglang:cached_tokens_total`` (all ``cache_source``), queries = ``sglang:prompt_tokens_total``
   (every prompt token is looked up in the radix cache). Builds older than ``cached_tokens_total``
   yield queries without hits: treat missing hits as unknown, not zero.
+- ``sglang:prompt_tokens_total`` adds each finished request's full prompt length
+  (``observe_one_finished_request``), prefix hits included, as the canonical signal means.
 - ``sglang:token_usage`` is a 0..1 fraction; on hybrid SWA models it is max(full, swa).
 - ``sglang:time_per_output_token_seconds`` (old name) was already per token, like its successor
   ``sglang:inter_token_latency_seconds``.
+- HiCache host pool: ``sglang:hicache_host_used_tokens`` / ``sglang:hicache_host_total_tokens``
+  (both gauges, published only with ``--enable-hierarchical-cache``) give the host usage ratio.
 - Scheduler metrics carry ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` and, with DP attention,
   ``dp_rank``; only ``dp_rank`` is kept (one KV pool per DP rank). Gauges of one DP rank from
   several TP/PP ranks (``--enable-metrics-for-all-schedulers``) fold onto one series, last one wins.
@@ -31,7 +45,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap
+from .base import PERCENT_OR_RATIO, EngineAdapter, MetricMap, Ratio
 
 
 def _tier_hits(labels, value):
@@ -49,12 +63,18 @@ ADAPTER = EngineAdapter(
         "sglang:time_to_first_token_seconds",
         "sglang:prompt_tokens",
         "sglang:prompt_tokens_total",
+        "sglang:num_requests_running",
+        "sglang:num_requests_waiting",
     ),
     maps=(
         MetricMap(("sglang:token_usage",), S.KV_CACHE_USAGE),
         MetricMap(("sglang:max_total_num_tokens",), S.KV_CACHE_CAPACITY),
-        MetricMap(("sglang:num_running_reqs",), S.REQUESTS_RUNNING),
-        MetricMap(("sglang:num_queue_reqs",), S.REQUESTS_WAITING),
+        MetricMap(
+            (Ratio(("sglang:hicache_host_used_tokens", {}), ("sglang:hicache_host_total_tokens", {})),),
+            S.KV_CACHE_HOST_USAGE,
+        ),
+        MetricMap(("sglang:num_running_reqs", "sglang:num_requests_running"), S.REQUESTS_RUNNING),
+        MetricMap(("sglang:num_queue_reqs", "sglang:num_requests_waiting"), S.REQUESTS_WAITING),
         MetricMap(("sglang:num_retracted_requests_total", "sglang:total_retracted_reqs"), S.PREEMPTIONS),
         MetricMap(("sglang:prompt_tokens_total",), S.PREFIX_CACHE_QUERIES),
         MetricMap(("sglang:cached_tokens_total",), S.PREFIX_CACHE_HITS),
@@ -64,7 +84,9 @@ ADAPTER = EngineAdapter(
             rename_labels={"cache_source": "tier"},
             value=_tier_hits,
         ),
-        MetricMap(("sglang:cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO),
+        MetricMap(
+            ("sglang:cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO, unit=PERCENT_OR_RATIO, percent_labels=("name",)
+        ),
         MetricMap(
             ("sglang:load_back_bytes_total",),
             S.KV_TRANSFER_BYTES,
@@ -83,6 +105,7 @@ ADAPTER = EngineAdapter(
         MetricMap(("sglang:generation_tokens_total",), S.GENERATION_TOKENS),
         MetricMap(("sglang:prompt_tokens_total",), S.PROMPT_TOKENS),
     ),
-    engine_labels={"dp_rank": "dp_rank"},
-    cannot_provide=(),
+    engine_labels={"dp_rank": "dp_rank", "name": "model_name"},
+    cannot_provide=(S.REQUESTS_SWAPPED, S.GENERATION_SECONDS),
+    prefixes=("sglang:",),
 )

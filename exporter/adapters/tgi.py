@@ -11,7 +11,8 @@ Notes:
 - ``tgi_request_mean_time_per_token_duration`` is a per-request mean time per token; it is the
   only per-token latency TGI has and is mapped to ITL with that caveat.
 - Token totals are the ``_sum`` of the per-request histograms ``tgi_request_input_length`` and
-  ``tgi_request_generated_tokens`` (successful requests only).
+  ``tgi_request_generated_tokens`` (successful requests only; the input length is the whole
+  prompt, prefix-cache hits of TGI 3 included, as the canonical prompt tokens mean).
 - Running is ``tgi_batch_current_size`` (requests in the running batch).
 """
 
@@ -41,5 +42,9 @@ ADAPTER = EngineAdapter(
         S.PREFIX_CACHE_HITS_BY_TIER,
         S.PREFIX_CACHE_HIT_RATIO,
         S.TIME_TO_FIRST_TOKEN,
+        S.REQUESTS_SWAPPED,
+        S.KV_CACHE_HOST_USAGE,
+        S.GENERATION_SECONDS,
     ),
+    prefixes=("tgi_",),
 )

@@ -12,16 +12,24 @@ Notes:
   ``gpu`` becomes the canonical ``device``. Levels sharing a tier are summed.
 - ``trtllm_kv_cache_onboard_bytes_total`` (host -> GPU) and ``..._offload_bytes_total``
   (GPU -> host) are the secondary-pool transfers.
-- KV capacity is ``trtllm_kv_cache_max_blocks x trtllm_kv_cache_tokens_per_block``: a product of
-  two families, which a MetricMap row cannot express yet (see the report: ``MetricMap.times``).
+- KV capacity is ``trtllm_kv_cache_max_blocks x trtllm_kv_cache_tokens_per_block``; KV usage is
+  ``trtllm_kv_cache_utilization`` (0..1), or used / max blocks where only the parts are there.
+- ``trtllm_kv_cache_host_utilization`` (0..1) is the secondary (host) pool's usage;
+  ``trtllm_kv_cache_hit_rate`` the executor's reused / (reused + missed) blocks, 0..1.
+- ``trtllm_prompt_tokens_total`` adds each finished request's input tokens (``MetricNames.PROMPT_TOKENS``),
+  prefix hits included, as the canonical signal means.
 - No preemption counter: ``trtllm_num_paused_requests`` is the number paused right now.
+- Generations: releases before the ``trtllm_`` prefix (TensorRT-LLM 1.0, NVIDIA/TensorRT-LLM#5785)
+  exposed the five request families unprefixed (``time_to_first_token_seconds`` ...): names too
+  generic to recognise or map safely, so not read; Dynamo re-exports them with a ``trtllm_``
+  prefix, which is read.
 """
 
 from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap
+from .base import RATIO, EngineAdapter, MetricMap, Ratio
 
 _TIERS = {"gpu": "device", "host": "host", "disk": "disk"}
 
@@ -37,7 +45,15 @@ ADAPTER = EngineAdapter(
         "trtllm_request_success_total",
     ),
     maps=(
-        MetricMap(("trtllm_kv_cache_utilization",), S.KV_CACHE_USAGE),
+        MetricMap(
+            (
+                "trtllm_kv_cache_utilization",
+                Ratio(("trtllm_kv_cache_used_blocks", {}), ("trtllm_kv_cache_max_blocks", {})),
+            ),
+            S.KV_CACHE_USAGE,
+            unit=RATIO,
+        ),
+        MetricMap(("trtllm_kv_cache_host_utilization",), S.KV_CACHE_HOST_USAGE, unit=RATIO),
         MetricMap(("trtllm_kv_cache_max_blocks",), S.KV_CACHE_CAPACITY, times=("trtllm_kv_cache_tokens_per_block", {})),
         MetricMap(("trtllm_num_requests_running",), S.REQUESTS_RUNNING),
         MetricMap(("trtllm_num_requests_waiting",), S.REQUESTS_WAITING),
@@ -52,7 +68,7 @@ ADAPTER = EngineAdapter(
             )
             for engine_tier, tier in _TIERS.items()
         ),
-        MetricMap(("trtllm_kv_cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO),
+        MetricMap(("trtllm_kv_cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO, unit=RATIO),
         MetricMap(
             ("trtllm_kv_cache_onboard_bytes_total",),
             S.KV_TRANSFER_BYTES,
@@ -68,5 +84,6 @@ ADAPTER = EngineAdapter(
         MetricMap(("trtllm_generation_tokens_total",), S.GENERATION_TOKENS),
         MetricMap(("trtllm_prompt_tokens_total",), S.PROMPT_TOKENS),
     ),
-    cannot_provide=(S.PREEMPTIONS,),
+    cannot_provide=(S.PREEMPTIONS, S.REQUESTS_SWAPPED, S.GENERATION_SECONDS),
+    prefixes=("trtllm_",),
 )

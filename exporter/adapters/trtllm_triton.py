@@ -3,19 +3,26 @@
 
 Sources: NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/
 custom_metrics_reporter.cc`` (current) and triton-inference-server/tensorrtllm_backend
-``inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc`` (2024). Every
-family is a gauge labelled ``model`` (the Triton model, e.g. ``tensorrt_llm``) and ``version``.
+``inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc`` (2024); the
+example pages of the backend's README (23.11, 2024, current), kept under
+tests/fixtures/published/trtllm_triton/. Every family is a gauge labelled ``model`` (the Triton
+model, e.g. ``tensorrt_llm``) and ``version``.
+
+Generations:
+- 23.11 (November 2023): ``nv_trt_llm_request_statistics`` and
+  ``nv_trt_llm_kv_cache_block_statistics``; blocks ``max``/``free``/``used``/``tokens_per``, no
+  ``fraction``: KV usage is derived from its parts, used / max.
+- 2024: renamed ``..._metrics``; still no ``fraction`` (used / max again).
+- Current: ``fraction`` (0..1, read as published where present, even where it disagrees with
+  used / max), ``request_type="waiting"``, and the ``nv_llm_input/output_token_len`` histograms.
 
 Notes:
-- KV usage is ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}`` (0..1); older
-  backends had no ``fraction`` (used/max of two samples: not expressible as a row), so they give
-  no KV usage.
 - Running is ``request_type="active"`` (the executor's numActiveRequests, the same field
-  ``trtllm-serve`` exposes as running); waiting is ``request_type="waiting"`` (newer backends).
+  ``trtllm-serve`` exposes as running); waiting is ``request_type="waiting"`` (current backends).
 - Token totals come from the ``_sum`` of the per-response histograms ``nv_llm_input_token_len``
-  and ``nv_llm_output_token_len`` (newer backends).
-- KV capacity is ``max x tokens_per`` (a product: see the report). ``reused`` counts blocks
-  without a matching miss count, so no prefix hit ratio. No TTFT/ITL histogram: Triton's own
+  (input tokens per request, prefix hits included) and ``nv_llm_output_token_len``.
+- KV capacity is ``max x tokens_per``. ``reused`` counts blocks without a matching miss count, so
+  no prefix hit ratio. No TTFT/ITL histogram: Triton's own
   ``nv_inference_first_response_histogram_ms`` is in milliseconds in its ``le`` labels, which a
   row's ``scale`` cannot rescale.
 """
@@ -24,24 +31,37 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap
+from .base import RATIO, EngineAdapter, MetricMap, Ratio
 
 _KV = "nv_trt_llm_kv_cache_block_metrics"
 _REQ = "nv_trt_llm_request_metrics"
+_KV_2023 = "nv_trt_llm_kv_cache_block_statistics"
+_REQ_2023 = "nv_trt_llm_request_statistics"
+
+
+def _blocks(family: str, block_type: str):
+    return (family, {"kv_cache_block_type": block_type})
+
 
 ADAPTER = EngineAdapter(
     name="trtllm_triton",
-    detect=(_REQ, _KV),
+    detect=(_REQ, _KV, _REQ_2023, _KV_2023),
     maps=(
-        MetricMap((_KV,), S.KV_CACHE_USAGE, match={"kv_cache_block_type": "fraction"}),
         MetricMap(
-            (_KV,),
-            S.KV_CACHE_CAPACITY,
-            match={"kv_cache_block_type": "max"},
-            times=(_KV, {"kv_cache_block_type": "tokens_per"}),
+            (
+                _blocks(_KV, "fraction"),
+                Ratio(_blocks(_KV, "used"), _blocks(_KV, "max")),
+                Ratio(_blocks(_KV_2023, "used"), _blocks(_KV_2023, "max")),
+            ),
+            S.KV_CACHE_USAGE,
+            unit=RATIO,
         ),
-        MetricMap((_REQ,), S.REQUESTS_RUNNING, match={"request_type": "active"}),
-        MetricMap((_REQ,), S.REQUESTS_WAITING, match={"request_type": "waiting"}),
+        MetricMap((_blocks(_KV, "max"),), S.KV_CACHE_CAPACITY, times=_blocks(_KV, "tokens_per")),
+        MetricMap(
+            (_blocks(_KV_2023, "max"),), S.KV_CACHE_CAPACITY, times=_blocks(_KV_2023, "tokens_per"), unless=(_KV,)
+        ),
+        MetricMap(((_REQ, {"request_type": "active"}), (_REQ_2023, {"request_type": "active"})), S.REQUESTS_RUNNING),
+        MetricMap(((_REQ, {"request_type": "waiting"}),), S.REQUESTS_WAITING),
         MetricMap(("nv_llm_input_token_len_sum",), S.PROMPT_TOKENS),
         MetricMap(("nv_llm_output_token_len_sum",), S.GENERATION_TOKENS),
     ),
@@ -55,5 +75,9 @@ ADAPTER = EngineAdapter(
         S.PREFIX_CACHE_HIT_RATIO,
         S.INTER_TOKEN_LATENCY,
         S.TIME_TO_FIRST_TOKEN,
+        S.REQUESTS_SWAPPED,
+        S.KV_CACHE_HOST_USAGE,
+        S.GENERATION_SECONDS,
     ),
+    prefixes=("nv_trt_llm_",),
 )

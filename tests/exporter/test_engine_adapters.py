@@ -196,6 +196,14 @@ def test_no_other_engine_claims_the_page(fixture):
 
 
 @pytest.mark.parametrize("fixture", sorted(DETECT))
+def test_no_other_engine_recognises_any_family_of_the_page(fixture):
+    """Not even weakly: no family another engine reads, no family with its prefix."""
+    names = family_names(read(fixture))
+    others = {key: a.recognises(names) for key, a in adapters.ADAPTERS.items() if key != DETECT[fixture]}
+    assert not any(others.values()), others
+
+
+@pytest.mark.parametrize("fixture", sorted(DETECT))
 def test_tier_adapters_recognise_only_their_pages(fixture):
     names = family_names(read(fixture))
     present = {key for key in MY_TIERS if any(n in names for n in adapters.TIER_ADAPTERS[key].detect)}
@@ -221,15 +229,17 @@ def test_all_adapters_are_registered():
 # ------------------------------------------------------------------------------- declarations
 
 
-@pytest.mark.parametrize("key", MY_ENGINES)
+@pytest.mark.parametrize("key", sorted(adapters.ADAPTERS))
 def test_engine_adapter_accounts_for_every_engine_signal(key):
-    """Each engine signal is either mapped or declared in cannot_provide, never both. A ratio gauge
-    is optional when the engine gives the query/hit counters the ratio is computed from."""
+    """Each engine signal is either mapped or declared in cannot_provide, never both; what only
+    older generations publish is mapped. A ratio gauge is optional when the engine gives the
+    query/hit counters the ratio is computed from."""
     adapter = adapters.ADAPTERS[key]
     mapped = {m.target for m in adapter.maps}
     cannot = set(adapter.cannot_provide)
     assert cannot <= ENGINE_SIGNALS
     assert not mapped & cannot
+    assert set(adapter.legacy_only) <= mapped
     missing = set(ENGINE_SIGNALS) - mapped - cannot
     if {S.PREFIX_CACHE_QUERIES, S.PREFIX_CACHE_HITS} <= mapped:
         missing.discard(S.PREFIX_CACHE_HIT_RATIO)
@@ -248,7 +258,7 @@ def test_docs_table_matches_the_adapters():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].startswith("`"):
             rows[cells[0].split("`")[1]] = cells
-    assert set(rows) == set(MY_ENGINES) | set(MY_TIERS)
+    assert set(rows) == set(adapters.ADAPTERS) | set(adapters.TIER_ADAPTERS)
     for key, (_, detect_by, provided, cannot) in rows.items():
         adapter = adapter_for(key)
         short = lambda cell: {"kvdoctor_" + n for n in re.findall(r"`([a-z0-9_]+)`", cell)}  # noqa: E731
@@ -296,15 +306,18 @@ def test_trtllm_tiers_and_transfers():
     assert {signal_of(n) for n, _ in old} == {S.INTER_TOKEN_LATENCY, S.TIME_TO_FIRST_TOKEN}
 
 
-def test_triton_kv_usage_only_from_the_fraction_sample():
+def test_triton_kv_usage_from_the_fraction_or_from_its_parts():
     triton = adapters.ADAPTERS["trtllm_triton"]
     current = normalise(triton, read("trtllm_triton/triton-current.txt"))
     assert math.isclose(value(current, S.KV_CACHE_USAGE, model_name="tensorrt_llm"), 5720 / 6239)
     assert value(current, S.REQUESTS_WAITING) == 17.0
     assert value(current, S.PROMPT_TOKENS) == 4500 + 82000 + 36000
     assert value(current, S.KV_CACHE_CAPACITY) == 6239 * 64  # max blocks x tokens per block
-    old = normalise(triton, read("trtllm_triton/triton-2024.txt"))
-    assert {signal_of(n) for n, _ in old} == {S.REQUESTS_RUNNING, S.KV_CACHE_CAPACITY}
+    old = normalise(triton, read("trtllm_triton/triton-2024.txt"))  # no fraction: used / max blocks
+    raw = {lab.get("kv_cache_block_type"): v for n, lab, v, _ in iter_samples(read("trtllm_triton/triton-2024.txt"))}
+    assert "fraction" not in raw
+    assert value(old, S.KV_CACHE_USAGE, model_name="tensorrt_llm") == raw["used"] / raw["max"]
+    assert {signal_of(n) for n, _ in old} == {S.REQUESTS_RUNNING, S.KV_CACHE_CAPACITY, S.KV_CACHE_USAGE}
 
 
 def test_llamacpp_queries_are_processed_plus_cached_tokens():

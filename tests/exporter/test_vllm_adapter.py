@@ -243,8 +243,57 @@ def test_capacity_absent_until_known():
 def test_declarations():
     emitted = {S.signal_for_series(n).name for p in PAGES for n, _ in canonical(p.read_text())}
     engine_signals = {n for n, sig in S.SIGNALS.items() if sig.labels[:2] == S.ENGINE_LABELS}
-    # The captures show every engine signal but the offload bytes (no connector configured) ...
-    assert engine_signals - emitted - set(ADAPTER.cannot_provide) == {S.KV_TRANSFER_BYTES}
+    # The captures show every engine signal but the offload bytes (no connector configured) and
+    # what only V0 published ...
+    assert engine_signals - emitted - set(ADAPTER.cannot_provide) - set(ADAPTER.legacy_only) == {S.KV_TRANSFER_BYTES}
+    assert not emitted & set(ADAPTER.legacy_only)
     assert S.KV_TRANSFER_BYTES in {S.signal_for_series(n).name for n, _ in canonical(NEW_NAMES)}
     assert not emitted & set(ADAPTER.cannot_provide)
     assert all(not math.isnan(v) for p in PAGES for v in canonical(p.read_text()).values())
+
+
+V0_PAGE = """\
+# TYPE vllm:num_requests_swapped gauge
+vllm:num_requests_swapped{model_name="m"} 3.0
+# TYPE vllm:cpu_cache_usage_perc gauge
+vllm:cpu_cache_usage_perc{model_name="m"} 0.25
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.98
+# TYPE vllm:gpu_prefix_cache_hit_rate gauge
+vllm:gpu_prefix_cache_hit_rate{model_name="m"} 0.4
+# TYPE vllm:cpu_prefix_cache_hit_rate gauge
+vllm:cpu_prefix_cache_hit_rate{model_name="m"} -1.0
+"""
+
+
+def test_v0_swapping_and_the_host_pool_are_signals():
+    """V0's swap preemption: swapped requests and the CPU swap pool's usage (0..1, like the GPU's)."""
+    out = canonical(V0_PAGE)
+    m = {"engine": "vllm", "model_name": "m"}
+    assert value(out, S.REQUESTS_SWAPPED, **m) == 3.0
+    assert value(out, S.KV_CACHE_HOST_USAGE, **m) == 0.25
+    assert value(out, S.KV_CACHE_USAGE, **m) == 0.98
+    assert value(out, S.PREFIX_CACHE_HIT_RATIO, **m) == 0.4
+    assert {S.signal_for_series(n).name for n, _ in out} == {
+        S.REQUESTS_SWAPPED,
+        S.KV_CACHE_HOST_USAGE,
+        S.KV_CACHE_USAGE,
+        S.PREFIX_CACHE_HIT_RATIO,
+    }
+    assert canonical(V0_PAGE.replace("} 0.4", "} -1.0")).keys() == out.keys() - {
+        (S.PREFIX_CACHE_HIT_RATIO, tuple(sorted(m.items())))
+    }  # -1: prefix caching off, no ratio
+
+
+def test_connector_hits_count_in_the_total_and_in_their_own_tier():
+    page = NEW_NAMES + (
+        "# TYPE vllm:external_prefix_cache_hits_total counter\n"
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 60.0\n'
+    )
+    out = canonical(page)
+    assert value(out, S.PREFIX_CACHE_HITS, **M) == 100.0 + 60.0
+    assert value(out, S.PREFIX_CACHE_QUERIES, **M) == 400.0  # connector queries are a subset
+    tiers = {dict(lab)["tier"]: v for (n, lab), v in out.items() if n == S.PREFIX_CACHE_HITS_BY_TIER}
+    assert tiers == {"device": 100.0, "external_unspecified": 60.0}
+    # no connector counter: no tier split invented from the local hits alone
+    assert not any(n == S.PREFIX_CACHE_HITS_BY_TIER for n, _ in canonical(NEW_NAMES))
