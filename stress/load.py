@@ -9,8 +9,14 @@
 
 The signals recorded meanwhile (the exporter's window) come from ``kvdoctor.stress.signals``.
 
-Every request's prompt starts with its own tag, then the same fixed text: prefix caching cannot
-share KV blocks between requests, so each request holds its own KV (the point of the test).
+Every request's prompt starts with its own tag (the run's random id and the request's number),
+then the same fixed text: prefix caching cannot share KV blocks between requests, nor with an
+earlier run, so each request holds its own KV (the point of the test). With ``share_prefix`` the
+tag goes at the end instead: every request of the run shares the fixed text as a cached prefix.
+
+Tokens are counted once, however the server reports them: one per chunk with text, and where the
+server gives its running count of completion tokens (per chunk, or only in the last chunk) just
+the tokens the chunks so far did not show.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import collections
 import json
 import math
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +50,7 @@ PROBE_TIMEOUT = 120.0  # a probe's prefill may queue behind other traffic on a b
 READ_TIMEOUT = 600.0  # a preempted request can stall for a long time between two tokens
 FAILURE_BACKOFF = 0.5  # seconds a worker waits after a failed request (a dead endpoint must not spin)
 CALIBRATION_WORDS = 200
+MIN_CALIBRATION_WORDS = 8  # the calibration probe halves down to this on HTTP 400 (a small context)
 RECENT_GAPS = 4096
 
 # The fixed text: plain words, cycled with a stride so byte-pair merges stay near one token a word.
@@ -84,10 +92,18 @@ def server_root(api_base: str) -> str:
     return api_base[: -len("/v1")] if api_base.endswith("/v1") else api_base
 
 
-def make_prompt(words: int, tag: str = "") -> str:
-    """``tag`` then ``words`` words of the fixed text (the same text for every request)."""
+def make_prompt(words: int, tag: str = "", tag_last: bool = False) -> str:
+    """``tag`` then ``words`` words of the fixed text (the same text for every request); with
+    ``tag_last`` the tag follows the text, which then is a prefix every such prompt shares."""
     body = " ".join(_WORDS[(k * 7) % len(_WORDS)] for k in range(max(1, words)))
-    return f"{tag} {body}" if tag else body
+    if not tag:
+        return body
+    return f"{body} {tag}" if tag_last else f"{tag} {body}"
+
+
+def new_run_id() -> str:
+    """A random id for one run's request tags: no two runs share a prompt prefix."""
+    return secrets.token_hex(4)
 
 
 def _refused(exc: BaseException) -> str:
@@ -100,6 +116,16 @@ def _refused(exc: BaseException) -> str:
             return "connection refused"
         seen = seen.__cause__ or seen.__context__
     return str(exc) or type(exc).__name__
+
+
+def _context_size(response: httpx.Response) -> int | None:
+    """The context size an HTTP 400 names (llama.cpp's ``exceed_context_size_error`` carries n_ctx)."""
+    try:
+        err = response.json().get("error")
+        value = err.get("n_ctx") if isinstance(err, dict) else None
+        return int(value) if isinstance(value, (int, float)) and value > 0 else None
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -221,18 +247,22 @@ async def discover(
         raise EndpointError(f"model {model!r} is not served at {api_base} (it serves: {', '.join(names[:5])})")
 
     ep = Endpoint(api_base, "completions", model, extras={"ignore_eos": True})
-    response = await _probe(client, ep, CALIBRATION_WORDS)
+    words = CALIBRATION_WORDS
+    response = await _probe(client, ep, words)
     if response.status_code in (404, 405, 501):
         ep.kind = "chat"
         ep.notes.append("no /v1/completions here: using /v1/chat/completions (the prompt includes the chat template)")
-        response = await _probe(client, ep, CALIBRATION_WORDS)
+        response = await _probe(client, ep, words)
+    # A small context refuses the probe itself: halve it until it fits (llama.cpp's slots can be tiny).
+    while response.status_code == 400 and words > MIN_CALIBRATION_WORDS:
+        words = max(MIN_CALIBRATION_WORDS, words // 2)
+        response = await _probe(client, ep, words)
     if response.status_code != 200:
         raise EndpointError(
             f"{ep.url} answered HTTP {response.status_code} to a test request: {_error_message(response)}"
         )
 
     # Calibrate: scale the word count by the tokens the server counted, until within 2 % (3 tries).
-    words = CALIBRATION_WORDS
     counted = _usage_prompt_tokens(response)
     if counted is None:
         ep.notes.append("the server reports no usage: the prompt length is estimated at one token per word")
@@ -242,7 +272,11 @@ async def discover(
             words = max(1, round(words * prompt_tokens / max(counted, 1)))
             response = await _probe(client, ep, words)
             if response.status_code != 200:
-                raise EndpointError(f"{ep.url} refused a ~{prompt_tokens}-token prompt: {_error_message(response)}")
+                n_ctx = _context_size(response)
+                context = f" (its context holds {n_ctx} tokens a request: lower --prompt-tokens)" if n_ctx else ""
+                raise EndpointError(
+                    f"{ep.url} refused a ~{prompt_tokens}-token prompt: {_error_message(response)}{context}"
+                )
             counted = _usage_prompt_tokens(response) or counted
             if abs(counted - prompt_tokens) <= max(2, 0.02 * prompt_tokens):
                 break
@@ -317,12 +351,20 @@ class LoadRunner:
     """Keeps ``concurrency`` streamed requests in flight; records every token's arrival time."""
 
     def __init__(
-        self, endpoint: Endpoint, max_tokens: int, client: httpx.AsyncClient, clock: Callable[[], float] = time.time
+        self,
+        endpoint: Endpoint,
+        max_tokens: int,
+        client: httpx.AsyncClient,
+        clock: Callable[[], float] = time.time,
+        share_prefix: bool = False,
+        run_id: str | None = None,
     ):
         self.endpoint = endpoint
         self.max_tokens = max_tokens
         self.client = client
         self.clock = clock
+        self.share_prefix = share_prefix
+        self.run_id = run_id or new_run_id()
         self.requests: list[RequestRecord] = []
         self.recent_gaps: collections.deque[tuple[float, float]] = collections.deque(maxlen=RECENT_GAPS)
         self.last_error = ""
@@ -364,13 +406,18 @@ class LoadRunner:
         gaps.sort()
         return gaps[len(gaps) // 2], gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))]
 
+    def prompt(self, number: int) -> str:
+        """The prompt of the run's request ``number``: tagged with the run's id and the number,
+        first (no shared prefix) or, with ``share_prefix``, last."""
+        return make_prompt(self.endpoint.prompt_words, f"[{self.run_id}-{number}]", tag_last=self.share_prefix)
+
     async def _worker(self) -> None:
         while True:
             self._counter += 1
             record = RequestRecord(step=self.step, started=self.clock())
             self.requests.append(record)
             try:
-                await self._one(record, make_prompt(self.endpoint.prompt_words, f"[{self._counter}]"))
+                await self._one(record, self.prompt(self._counter))
             except asyncio.CancelledError:
                 raise
             except httpx.HTTPError as exc:
@@ -382,7 +429,6 @@ class LoadRunner:
     async def _one(self, record: RequestRecord, prompt: str) -> None:
         ep = self.endpoint
         timeout = httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)
-        seen = 0  # tokens the server said it has generated so far
         async with self.client.stream(
             "POST", ep.url, json=ep.payload(prompt, self.max_tokens, stream=True), timeout=timeout
         ) as response:
@@ -400,12 +446,11 @@ class LoadRunner:
                 tokens, completion = _chunk_tokens(data, ep.kind)
                 now = self.clock()
                 if completion is not None:
+                    # The server's running count (per chunk, or once at the end): only the tokens
+                    # the chunks so far did not show, so a final usage never counts them again.
                     record.completion_tokens = completion
-                if tokens is None:
-                    continue
-                if completion is not None:  # the server says how many tokens this chunk carries
-                    tokens, seen = max(0, completion - seen), max(seen, completion)
-                if tokens == 0:
+                    tokens = max(0, completion - len(record.token_times))
+                if not tokens:
                     continue
                 previous = record.token_times[-1] if record.token_times else None
                 if previous is None:

@@ -10,6 +10,10 @@ stories, as in ``kvdoctor.rules.knee``:
 - latency flat, then a jump once KV usage passes a level: the pool ran out and the engine
   started preempting (recomputing) or paging KV from a slower tier.
 
+An engine that publishes no KV usage (llama.cpp without /slots, TGI) cannot saturate it: there the
+run stops on the queue instead, the first step whose requests wait (median waiting at the tree's
+``queue_waiting_min``) or whose time to first token (median) is over its SLO, and says so.
+
 Everything here is pure (no I/O, no clock): ``load`` measures, ``timeline`` puts what it recorded
 on one time grid, this module says what it means, ``report`` draws, ``kvdoctor.commands.stress``
 drives. Per-token latency is the engine's own (the exporter's ITL histogram) when recorded, else
@@ -30,10 +34,22 @@ from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.rules.window import Window
 
 # The records and the binning live in ``timeline``; they are part of this module's interface too.
-from kvdoctor.stress.timeline import Bins, EngineLatency, RequestRecord, StepRecord, bin_run, client_gaps, kv_signals
+from kvdoctor.stress.timeline import (
+    Bins,
+    EngineLatency,
+    RequestRecord,
+    StepRecord,
+    bin_run,
+    client_gaps,
+    kv_signals,
+    token_arrivals,
+)
 
 __all__ = [
     "DEFAULT_KV_SATURATION",
+    "DEFAULT_TTFT_SLO_SECONDS",
+    "QUEUE",
+    "TTFT",
     "Bins",
     "EngineLatency",
     "RequestRecord",
@@ -45,6 +61,7 @@ __all__ = [
     "bin_run",
     "find_saturation",
     "kv_signals",
+    "queue_reached",
     "step_schedule",
     "stress_verdict",
     "summarise_steps",
@@ -52,6 +69,9 @@ __all__ = [
 ]
 
 DEFAULT_KV_SATURATION = 0.95
+DEFAULT_TTFT_SLO_SECONDS = Thresholds().ttft_slow_seconds
+QUEUE = "queue"  # Saturation.reason: requests waited (no KV signal)
+TTFT = "ttft"  # Saturation.reason: the time to first token went over its SLO (no KV signal)
 BANDWIDTH = "bandwidth_bound"
 PREEMPTION_ONSET = "preemption_onset"
 NO_KNEE = "no_knee"
@@ -71,6 +91,8 @@ class StressSettings:
     step_seconds: float = 30.0
     kv_saturation: float = DEFAULT_KV_SATURATION
     exporter: str | None = None
+    share_prefix: bool = False  # requests share the fixed text as a prefix (the tag goes last)
+    ttft_slo_seconds: float = DEFAULT_TTFT_SLO_SECONDS  # without a KV signal: TTFT over this stops the run
 
     def validate(self) -> None:
         """ValueError with one line naming the flag, for anything a run cannot use."""
@@ -90,6 +112,8 @@ class StressSettings:
             raise ValueError(f"--step-seconds must be a positive number, got {self.step_seconds:g}")
         if not 0 < self.kv_saturation <= 1:
             raise ValueError(f"--kv-saturation must be in (0, 1], got {self.kv_saturation:g}")
+        if not (self.ttft_slo_seconds > 0 and math.isfinite(self.ttft_slo_seconds)):
+            raise ValueError(f"--ttft-slo-ms must be a positive number, got {self.ttft_slo_seconds * 1000:g}")
 
 
 def step_schedule(start: int, maximum: int) -> list[int]:
@@ -126,6 +150,8 @@ class StepSummary:
     requests_failed: int
     tokens: int  # streamed tokens received during the step
     tokens_per_second: float
+    engine_tokens_per_second: float | None  # the engine's own generated-token counter (None: not recorded)
+    engine_mean_per_token_ms: float | None  # generation seconds / tokens, engines that count both (llama.cpp)
     itl_p50_ms: float | None
     itl_p95_ms: float | None
     ttft_p50_ms: float | None
@@ -158,6 +184,8 @@ def summarise_steps(
     preemptions and queue."""
     engine = EngineLatency.from_window(window)
     times, gaps = client_gaps(requests)
+    arrivals = token_arrivals(requests)
+    counters = kv_signals(window) if window is not None and len(window) >= 2 else {}
     out = []
     for s in steps:
         stop = s.ended if s.ended is not None else float(bins.edges[-1])
@@ -169,9 +197,7 @@ def summarise_steps(
         else:
             g = gaps[in_step]
             p50, p95 = np.quantile(g, [0.5, 0.95]) if len(g) else (math.nan, math.nan)
-        streamed = int(in_step.sum()) + sum(
-            1 for r in requests if r.token_times and s.started < r.token_times[0] <= stop
-        )
+        streamed = int(((arrivals > s.started) & (arrivals <= stop)).sum())
         ttfts = [r.ttft for r in mine if r.ttft is not None]
         in_bins = bins.step == s.index
         kv = bins.kv_usage[in_bins]
@@ -179,6 +205,7 @@ def summarise_steps(
         pre = bins.preemptions[in_bins]
         waiting = bins.waiting[in_bins]
         waiting = waiting[~np.isnan(waiting)]
+        engine_tokens, engine_seconds = (_counted(counters.get(k), s.started, stop) for k in _GENERATION)
         out.append(
             StepSummary(
                 index=s.index,
@@ -189,6 +216,10 @@ def summarise_steps(
                 requests_failed=sum(1 for r in mine if r.status == "failed"),
                 tokens=streamed,
                 tokens_per_second=streamed / seconds,
+                engine_tokens_per_second=None if engine_tokens is None else engine_tokens / seconds,
+                engine_mean_per_token_ms=(
+                    _ms(engine_seconds / engine_tokens) if engine_seconds is not None and engine_tokens else None
+                ),
                 itl_p50_ms=_ms(p50),
                 itl_p95_ms=_ms(p95),
                 ttft_p50_ms=_ms(float(np.median(ttfts))) if ttfts else None,
@@ -201,22 +232,61 @@ def summarise_steps(
     return out
 
 
+_GENERATION = ("generation_tokens", "generation_seconds")
+
+
+def _counted(series: tuple[np.ndarray, np.ndarray] | None, start: float, stop: float) -> float | None:
+    """The increase of a counter over the intervals ending in (start, stop]; None if not recorded."""
+    if series is None:
+        return None
+    ends, deltas = series
+    return float(deltas[(ends > start) & (ends <= stop)].sum())
+
+
 @dataclass(frozen=True)
 class Saturation:
-    """When the KV cache saturated: the first bin at the ceiling or with a preemption."""
+    """When the run saturated: the first bin at the KV ceiling or with a preemption; without any
+    KV signal, the first step whose requests queued or waited too long for their first token."""
 
     reached: bool
-    reason: str = ""  # "kv_ceiling" | "preemptions" | ""
+    reason: str = ""  # "kv_ceiling" | "preemptions" | "queue" | "ttft" | ""
     at: float | None = None  # Unix seconds (the bin's start)
     step: int | None = None
     concurrency: int | None = None
     kv_usage: float | None = None  # the highest KV usage seen up to that moment
+    waiting: float | None = None  # queue and ttft: the step's median requests waiting
+    ttft_p50_ms: float | None = None  # queue and ttft: the step's median time to first token
 
     def to_json(self) -> dict:
         return {k: _num(v) for k, v in self.__dict__.items()}
 
 
-def find_saturation(bins: Bins, steps: list[StepRecord], kv_ceiling: float = DEFAULT_KV_SATURATION) -> Saturation:
+def queue_reached(
+    waiting: np.ndarray, ttft_p50: float | None, ttft_slo: float, thresholds: Thresholds | None = None
+) -> str | None:
+    """Why a step counts as saturated where no KV usage is known: ``QUEUE`` when its requests
+    wait (median of ``waiting`` at the tree's ``queue_waiting_min``), ``TTFT`` when the median
+    time to first token (seconds) is over ``ttft_slo``; None when neither."""
+    t = thresholds or Thresholds()
+    present = waiting[~np.isnan(waiting)]
+    if len(present) and float(np.median(present)) >= t.queue_waiting_min:
+        return QUEUE
+    if ttft_p50 is not None and ttft_p50 > ttft_slo:
+        return TTFT
+    return None
+
+
+def find_saturation(
+    bins: Bins,
+    steps: list[StepRecord],
+    kv_ceiling: float = DEFAULT_KV_SATURATION,
+    summaries: list[StepSummary] | None = None,
+    ttft_slo: float = DEFAULT_TTFT_SLO_SECONDS,
+) -> Saturation:
+    """The first saturation of the run (see ``Saturation``); ``summaries`` give the steps' TTFT
+    for the queue test, which applies only where no KV usage was recorded."""
+    if np.isnan(bins.kv_usage).all() and not (bins.preemptions > 0).any():
+        return _queue_saturation(bins, steps, summaries or [], ttft_slo)
     with np.errstate(invalid="ignore"):
         at_ceiling = bins.kv_usage >= kv_ceiling
         preempted = bins.preemptions > 0
@@ -232,6 +302,23 @@ def find_saturation(bins: Bins, steps: list[StepRecord], kv_ceiling: float = DEF
     seen = seen[~np.isnan(seen)]
     kv = float(seen.max()) if len(seen) else None
     return Saturation(True, reason, float(bins.edges[b]), step, concurrency, kv)
+
+
+def _queue_saturation(bins: Bins, steps: list[StepRecord], summaries: list[StepSummary], slo: float) -> Saturation:
+    ttft = {s.index: s.ttft_p50_ms for s in summaries}
+    for s in steps:
+        in_step = bins.step == s.index
+        ttft_ms = ttft.get(s.index)
+        reason = queue_reached(bins.waiting[in_step], None if ttft_ms is None else ttft_ms / 1000.0, slo)
+        if reason is None:
+            continue
+        waiting = bins.waiting[in_step]
+        waiting = waiting[~np.isnan(waiting)]
+        first = np.flatnonzero(in_step)
+        at = float(bins.edges[first[0]]) if len(first) else s.started
+        median = float(np.median(waiting)) if len(waiting) else None
+        return Saturation(True, reason, at, s.index, s.concurrency, None, median, ttft_ms)
+    return Saturation(False)
 
 
 @dataclass(frozen=True)
@@ -260,9 +347,18 @@ def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | 
     pre_text = f"; the engine preempted {total_pre:.0f} time{'s' if total_pre != 1 else ''}" if total_pre else ""
     if not has_kv:
         knee = Knee(note="no KV usage recorded")
-        return Verdict(
-            UNKNOWN, "KV usage unknown (no exporter signals): latency is reported against concurrency only", knee
-        )
+        headline = "KV usage unknown (the engine publishes none here): latency is reported against concurrency only"
+        if saturation.reached and saturation.reason in (QUEUE, TTFT):
+            why = (
+                f"a median {saturation.waiting:.0f} request{'s' if saturation.waiting != 1 else ''} waiting"
+                if saturation.reason == QUEUE and saturation.waiting is not None
+                else f"time to first token {saturation.ttft_p50_ms or 0:.0f} ms over its SLO"
+            )
+            headline = (
+                f"KV usage unknown (the engine publishes none here): stopped on the queue at concurrency "
+                f"×{saturation.concurrency} ({why}); latency is reported against concurrency only"
+            )
+        return Verdict(UNKNOWN, headline, knee)
     knee = detect_knee(bins.kv_usage, bins.itl_mean, bins.tokens, t)
     knee_time = None
     if knee.kv_level is not None:

@@ -238,14 +238,29 @@ def render_html(summary: dict, png_path: str | os.PathLike | None, path: str | o
         rows.append(
             f"<tr{cls}><td>×{s['concurrency']}</td><td>{fmt_number(s['seconds'], 's', 0)}</td>"
             f"<td>{s['requests_started']}</td><td>{s['requests_completed']}</td><td>{s['requests_failed']}</td>"
-            f"<td>{fmt_number(s['tokens_per_second'], '', 1)}</td><td>{fmt_number(s['itl_p50_ms'], 'ms')}</td>"
-            f"<td>{fmt_number(s['itl_p95_ms'], 'ms')}</td><td>{fmt_number(s['ttft_p50_ms'], 'ms', 0)}</td>"
+            f"<td>{fmt_number(s['tokens_per_second'], '', 1)}</td>"
+            f"<td>{fmt_number(s.get('engine_tokens_per_second'), '', 1)}</td>"
+            f"<td>{fmt_number(s['itl_p50_ms'], 'ms')}</td>"
+            f"<td>{fmt_number(s['itl_p95_ms'], 'ms')}</td>"
+            f"<td>{fmt_number(s.get('engine_mean_per_token_ms'), 'ms')}</td>"
+            f"<td>{fmt_number(s['ttft_p50_ms'], 'ms', 0)}</td>"
             f"<td>{fmt_pct(s['kv_usage_median'], missing=MISSING)}</td>"
             f"<td>{fmt_pct(s['kv_usage_max'], missing=MISSING)}</td>"
             f"<td>{fmt_number(s['preemptions'], '', 0)}</td><td>{fmt_number(s['waiting_max'], '', 0)}</td></tr>"
         )
     knee = verdict["knee"]
-    if saturation.get("reached"):
+    if saturation.get("reached") and saturation.get("reason") in ("queue", "ttft"):
+        why = (
+            f"a median {fmt_number(saturation.get('waiting'), '', 0)} requests waited"
+            if saturation.get("reason") == "queue"
+            else f"the median time to first token, {fmt_number(saturation.get('ttft_p50_ms'), 'ms', 0)}, passed "
+            f"its SLO ({fmt_number(settings.get('ttft_slo_seconds', 0) * 1000, 'ms', 0)})"
+        )
+        sat_text = (
+            f"No KV usage signal, so the run stopped on the queue instead: at concurrency "
+            f"×{saturation.get('concurrency')}, {why}."
+        )
+    elif saturation.get("reached"):
         why = {"preemptions": "the engine preempted", "kv_ceiling": f"KV usage reached {settings['kv_saturation']:.0%}"}
         sat_text = (
             f"Saturated at concurrency ×{saturation.get('concurrency')}: "
@@ -265,6 +280,19 @@ def render_html(summary: dict, png_path: str | os.PathLike | None, path: str | o
         else ""
     )
     notes = "".join(f"<li>{e(n)}</li>" for n in endpoint.get("notes", []))
+    prompts = summary.get("prompts") or {}
+    run_id = e(str(prompts.get("run_id", "")))
+    if prompts.get("shared_prefix", settings.get("share_prefix")):
+        prefix_text = (
+            f"Every request shares the same fixed text as its prefix (--share-prefix; its tag, run {run_id}, "
+            "comes last), so prefix caching can share that text's KV between requests: the test measures KV "
+            "with prefix caching at work"
+        )
+    else:
+        prefix_text = (
+            f"Each request starts with its own tag (this run's random id {run_id} and its number), then the "
+            "same fixed text, so prefix caching cannot share KV between requests, nor with an earlier run"
+        )
     signals = summary.get("signals", {})
     if summary.get("latency_source") == "client":
         latency_text = (
@@ -290,7 +318,8 @@ def render_html(summary: dict, png_path: str | os.PathLike | None, path: str | o
 {figure}
 <h2>Steps</h2>
 <table><tr><th>concurrency</th><th>time</th><th>started</th><th>completed</th><th>failed</th><th>tokens/s</th>
-<th>ITL p50</th><th>ITL p95</th><th>TTFT p50</th><th>KV median</th><th>KV max</th><th>preemptions</th>
+<th>engine tokens/s</th><th>ITL p50</th><th>ITL p95</th><th>engine mean/token</th><th>TTFT p50</th><th>KV median</th>
+<th>KV max</th><th>preemptions</th>
 <th>waiting max</th></tr>
 {"".join(rows)}</table>
 <h2>How this was measured</h2>
@@ -298,9 +327,12 @@ def render_html(summary: dict, png_path: str | os.PathLike | None, path: str | o
 <li>{latency_text}</li>
 <li>KV usage, preemptions and the queue: {e(signals.get("source", "not recorded"))}
 ({signals.get("snapshots", 0)} snapshots, in <span class="kv">trace.om</span>).</li>
-<li>Each request starts with its own tag, then the same fixed text, so prefix caching cannot share KV between
-requests; concurrency doubles every {settings["step_seconds"]:g} s until KV usage reaches
-{settings["kv_saturation"]:.0%} or the engine preempts, or ×{settings["max_concurrency"]}.</li>
+<li>{e(prefix_text)}; concurrency doubles every {settings["step_seconds"]:g} s until KV usage reaches
+{settings["kv_saturation"]:.0%} or the engine preempts (without a KV signal: until requests queue or wait
+for their first token past the TTFT SLO), or ×{settings["max_concurrency"]}.</li>
+<li>Tokens/s: streamed tokens counted once at the client (usage per chunk, at the end or none); "engine
+tokens/s" and "engine mean/token" come from the engine's own counters where it has them (llama.cpp adds a
+request's tokens when it ends, so short steps read them unevenly).</li>
 <li>The knee: a straight line and a two-level step fitted to log(latency) against KV usage
 (<span class="kv">kvdoctor.rules.knee</span>).</li>
 {notes}</ul>

@@ -14,13 +14,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvdoctor.rules import stats
-from kvdoctor.rules.signals import INTER_TOKEN_LATENCY, KV_CACHE_USAGE, PREEMPTIONS, REQUESTS_RUNNING, REQUESTS_WAITING
+from kvdoctor.rules.signals import (
+    GENERATION_SECONDS,
+    GENERATION_TOKENS,
+    INTER_TOKEN_LATENCY,
+    KV_CACHE_USAGE,
+    PREEMPTIONS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+)
 from kvdoctor.rules.window import Window
+
+# Tokens that reach the client less than this apart came in one read: the client was busy (a
+# loaded machine, many streams in one event loop) and read what had piled up. Real gaps between
+# two tokens of one request are longer (a decode step: ~0.5 ms for a tiny model on a CPU, 5-100 ms
+# on real ones).
+BURST_SECONDS = 0.00025
 
 
 @dataclass
 class RequestRecord:
-    """One request of the load: when it started, when each streamed chunk arrived (Unix seconds)."""
+    """One request of the load: when it started, when each streamed token arrived (Unix seconds)."""
 
     step: int  # index into the schedule of the step that started it
     started: float
@@ -35,11 +49,25 @@ class RequestRecord:
         return self.token_times[0] - self.started if self.token_times else None
 
     def gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """(arrival time, seconds since the previous token) of every token after the first."""
+        """(arrival time, per-token latency) of the tokens after the first read.
+
+        Tokens read together (a burst: less than ``BURST_SECONDS`` apart) share the time since the
+        previous burst evenly, each placed at its share of it: a client that read 20 tokens at once
+        after 26 ms saw 1.3 ms a token, not 26 ms once and nothing 19 times. The tokens that came
+        with the first one have no time of their own (they waited behind the first token) and are
+        left out; the first token's own latency is the time to first token."""
         t = np.asarray(self.token_times, dtype=float)
         if len(t) < 2:
             return np.empty(0), np.empty(0)
-        return t[1:], np.diff(t)
+        starts = np.flatnonzero(np.diff(t) >= BURST_SECONDS) + 1  # the first token of each later burst
+        if not len(starts):
+            return np.empty(0), np.empty(0)
+        ends = np.append(starts[1:], len(t)) - 1  # the last token of each of those bursts
+        before = t[starts - 1]  # when the previous burst ended
+        sizes = ends - starts + 1
+        gap = np.repeat((t[ends] - before) / sizes, sizes)
+        rank = np.arange(len(t) - starts[0]) - np.repeat(starts - starts[0], sizes) + 1
+        return np.repeat(before, sizes) + gap * rank, gap
 
 
 @dataclass
@@ -75,7 +103,8 @@ class Bins:
 
 def kv_signals(window: Window) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The exporter signals the stress test reads, as (timestamps, per-snapshot value) each:
-    KV usage (highest series), preemptions in each interval (counter deltas summed, resets handled),
+    KV usage (highest series); preemptions, generated tokens and generation seconds in each
+    interval (counter deltas summed, resets handled; the end of each interval as its time);
     requests waiting and running (summed over series)."""
     ts = window.timestamps
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -90,10 +119,14 @@ def kv_signals(window: Window) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         highest = np.full(len(ts), np.nan)
         highest[present] = np.nanmax(kv[:, present], axis=0)
         out["kv_usage"] = (ts, highest)
-    pre = rows(PREEMPTIONS)
-    if pre is not None and len(ts) >= 2:
-        deltas = stats.counter_deltas(pre).sum(axis=0)
-        out["preemptions"] = (ts[1:], deltas)
+    for key, name in (
+        ("preemptions", PREEMPTIONS),
+        ("generation_tokens", GENERATION_TOKENS),
+        ("generation_seconds", GENERATION_SECONDS),
+    ):
+        counter = rows(name)
+        if counter is not None and len(ts) >= 2:
+            out[key] = (ts[1:], stats.counter_deltas(counter).sum(axis=0))
     for key, name in (("waiting", REQUESTS_WAITING), ("running", REQUESTS_RUNNING)):
         values = rows(name)
         if values is not None:
@@ -158,8 +191,16 @@ class EngineLatency:
         return p50, p95, float(self.sums[mask].sum()) / tokens, tokens
 
 
+def token_arrivals(requests: list[RequestRecord]) -> np.ndarray:
+    """When every streamed token of every request arrived."""
+    if not requests:
+        return np.empty(0)
+    return np.concatenate([np.asarray(r.token_times, dtype=float) for r in requests])
+
+
 def client_gaps(requests: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
-    """(arrival time, gap) of every streamed token after each request's first, all requests."""
+    """(arrival time, per-token latency) of the streamed tokens after each request's first read
+    (``RequestRecord.gaps``), all requests."""
     arrivals = [r.gaps() for r in requests]
     if not arrivals:
         return np.empty(0), np.empty(0)

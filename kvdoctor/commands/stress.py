@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from kvdoctor.errors import UsageError
+from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
@@ -30,14 +30,20 @@ NAME = "stress"
 HELP = "KV-cache pressure test: step concurrency up until the KV cache saturates; write a report"
 DESCRIPTION = """\
 The KV-cache pressure test. Sends a fixed long prompt with a fixed generation length to an
-OpenAI-compatible endpoint (vLLM, SGLang, trtllm-serve, ...; /v1/completions, else
+OpenAI-compatible endpoint (vLLM, SGLang, trtllm-serve, llama-server, ...; /v1/completions, else
 /v1/chat/completions), streaming, with the concurrency stepped up 1, 2, 4, ... every
 --step-seconds until the KV cache saturates (usage >= --kv-saturation, or the engine preempts)
-or --max-concurrency. Meanwhile it records what the requests see (time to first token, tokens
-per second, the gaps between streamed tokens) and the exporter's signals (KV usage, the engine's
-per-token latency histogram, preemptions, queue): from --exporter, else from an exporter run in
-this process on the engine's own /metrics. The engine's histogram is the per-token latency
-reported; the streamed gaps stand in where the engine has none.
+or --max-concurrency. An engine that publishes no KV usage cannot saturate it: the run then stops
+on the queue (the step's requests wait, or their time to first token passes --ttft-slo-ms) and
+says so. Every request's prompt starts with a tag of its own (the run's random id and its number),
+so prefix caching shares nothing between requests or runs, unless --share-prefix.
+
+Meanwhile it records what the requests see (time to first token, tokens per second, the gaps
+between streamed tokens, each token counted once however the server reports usage) and the
+exporter's signals (KV usage, the engine's per-token latency histogram or its mean time per token,
+its token counter, preemptions, queue): from --exporter, else from an exporter run in this process
+on the engine's own /metrics. The engine's histogram is the per-token latency reported; the
+streamed gaps stand in where the engine has none.
 
 It writes a report folder (-o): report.html (self-contained), kv-latency.png (KV usage and
 per-token latency p50/p95 on one time axis, steps and knee marked), trace.om (the recorded
@@ -46,7 +52,7 @@ pattern the run shows: latency rising in step with KV (memory-bandwidth bound) o
 KV ~x% (preemption / paging onset).
 
 exit status: 0 report written, 1 the endpoint failed during the run (report written), 2 bad
-arguments, endpoint or exporter.
+arguments, 3 the endpoint or exporter could not be read, or an internal error.
 
 examples:
   kvdoctor stress --endpoint http://127.0.0.1:8000 --exporter http://127.0.0.1:9745
@@ -54,6 +60,7 @@ examples:
 """
 
 DEFAULTS = dict(prompt_tokens=1000, max_tokens=500, start_concurrency=1, max_concurrency=256, step_seconds=30.0)
+DEFAULT_TTFT_SLO_MS = S.DEFAULT_TTFT_SLO_SECONDS * 1000
 POLL_SECONDS = 1.0
 TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
 
@@ -112,6 +119,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.95,
         metavar="RATIO",
         help="KV usage (0..1) that counts as saturated (default 0.95); a preemption always does",
+    )
+    parser.add_argument(
+        "--ttft-slo-ms",
+        type=float,
+        default=DEFAULT_TTFT_SLO_MS,
+        metavar="MS",
+        help="where the engine publishes no KV usage: a step whose median time to first token passes this "
+        f"stops the run, as does one whose requests queue (default {DEFAULT_TTFT_SLO_MS:g})",
+    )
+    parser.add_argument(
+        "--share-prefix",
+        action="store_true",
+        help="let the requests share the fixed text as a cached prefix (their tag goes last); by default each "
+        "starts with its own tag, so prefix caching shares no KV between requests or runs",
     )
     parser.add_argument(
         "-o", "--output", metavar="DIR", help="report folder (default: stress-YYYYmmdd-HHMMSS in the current folder)"
@@ -176,6 +197,8 @@ class LiveState:
         self.preemptions = 0.0
         self.step_preemptions = 0.0
         self.snapshots = 0
+        self.kv_known = False  # any KV usage sample since the run started
+        self.step_waiting = np.empty(0)  # requests-waiting samples of the current step
 
     def refresh(self, signals: SignalRecorder, run_start: float, step_start: float) -> None:
         window = signals.window(since=run_start - 2)
@@ -187,6 +210,10 @@ class LiveState:
             self.kv_now = float(kv[present][-1]) if present.any() else math.nan
             in_step = present & (ts >= step_start)
             self.kv_step_max = float(kv[in_step].max()) if in_step.any() else math.nan
+            self.kv_known = bool((present & (ts >= run_start)).any())
+        if "waiting" in sig:
+            ts, waiting = sig["waiting"]
+            self.step_waiting = waiting[ts >= step_start]
         if "preemptions" in sig:
             ts, d = sig["preemptions"]
             self.preemptions = float(d[ts >= run_start].sum())
@@ -219,7 +246,7 @@ async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: P
             try:
                 endpoint = await discover(base, settings.model, settings.prompt_tokens, settings.max_tokens, client)
             except EndpointError as exc:
-                raise UsageError(str(exc)) from None
+                raise SourceUnreadable(str(exc)) from None
             if not settings.exporter:
                 await _start_signals(signals)
             progress.line(
@@ -268,11 +295,12 @@ async def _start_signals(signals: SignalRecorder) -> None:
     try:
         await asyncio.to_thread(signals.start)
     except SignalsError as exc:
-        raise UsageError(str(exc)) from None
+        raise SourceUnreadable(str(exc)) from None
 
 
 async def _steps(settings, schedule, endpoint, signals, client, progress: Progress) -> _Run:
-    run = _Run(settings, schedule, endpoint, signals, LoadRunner(endpoint, settings.max_tokens, client))
+    runner = LoadRunner(endpoint, settings.max_tokens, client, share_prefix=settings.share_prefix)
+    run = _Run(settings, schedule, endpoint, signals, runner)
     try:
         await _step_loop(run, progress)
     except asyncio.CancelledError:  # Ctrl-C: stop the load, still write the report of what ran
@@ -343,6 +371,19 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
         ):
             run.saturated_at = concurrency
             return
+        if not live.kv_known:  # no KV signal: the queue stands in for saturation
+            ttfts = [r.ttft for r in runner.requests if r.step == index and r.ttft is not None]
+            ttft_p50 = float(np.median(ttfts)) if ttfts else None
+            reason = S.queue_reached(live.step_waiting, ttft_p50, settings.ttft_slo_seconds)
+            if reason is not None:
+                why = (
+                    "requests waited"
+                    if reason == S.QUEUE
+                    else f"time to first token {fmt_ms(ttft_p50, 0)} over {fmt_ms(settings.ttft_slo_seconds, 0)}"
+                )
+                progress.line(f"kvdoctor stress: no KV usage signal: stopping on the queue ({why})")
+                run.saturated_at = concurrency
+                return
 
 
 def _any_tokens(runner, step) -> bool:
@@ -357,7 +398,7 @@ def write_report(settings, result: dict, out_dir) -> dict:
     start, end = result.run_start, result.run_end
     bins = S.bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
     summaries = S.summarise_steps(runner.requests, steps, bins, window)
-    saturation = S.find_saturation(bins, steps, settings.kv_saturation)
+    saturation = S.find_saturation(bins, steps, settings.kv_saturation, summaries, settings.ttft_slo_seconds)
     verdict = S.stress_verdict(bins, saturation)
 
     diagnosis = None
@@ -389,6 +430,7 @@ def write_report(settings, result: dict, out_dir) -> dict:
         "failed": result.failed or None,
         "interrupted": result.interrupted,
         "requests": runner.counts(),
+        "prompts": {"run_id": runner.run_id, "shared_prefix": runner.share_prefix},
         "files": {"report": "report.html", "figure": "kv-latency.png", "trace": "trace.om", "summary": "summary.json"},
     }
     summary = S.summary_json(settings, endpoint.describe(), summaries, saturation, verdict, start, end, extra)
@@ -418,6 +460,8 @@ def run(args: argparse.Namespace) -> int:
         step_seconds=args.step_seconds,
         kv_saturation=args.kv_saturation,
         exporter=args.exporter,
+        share_prefix=args.share_prefix,
+        ttft_slo_seconds=args.ttft_slo_ms / 1000.0,
     )
     try:
         settings.validate()
@@ -434,10 +478,11 @@ def run(args: argparse.Namespace) -> int:
     summary = write_report(settings, result, out_dir)
     verdict = summary["verdict"]
     sat = summary["saturation"]
-    reached = (
-        f"KV saturated at concurrency ×{sat['concurrency']} ({sat['reason'].replace('_', ' ')})"
-        if sat["reached"]
-        else "KV did not saturate"
-    )
+    if not sat["reached"]:
+        reached = "KV did not saturate"
+    elif sat["reason"] in (S.QUEUE, S.TTFT):
+        reached = f"stopped on the queue at concurrency ×{sat['concurrency']} (no KV usage signal)"
+    else:
+        reached = f"KV saturated at concurrency ×{sat['concurrency']} ({sat['reason'].replace('_', ' ')})"
     print(f"{verdict['headline']}\n{reached}\nreport: {os.path.join(out_dir, 'report.html')}", flush=True)
     return 1 if result.failed else 0

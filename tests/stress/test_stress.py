@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI, Request
@@ -18,11 +19,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.window import Snapshot, Window, labels_of
-from kvdoctor.stress.load import EndpointError, _chunk_tokens, api_root, make_prompt
+from kvdoctor.stress.load import EndpointError, LoadRunner, _chunk_tokens, api_root, discover, make_prompt
 from kvdoctor.stress.plan import (
     BANDWIDTH,
     NO_KNEE,
     PREEMPTION_ONSET,
+    QUEUE,
+    TTFT,
     UNKNOWN,
     Bins,
     RequestRecord,
@@ -320,13 +323,30 @@ def test_prompts_share_the_text_after_a_per_request_tag():
 
 class FakeEngine:
     """An OpenAI-compatible server (completions, streamed) whose /metrics replays real vLLM 0.32
-    scrapes of a KV cache filling up; two prompt tokens a word, ``token_seconds`` between tokens."""
+    scrapes of a KV cache filling up; two prompt tokens a word, ``token_seconds`` between tokens.
 
-    def __init__(self, token_seconds: float = 0.01, chat_only: bool = False, strict: bool = False):
+    ``usage``: how a streamed answer reports its completion tokens: ``"usage_chunk"`` (a last
+    chunk with usage and no choices, vLLM with include_usage), ``"final"`` (in the chunk that
+    carries finish_reason, llama.cpp), ``"per_chunk"`` (a running count in every chunk, vLLM's
+    continuous_usage_stats), ``"none"``. ``context``: prompts over this many tokens get llama.cpp's
+    HTTP 400 (with n_ctx). ``slots``: /metrics is a llama.cpp page without KV usage instead, the
+    requests beyond ``slots`` in flight counted as deferred."""
+
+    def __init__(
+        self,
+        token_seconds: float = 0.01,
+        chat_only: bool = False,
+        strict: bool = False,
+        usage: str = "usage_chunk",
+        context: int = 4000,
+        slots: int | None = None,
+    ):
         self.token_seconds = token_seconds
         self.pages = [p.read_text() for p in FILL]
         self.scrapes = 0
         self.requests: list[dict] = []
+        self.in_flight = 0
+        self.tokens_sent = 0
         app = FastAPI()
 
         @app.get("/v1/models")
@@ -335,6 +355,12 @@ class FakeEngine:
 
         @app.get("/metrics")
         def metrics():
+            if slots is not None:
+                return PlainTextResponse(
+                    f"llamacpp:requests_processing {min(self.in_flight, slots)}\n"
+                    f"llamacpp:requests_deferred {max(0, self.in_flight - slots)}\n"
+                    f"llamacpp:tokens_predicted_total {self.tokens_sent}\n"
+                )
             page = self.pages[min(self.scrapes, len(self.pages) - 1)]
             self.scrapes += 1
             return PlainTextResponse(page)
@@ -358,8 +384,9 @@ class FakeEngine:
                 )
             prompt = body["prompt"] if kind == "completions" else body["messages"][0]["content"]
             prompt_tokens = 2 * len(prompt.split()) + (0 if kind == "completions" else 5)
-            if prompt_tokens > 4000:
-                return JSONResponse({"error": {"message": "prompt too long"}}, status_code=400)
+            if prompt_tokens > context:
+                error = {"message": "prompt too long", "n_prompt_tokens": prompt_tokens, "n_ctx": context}
+                return JSONResponse({"error": error}, status_code=400)
             n = int(body["max_tokens"])
             if not body.get("stream"):
                 return {
@@ -367,15 +394,26 @@ class FakeEngine:
                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n},
                 }
 
+            def chunk(i: int, last: bool) -> str:
+                text = {"text": f"t{i}"} if kind == "completions" else {"delta": {"content": f"t{i}"}}
+                choice = {**text, "finish_reason": "length" if last and usage == "final" else None}
+                obj: dict = {"choices": [choice]}
+                if usage == "per_chunk" or (last and usage == "final"):
+                    obj["usage"] = {"completion_tokens": i + 1}
+                return f"data: {json.dumps(obj)}\n\n"
+
             async def chunks():
-                for i in range(n):
-                    await asyncio.sleep(self.token_seconds)
-                    if kind == "completions":
-                        yield f'data: {{"choices":[{{"text":"t{i}","finish_reason":null}}]}}\n\n'
-                    else:
-                        yield f'data: {{"choices":[{{"delta":{{"content":"t{i}"}},"finish_reason":null}}]}}\n\n'
-                yield f'data: {{"choices":[],"usage":{{"completion_tokens":{n}}}}}\n\n'
-                yield "data: [DONE]\n\n"
+                self.in_flight += 1
+                try:
+                    for i in range(n):
+                        await asyncio.sleep(self.token_seconds)
+                        self.tokens_sent += 1
+                        yield chunk(i, i == n - 1)
+                    if usage == "usage_chunk":
+                        yield f'data: {{"choices":[],"usage":{{"completion_tokens":{n}}}}}\n\n'
+                    yield "data: [DONE]\n\n"
+                finally:
+                    self.in_flight -= 1
 
             return StreamingResponse(chunks(), media_type="text/event-stream")
 
@@ -477,23 +515,26 @@ def test_stress_adapts_to_what_the_endpoint_accepts(engine_options, kind, note, 
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    "argv, message, status",
     [
-        (["--endpoint", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused"),
-        (["--endpoint", "ftp://x"], "--endpoint needs an http(s) URL"),
-        (["--max-concurrency", "0"], "--max-concurrency (0) is below --start-concurrency (1)"),
-        (["--prompt-tokens", "5000"], "refused a ~5000-token prompt: prompt too long"),
-        (["--model", "other"], "model 'other' is not served"),
-        (["--exporter", "http://127.0.0.1:1"], "cannot reach the exporter at http://127.0.0.1:1"),
+        (["--endpoint", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused", 3),
+        (["--endpoint", "ftp://x"], "--endpoint needs an http(s) URL", 2),
+        (["--max-concurrency", "0"], "--max-concurrency (0) is below --start-concurrency (1)", 2),
+        (["--ttft-slo-ms", "0"], "--ttft-slo-ms must be a positive number, got 0", 2),
+        (["--prompt-tokens", "5000"], "refused a ~5000-token prompt: prompt too long", 3),
+        (["--model", "other"], "model 'other' is not served", 3),
+        (["--exporter", "http://127.0.0.1:1"], "cannot reach the exporter at http://127.0.0.1:1", 3),
     ],
 )
-def test_a_bad_endpoint_or_exporter_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+def test_bad_arguments_exit_2_and_an_unreadable_endpoint_or_exporter_3_in_one_line(
+    argv, message, status, tmp_path, capsys
+):
     with FakeEngine() as engine:
         if "--endpoint" not in argv:
             argv = ["--endpoint", engine.url, *argv]
         rc = run_stress([*argv, "-o", str(tmp_path / "r"), "--step-seconds", "1"])
     err = capsys.readouterr().err
-    assert rc == 2
+    assert rc == status
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "r").exists()
 
@@ -501,7 +542,7 @@ def test_a_bad_endpoint_or_exporter_is_one_line_and_exit_2(argv, message, tmp_pa
 def test_the_exporter_url_must_be_a_kvdoctor_exporter(tmp_path, capsys):
     with FakeEngine() as engine:
         rc = run_stress(["--endpoint", engine.url, "--exporter", engine.url, "-o", str(tmp_path / "r")])
-    assert rc == 2
+    assert rc == 3
     assert "has no /api/v1/window: is it a kvdoctor exporter?" in capsys.readouterr().err
 
 
@@ -523,3 +564,168 @@ def test_the_progress_bar_redraws_one_line_on_a_terminal_only():
         bar.close()
     assert tty.getvalue().count("\r") >= 3 and "████" in tty.getvalue() and tty.getvalue().endswith("step 2 done\n")
     assert plain.getvalue() == "step 2 done\n"
+
+
+# ------------------------------------------------ every engine: tokens once, small contexts, prefixes, queues
+
+
+async def _one_request(engine: FakeEngine, max_tokens: int) -> RequestRecord:
+    """One streamed request of a LoadRunner against ``engine``, read to its end."""
+    async with httpx.AsyncClient() as client:
+        endpoint = await discover(api_root(engine.url), None, 50, max_tokens, client)
+        runner = LoadRunner(endpoint, max_tokens, client)
+        runner.set_concurrency(1, 0)
+        while not any(r.status == "ok" for r in runner.requests):
+            await asyncio.sleep(0.01)
+        await runner.stop()
+    return next(r for r in runner.requests if r.status == "ok")
+
+
+@pytest.mark.parametrize("usage", ["usage_chunk", "final", "per_chunk", "none"])
+def test_every_token_is_counted_once_however_the_server_reports_usage(usage):
+    """Usage in a last chunk of its own (vLLM), in the finishing chunk (llama.cpp), running in
+    every chunk, or not at all: 20 tokens are 20, and the gaps between them are the server's."""
+    with FakeEngine(token_seconds=0.02, usage=usage) as engine:
+        record = asyncio.run(_one_request(engine, 20))
+    assert len(record.token_times) == 20
+    _, gaps = record.gaps()
+    assert np.median(gaps) > 0.01  # no burst of re-counted tokens squeezed into the last gap
+    assert record.completion_tokens == (None if usage == "none" else 20)
+
+
+def test_the_calibration_probe_shrinks_to_fit_a_small_context():
+    async def calibrate(prompt_tokens: int):
+        async with httpx.AsyncClient() as client:
+            return await discover(api_root(engine.url), None, prompt_tokens, 8, client)
+
+    with FakeEngine(context=150) as engine:  # the first 200-word probe is 400 tokens: refused
+        endpoint = asyncio.run(calibrate(100))
+        assert abs(endpoint.prompt_tokens - 100) <= 2
+        with pytest.raises(EndpointError, match=r"refused a ~300-token prompt.*its context holds 150 tokens"):
+            asyncio.run(calibrate(300))
+
+
+def test_each_run_tags_its_prompts_with_a_fresh_id_unless_asked_to_share_the_prefix():
+    from kvdoctor.stress.load import Endpoint
+
+    endpoint = Endpoint("http://h/v1", "completions", "m", prompt_words=30)
+    first, second = LoadRunner(endpoint, 8, None), LoadRunner(endpoint, 8, None)
+    assert first.run_id != second.run_id
+    a, b, c = first.prompt(1), first.prompt(2), second.prompt(1)
+    assert len({a.split()[0], b.split()[0], c.split()[0]}) == 3  # no two requests start alike
+    assert a.split()[1:] == c.split()[1:]  # then the same text
+    shared = LoadRunner(endpoint, 8, None, share_prefix=True)
+    x, y = shared.prompt(1), shared.prompt(2)
+    assert x.split()[:-1] == y.split()[:-1] == a.split()[1:] and x != y  # the text first, the tag last
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_the_report_says_what_was_asked_of_prefix_caching(share, tmp_path, capsys):
+    out = tmp_path / "report"
+    with FakeEngine() as engine:
+        argv = ["--endpoint", engine.url, "--prompt-tokens", "60", "--max-tokens", "8"]
+        argv += ["--max-concurrency", "2", "--step-seconds", "0.6", "-o", str(out)]
+        rc = run_stress(argv + (["--share-prefix"] if share else []))
+        prompts = [r["prompt"] for r in engine.requests if r.get("stream") and "[probe]" not in r["prompt"]]
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    run_id = summary["prompts"]["run_id"]
+    assert summary["prompts"]["shared_prefix"] is share and len(prompts) >= 2
+    tags = [p.split()[-1] if share else p.split()[0] for p in prompts]
+    assert all(t.startswith(f"[{run_id}-") for t in tags) and len(set(tags)) == len(tags)
+    page = (out / "report.html").read_text()
+    if share:
+        assert "prefix caching can share that text" in page and "cannot share" not in page
+    else:
+        assert "prefix caching cannot share KV between requests, nor with an earlier run" in page
+
+
+def test_without_a_kv_signal_the_run_stops_on_the_queue_and_says_so(tmp_path, capsys):
+    """A llama.cpp-like page (no KV usage) with 2 slots: at 4 requests in flight 2 wait."""
+    out = tmp_path / "report"
+    with FakeEngine(token_seconds=0.02, slots=2, usage="final") as engine:
+        rc = run_stress(
+            [
+                *("--endpoint", engine.url, "--prompt-tokens", "40", "--max-tokens", "30"),
+                *("--max-concurrency", "16", "--step-seconds", "3", "-o", str(out)),
+            ]
+        )
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    saturation = summary["saturation"]
+    assert (saturation["reached"], saturation["reason"], saturation["concurrency"]) == (True, QUEUE, 4)
+    assert saturation["waiting"] >= 1 and [s["concurrency"] for s in summary["steps"]] == [1, 2, 4]
+    assert "stopped on the queue at concurrency ×4" in summary["verdict"]["headline"]
+    assert "stopping on the queue" in captured.err and "stopped on the queue" in captured.out
+    assert "No KV usage signal, so the run stopped on the queue" in (out / "report.html").read_text()
+    # the client's tokens/s and the engine's own counter agree over the run
+    client = sum(s["tokens"] for s in summary["steps"])
+    engine_tokens = sum(s["engine_tokens_per_second"] * s["seconds"] for s in summary["steps"])
+    assert engine_tokens == pytest.approx(client, rel=0.15)
+
+
+def test_queue_saturation_needs_waiting_requests_or_a_slow_first_token_and_no_kv():
+    waiting_window = []
+    for i, waiting in enumerate([0, 0, 0, 0, 0, 0, 3, 3]):
+        snap = Snapshot(T0 + i)
+        snap.add(S.REQUESTS_WAITING, float(waiting), ENGINE)
+        waiting_window.append(snap)
+    window = Window.from_snapshots(waiting_window)
+    steps = [StepRecord(0, 1, T0, T0 + 3), StepRecord(1, 2, T0 + 3, T0 + 5), StepRecord(2, 4, T0 + 5, T0 + 7)]
+    bins = bins_of(window, steps)
+    sat = find_saturation(bins, steps)
+    assert (sat.reached, sat.reason, sat.concurrency, sat.step) == (True, QUEUE, 4, 2)
+    # a queue that never forms, but a first token slower than its SLO from the second step on
+    calm = Window.from_snapshots([Snapshot(T0 + i, {(S.REQUESTS_WAITING, ENGINE): 0.0}) for i in range(8)])
+    calm_bins = bins_of(calm, steps)
+    summaries = summarise_steps(
+        [
+            RequestRecord(0, T0 + 0.5, [T0 + 0.6, T0 + 0.7], T0 + 0.8, "ok"),
+            RequestRecord(1, T0 + 3.1, [T0 + 4.9, T0 + 4.95], T0 + 5.0, "ok"),
+        ],
+        steps,
+        calm_bins,
+        calm,
+    )
+    sat = find_saturation(calm_bins, steps, summaries=summaries, ttft_slo=1.0)
+    assert (sat.reached, sat.reason, sat.concurrency) == (True, TTFT, 2) and sat.ttft_p50_ms == pytest.approx(1800)
+    assert not find_saturation(calm_bins, steps, summaries=summaries, ttft_slo=2.0).reached
+    # with KV usage recorded, the queue is no stop: KV decides
+    kv_bins = bins_of(recorded_window([0.1] * 8, [0.01] * 8), steps)
+    assert not find_saturation(kv_bins, steps, summaries=summaries, ttft_slo=1.0).reached
+
+
+def test_step_summaries_give_the_engines_mean_time_per_token_from_its_counters():
+    snaps = []
+    for i in range(5):  # 50 tokens a second at 20 ms each, counted by the engine
+        snap = Snapshot(T0 + i)
+        snap.add(S.GENERATION_TOKENS, 50.0 * i, ENGINE)
+        snap.add(S.GENERATION_SECONDS, 1.0 * i, ENGINE)
+        snaps.append(snap)
+    window = Window.from_snapshots(snaps)
+    steps = steps_over(4, 2)
+    first, second = summarise_steps([], steps, bins_of(window, steps), window)
+    assert first.engine_mean_per_token_ms == pytest.approx(20.0) == second.engine_mean_per_token_ms
+    assert first.engine_tokens_per_second == pytest.approx(50.0)
+    assert (
+        summarise_steps([], steps, bins_of(recorded_window([0.1] * 5, [0.01] * 5), steps))[0].engine_mean_per_token_ms
+        is None
+    )
+
+
+def test_tokens_read_together_share_the_time_since_the_previous_read():
+    """A busy client reads what piled up: 3 tokens at once after 30 ms are 10 ms each, and the
+    tokens that came with the first one have no time of their own."""
+    t = [T0, T0 + 1e-5, T0 + 2e-5, T0 + 0.03, T0 + 0.03 + 1e-5, T0 + 0.03 + 2e-5, T0 + 0.05]
+    record = RequestRecord(0, T0 - 0.5, t, T0 + 0.06, "ok")
+    arrivals, gaps = record.gaps()
+    assert gaps * 1000 == pytest.approx([10.0, 10.0, 10.0, 19.98], abs=0.01)
+    assert arrivals - T0 == pytest.approx([0.01, 0.02, 0.03, 0.05], abs=1e-4)
+    assert record.ttft == pytest.approx(0.5)
+    steady = RequestRecord(0, T0, [T0 + 0.1, T0 + 0.12, T0 + 0.15], T0 + 0.2, "ok")
+    assert steady.gaps()[1] == pytest.approx([0.02, 0.03], abs=1e-6)  # one token a read: the gaps as they came
+    assert RequestRecord(0, T0, [T0, T0 + 1e-5], T0 + 1, "ok").gaps()[1].size == 0
+    # every token still counts in the step's tokens
+    (step,) = summarise_steps([record], [StepRecord(0, 1, T0 - 1, T0 + 1)], bin_run([record], [], None, T0 - 1, T0 + 1))
+    assert step.tokens == 7
