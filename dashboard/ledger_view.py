@@ -1,24 +1,19 @@
-"""The Ledger page's numbers: ``kvdoctor.rules.ledger`` applied to the form's inputs. Pure.
+"""The Ledger page's numbers: ``kvdoctor.rules.ledger_report`` applied to the form's inputs. Pure.
 
-Every formula is the ledger's (``what_if_rows``, ``offload_feasibility``, ``kv_pool_bytes``);
-this module only checks the form's inputs and bundles the answers for the page.
+Every formula is the ledger's (``build_report``: fit first, then the floor, the what-if rows and
+host offload); this module only checks the form's inputs and bundles the answers for the page.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvdoctor.rules.ledger import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_HOST_BANDWIDTH,
-    GpuSpec,
-    OffloadFeasibility,
-    WhatIf,
-    kv_pool_bytes,
-    offload_feasibility,
-    what_if_rows,
-)
+from kvdoctor.rules.gpus import GpuSpec
+from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH, Fit, Ledger
+from kvdoctor.rules.ledger_report import LedgerReport as Report
+from kvdoctor.rules.ledger_report import LedgerRequest, build_report
 from kvdoctor.rules.model import ModelShape, dtype_bytes
+from kvdoctor.rules.whatif import OffloadFeasibility, WhatIf
 
 KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "float32")
 
@@ -27,10 +22,17 @@ KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "float32")
 class LedgerReport:
     model: ModelShape
     gpu: GpuSpec
-    pool_bytes: float  # the GPU's KV pool
-    baseline: WhatIf
+    tp: int
+    fit: Fit  # does it start at all; the KV capacity as vLLM counts it
+    pool_bytes: float  # each GPU's KV pool
+    report: Report  # every figure with its label and how it was computed
+    baseline: WhatIf | None  # None when the deployment does not fit
     what_if: list[WhatIf]  # the cheap changes, baseline excluded
-    offload: OffloadFeasibility
+    offload: OffloadFeasibility | None
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.report.ledger
 
 
 def report(
@@ -41,10 +43,11 @@ def report(
     kv_dtype: str = "auto",
     host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
     memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    tp: int = 1,
 ) -> LedgerReport:
     """The ledger for the form's inputs; raises ``ValueError`` with one line on inputs out of range."""
-    if context_tokens < 1 or batch < 1:
-        raise ValueError("context and batch must be at least 1")
+    if context_tokens < 1 or batch < 1 or tp < 1:
+        raise ValueError("context, batch and tensor-parallel GPUs must be at least 1")
     if not 0 < memory_utilization <= 1:
         raise ValueError("GPU memory utilisation must be in (0, 1]")
     if host_bandwidth <= 0:
@@ -52,12 +55,27 @@ def report(
     dtype = None if kv_dtype in ("", "auto") else kv_dtype
     if dtype is not None:
         dtype_bytes(dtype)  # an unknown dtype fails here, with the list of known ones
-    rows = what_if_rows(shape, gpu, context_tokens, batch, dtype, memory_utilization)
+    r = build_report(
+        LedgerRequest(
+            shape=shape,
+            gpu=gpu,
+            context=context_tokens,
+            batch=batch,
+            kv_dtype=dtype,
+            tp=tp,
+            gpu_memory_utilization=memory_utilization,
+            host_bandwidth=host_bandwidth,
+        )
+    )
+    rows = r.what_if
     return LedgerReport(
         model=shape,
         gpu=gpu,
-        pool_bytes=kv_pool_bytes(shape, gpu, memory_utilization),
-        baseline=rows[0],
+        tp=tp,
+        fit=r.fit,
+        pool_bytes=r.fit.capacity.pool_bytes,
+        report=r,
+        baseline=rows[0] if rows else None,
         what_if=rows[1:],
-        offload=offload_feasibility(shape, gpu, context_tokens, batch, dtype, host_bandwidth, memory_utilization),
+        offload=r.offload,
     )

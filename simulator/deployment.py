@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from kvdoctor.rules.ledger import (
     DEFAULT_HOST_BANDWIDTH,
-    GPU_CATALOGUE,
     GpuSpec,
+    gpu_spec,
     host_transfer_seconds,
     kv_bytes_per_token,
     kv_pool_bytes,
@@ -16,20 +16,7 @@ from kvdoctor.rules.ledger import (
 from kvdoctor.rules.model import ModelShape, dtype_bytes
 
 GIB = 1024**3
-
-# NVML names of the catalogue's GPUs, for the simulated GPU's ``model`` label.
-NVML_NAMES = {
-    "A100-40GB": "NVIDIA A100-SXM4-40GB",
-    "A100-80GB": "NVIDIA A100-SXM4-80GB",
-    "A100-80GB-PCIE": "NVIDIA A100 80GB PCIe",
-    "H100": "NVIDIA H100 80GB HBM3",
-    "H100-NVL": "NVIDIA H100 NVL",
-    "H200": "NVIDIA H200",
-    "L40S": "NVIDIA L40S",
-    "L4": "NVIDIA L4",
-    "B200": "NVIDIA B200",
-}
-
+DEFAULT_GPU = gpu_spec("H100")  # H100 SXM 80GB
 
 # The served model's Hugging Face config.json (meta-llama/Llama-2-7b-chat-hf): the demo hands it to
 # the exporter as --model-config, so the exporter's ledger sees the same shape as the physics.
@@ -55,7 +42,7 @@ class EngineConfig:
     """The simulated deployment: model, GPU and the engine flags that matter to the physics.
 
     The default is Llama-2-7B (32 KV heads: 512 KiB of KV per token, 4x Llama-3.1-8B's) on one
-    H100 SXM with vLLM's defaults: the pool holds ~100k tokens, so every KV effect shows within
+    H100 SXM with vLLM's defaults: the pool holds ~115k tokens, so every KV effect shows within
     seconds, and the "use a GQA model" advice has something to say.
     """
 
@@ -64,7 +51,7 @@ class EngineConfig:
     # With neither, Llama-2-7B.
     model_config: Mapping | None = None
     shape: ModelShape | None = None
-    gpu: GpuSpec = GPU_CATALOGUE["H100"]
+    gpu: GpuSpec = DEFAULT_GPU
     gpu_memory_utilization: float = 0.9
     activation_reserve_bytes: float = 3.0e9  # activations, CUDA graphs, sampler: not KV
     cuda_context_bytes: float = 0.55e9  # memory used outside the engine's share
@@ -112,7 +99,7 @@ class EngineConfig:
 
     @property
     def gpu_name(self) -> str:
-        return NVML_NAMES.get(self.gpu.name, f"NVIDIA {self.gpu.name}")
+        return self.gpu.name  # the catalogue is keyed by the NVML device name
 
     @property
     def peak_flops(self) -> float:

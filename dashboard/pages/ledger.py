@@ -1,8 +1,9 @@
 """Ledger: how fast decode *can* be for a model on a GPU, and what each fix would buy.
 
-A form (model from an uploaded ``config.json`` or a common shape, GPU, context, batch, KV dtype)
--> the ledger's KV bytes per token, total KV, decode floor, tokens/s ceiling, what-if rows, and
-whether host offload can hide behind the decode step. No I/O: the upload is read in the browser's
+A form (model from an uploaded ``config.json`` or a common shape, GPU, tensor-parallel GPUs,
+context, batch, KV dtype) -> whether the deployment fits, then the ledger's KV bytes per token,
+total KV, decode floor, tokens/s ceiling (each value's tooltip says how it was computed), what-if
+rows, and whether host offload can hide behind the decode step. No I/O: the upload is read in the browser's
 request, nothing is fetched.
 """
 
@@ -16,15 +17,17 @@ import dash
 from dash import Input, Output, State, dcc, html, no_update
 
 from kvdoctor.dashboard import components, ids, ledger_view
-from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH, GPU_CATALOGUE
-from kvdoctor.rules.model import COMMON_MODELS, ModelShape, load_model_shape
+from kvdoctor.rules.gpus import GIB, GPU_CATALOGUE, GPUS
+from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
+from kvdoctor.rules.model import COMMON_MODELS, ModelShape
+from kvdoctor.rules.model_sources import load_model_shape
 from kvdoctor.rules.units import fmt_bytes_exact, fmt_ms, fmt_number
 
 PATH = "/ledger"
 UPLOADED = "__uploaded__"
 MAX_UPLOAD_BYTES = 1_000_000
 DEFAULT_MODEL = "Llama-3.1-8B" if "Llama-3.1-8B" in COMMON_MODELS else next(iter(COMMON_MODELS))
-DEFAULT_GPU = "H100" if "H100" in GPU_CATALOGUE else next(iter(GPU_CATALOGUE))
+DEFAULT_GPU = "NVIDIA H100 80GB HBM3" if "NVIDIA H100 80GB HBM3" in GPU_CATALOGUE else next(iter(GPU_CATALOGUE))
 # The form's plain inputs, in ``compute``'s argument order (after the model and the uploaded shape).
 FORM_INPUTS = (
     ids.LEDGER_GPU,
@@ -33,6 +36,7 @@ FORM_INPUTS = (
     ids.LEDGER_KV_DTYPE,
     ids.LEDGER_HOST_BANDWIDTH,
     ids.LEDGER_GPU_MEMORY_UTILIZATION,
+    ids.LEDGER_TP,
 )
 
 
@@ -94,12 +98,19 @@ def layout(**_params) -> html.Div:
                     clearable=False,
                     options=[
                         {
-                            "label": f"{g.name} ({g.peak_bandwidth / 1e9:,.0f} GB/s, {g.memory_bytes / 1e9:.0f} GB)",
+                            "label": f"{g.label} ({g.peak_bandwidth / 1e9:,.0f} GB/s, {g.memory_bytes / GIB:.0f} GiB)",
                             "value": g.name,
+                            "title": g.name,
                         }
-                        for g in GPU_CATALOGUE.values()
+                        for g in GPUS
                     ],
                 ),
+                "the NVML device name: nvidia-smi --query-gpu=name",
+            ),
+            field(
+                "tensor-parallel GPUs",
+                dcc.Input(id=ids.LEDGER_TP, type="number", min=1, step=1, value=1, debounce=True),
+                "vLLM --tensor-parallel-size",
             ),
             field(
                 "context (tokens per sequence)",
@@ -185,18 +196,19 @@ def read_upload(contents, filename, options):
             no_update,
             no_update,
         )
+    kv = f"MLA latent {shape.kv_latent_dim}" if shape.kv_latent_dim else f"{shape.num_kv_heads} KV heads"
     status = (
-        f"read {shape.name}: {shape.num_layers} layers, {shape.num_attention_heads} heads, "
-        f"{shape.num_kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype}"
+        f"read {shape.name}: {shape.num_layers} layers, {shape.num_attention_heads} heads, {kv}, "
+        f"head dim {shape.head_dim}, {shape.dtype}"
     )
-    if shape.num_parameters is None:
-        status += " (no vocab/intermediate size: weights unknown, counted as 0)"
+    if shape.is_moe:
+        status += f", {shape.num_experts} experts ({shape.experts_per_token} active per token)"
     options = [o for o in (options or _model_options()) if o["value"] != UPLOADED]
     options.insert(0, {"label": f"uploaded: {shape.name}", "value": UPLOADED})
     return asdict(shape), status, options, UPLOADED
 
 
-def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memory_utilization):
+def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memory_utilization, tp=1):
     try:
         if model == UPLOADED:
             if not uploaded:
@@ -208,7 +220,7 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
             raise ValueError("pick a model")
         if gpu_name not in GPU_CATALOGUE:
             raise ValueError("pick a GPU")
-        if context is None or batch is None or host_gbps is None or memory_utilization is None:
+        if context is None or batch is None or host_gbps is None or memory_utilization is None or tp is None:
             raise ValueError("fill in every field")
         r = ledger_view.report(
             shape,
@@ -218,12 +230,16 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
             kv_dtype or "auto",
             float(host_gbps) * 1e9,
             float(memory_utilization),
+            int(tp),
         )
     except (ValueError, TypeError) as exc:
         return None, None, None, str(exc)
+    if r.baseline is None:
+        return _does_not_fit(r), None, None, None
 
     b = r.baseline
     led = b.ledger
+    per_gpu = " per GPU" if r.tp > 1 else ""
     result = components.key_value_table(
         [
             (
@@ -231,15 +247,24 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
                 f"{r.model.name}: {r.model.num_layers} layers, {r.model.num_kv_heads} KV heads x head dim "
                 f"{r.model.head_dim}, {r.model.dtype}",
             ),
-            ("weights", fmt_bytes_exact(led.weight_bytes)),
-            ("KV bytes per token", fmt_bytes_exact(led.kv_bytes_per_token)),
-            ("total KV (context x batch)", fmt_bytes_exact(led.live_kv_bytes)),
+            ("fits", _how(r, "kv_pool_bytes", f"yes, on {r.tp} GPU{'s' if r.tp > 1 else ''}")),
+            ("weights", _how(r, "weight_bytes", fmt_bytes_exact(led.weight_bytes))),
+            (
+                "weights read per decode step",
+                _how(r, "weight_bytes_per_step", fmt_bytes_exact(led.weight_bytes_per_step)),
+            ),
+            ("KV bytes per token", _how(r, "kv_bytes_per_token", fmt_bytes_exact(led.kv_bytes_per_token))),
+            (f"total KV (context x batch){per_gpu}", fmt_bytes_exact(led.live_kv_bytes_per_gpu)),
             (
                 "KV pool on this GPU",
-                f"{fmt_bytes_exact(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
-                f"room for {b.max_batch:,} sequences of this context)",
+                _how(
+                    r,
+                    "kv_pool_bytes",
+                    f"{fmt_bytes_exact(r.pool_bytes)} ({'fits' if b.fits else 'does NOT fit'}; "
+                    f"room for {b.max_batch:,} sequences of this context)",
+                ),
             ),
-            ("decode step floor", fmt_ms(led.step_floor_seconds, 2, grouping=True)),
+            ("decode step floor", _how(r, "step_floor_seconds", fmt_ms(led.step_floor_seconds, 2, grouping=True))),
             ("tokens/s ceiling per sequence", fmt_number(led.tokens_per_second_per_sequence, "tokens/s")),
             ("tokens/s ceiling, whole batch", fmt_number(led.tokens_per_second_total, "tokens/s")),
         ],
@@ -252,8 +277,8 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
             [
                 c.label,
                 html.Code(c.flag) if c.flag else "–",
-                fmt_bytes_exact(c.ledger.kv_bytes_per_token),
-                fmt_bytes_exact(c.ledger.live_kv_bytes),
+                fmt_bytes_exact(c.ledger.kv_bytes_per_token_per_gpu),
+                fmt_bytes_exact(c.ledger.live_kv_bytes_per_gpu),
                 "yes" if c.fits else "no",
                 fmt_ms(c.ledger.step_floor_seconds, 2, grouping=True),
                 fmt_number(c.ledger.tokens_per_second_per_sequence, "tokens/s"),
@@ -296,3 +321,28 @@ def compute(model, uploaded, gpu_name, context, batch, kv_dtype, host_gbps, memo
         )
     offload = html.Div([components.key_value_table(rows, class_name="kv-table offload-table"), verdict])
     return result, what_if, offload, None
+
+
+def _how(r: ledger_view.LedgerReport, figure: str, text: str) -> html.Span:
+    """``text`` with how the ledger computed it as its tooltip."""
+    fig = r.report.figure(figure)
+    return html.Span(text, title=fig.how if fig else None)
+
+
+def _does_not_fit(r: ledger_view.LedgerReport) -> html.Div:
+    fit = r.fit
+    suggestion = (
+        f"The smallest number of tensor-parallel GPUs that fits: {fit.suggested_tp}."
+        if fit.suggested_tp
+        else "No tensor-parallel size up to 64 fits."
+    )
+    rows = [
+        ("fits", f"no: {fit.reason}"),
+        *[(f.label, html.Span(f.formatted(), title=f.how)) for f in r.report.figures],
+    ]
+    return html.Div(
+        [
+            html.P(f"Does not fit: {fit.reason}. {suggestion}", className="offload-bad"),
+            components.key_value_table(rows, class_name="kv-table ledger-table"),
+        ]
+    )

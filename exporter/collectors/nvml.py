@@ -10,12 +10,12 @@ Per GPU (labels ``gpu`` = NVML index, ``uuid``, ``model`` = NVML name):
   ``method="nvml_util"`` (duty cycles: the fraction of time memory was read or written / a kernel
   ran, NOT bandwidth) and ``nvmlDeviceGetPcieThroughput`` (KB/s, taken as KiB/s) x 1024.
 - Memory used/total from ``nvmlDeviceGetMemoryInfo`` v2 (falls back to v1).
-- Peak DRAM bandwidth = bus width (bits, ``nvmlDeviceGetMemoryBusWidth``) x max memory clock (MHz,
-  ``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``) x 2 / 8. The factor 2 is the transfers per
-  reported clock (double data rate): with the clocks NVML reports it reproduces the data sheets
-  for HBM and GDDR alike (H100 SXM 5120 bit x 2619 MHz x 2 / 8 = 3.35 TB/s; A100 80GB 5120 x 1593
-  -> 2.04 TB/s; L40S 384 x 9001 -> 864 GB/s; L4 192 x 6251 -> 300 GB/s). ``--gpu-peak-bandwidth``
-  wins; without NVML's numbers the ledger's GPU catalogue is used.
+- Peak DRAM bandwidth (``kvdoctor_gpu_dram_peak_bandwidth_bytes_per_second``): ``--gpu-peak-bandwidth``
+  if given; else the GPU catalogue's datasheet figure for the exact NVML device name
+  (``rules/gpus.py``); else, for a GPU the catalogue lacks, computed from the device: bus width
+  (bits, ``nvmlDeviceGetMemoryBusWidth``) x max memory clock (MHz,
+  ``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``) x 2 / 8 (``rules.gpus.nvml_peak_bandwidth``: the
+  factor 2 is double data rate; H100 SXM 5120 bit x 2619 MHz x 2 / 8 = 3.35 TB/s).
 
 Isolation: NVML is initialised lazily, on the first ``collect``. No library, no driver, or no GPU
 -> ``NotApplicable``. A GPU whose query raises ``NVMLError`` reports nothing that cycle and adds
@@ -45,7 +45,7 @@ from kvdoctor.exporter.collectors.base import register
 from kvdoctor.exporter.gpu_filter import make_gpu_filter
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
-from kvdoctor.rules.ledger import lookup_gpu
+from kvdoctor.rules.gpus import DATA_RATE, lookup_gpu, nvml_peak_bandwidth
 from kvdoctor.rules.window import SeriesKey
 
 GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
@@ -53,7 +53,6 @@ GpuFilter = Callable[[Sequence[GpuIdentity]], Sequence[GpuIdentity]]
 
 MIB = 1024 * 1024
 KIB = 1024
-DATA_RATE = 2  # memory transfers per reported memory clock cycle (see the module docstring)
 GPM_MIN_INTERVAL = 0.1  # seconds between two GPM samples, at least
 BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 60.0
@@ -68,9 +67,7 @@ GPM_METRICS: tuple[tuple[int, str, float, bool], ...] = (  # (id, signal, scale,
 )
 
 
-def peak_bandwidth(bus_width_bits: float, max_memory_clock_mhz: float) -> float:
-    """Theoretical peak DRAM bandwidth in bytes/s from NVML's bus width and max memory clock."""
-    return bus_width_bits * max_memory_clock_mhz * 1e6 * DATA_RATE / 8
+peak_bandwidth = nvml_peak_bandwidth  # bytes/s from NVML's bus width (bits) and max memory clock (MHz)
 
 
 def catalogue_peak_bandwidth(name: str) -> float | None:
@@ -90,7 +87,7 @@ class GpuState:
     lost: bool = False
     gpm: bool = False
     peak_bandwidth: float | None = None
-    peak_source: str = ""  # "nvml", "catalogue", "override" or ""
+    peak_source: str = ""  # "override", "catalogue", "nvml" or ""
     gpm_samples: list = field(default_factory=list)  # two GPM sample buffers, used in turn
     gpm_prev: int | None = None  # which buffer holds the previous sample
     gpm_prev_time: float = 0.0
@@ -176,18 +173,24 @@ class NvmlCollector:
         gpu.gpm = self._gpm_supported(gpu)
 
     def _peak(self, gpu: GpuState) -> tuple[float | None, str]:
+        """The override, else the catalogue's datasheet figure, else NVML's bus width x clock."""
         if self._peak_override:
             return float(self._peak_override), "override"
+        figure = catalogue_peak_bandwidth(gpu.name)
+        if figure:
+            return figure, "catalogue"
+        width, mhz = self._bus_and_clock(gpu)
+        return (peak_bandwidth(width, mhz), "nvml") if width and mhz else (None, "")
+
+    def _bus_and_clock(self, gpu: GpuState) -> tuple[int, int]:
+        """(memory bus width in bits, max memory clock in MHz) from NVML; zeros where unsupported."""
         nv = self._nv
         try:
-            width = nv.nvmlDeviceGetMemoryBusWidth(gpu.handle)
-            mhz = nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM)
+            return int(nv.nvmlDeviceGetMemoryBusWidth(gpu.handle)), int(
+                nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM)
+            )
         except (nv.NVMLError, AttributeError):  # not supported, or an nvidia-ml-py without the call
-            width = mhz = 0
-        if width and mhz:
-            return peak_bandwidth(width, mhz), "nvml"
-        figure = catalogue_peak_bandwidth(gpu.name)
-        return (figure, "catalogue") if figure else (None, "")
+            return 0, 0
 
     def _gpm_supported(self, gpu: GpuState) -> bool:
         nv = self._nv
@@ -444,24 +447,31 @@ def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
 
 
 def _print_peak(collector: NvmlCollector, gpu: GpuState, out) -> None:
-    nv = collector._nv
-    try:
-        width = nv.nvmlDeviceGetMemoryBusWidth(gpu.handle)
-        mhz = nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM)
+    """NVML's bus width, max memory clock and the peak they give, next to the catalogue's row."""
+    width, mhz = collector._bus_and_clock(gpu)
+    if width and mhz:
         print(
-            f"  memory bus {width} bit x max memory clock {mhz} MHz x {DATA_RATE} / 8 = "
-            f"{peak_bandwidth(width, mhz) / 1e9:.0f} GB/s",
+            f"  NVML: memory bus {width} bit x max memory clock {mhz} MHz x {DATA_RATE} / 8 = "
+            f"{peak_bandwidth(width, mhz) / 1e9:,.0f} GB/s",
             file=out,
         )
-    except (nv.NVMLError, AttributeError) as exc:
-        print(f"  memory bus width / max memory clock: not available ({exc})", file=out)
-    figure = catalogue_peak_bandwidth(gpu.name)
-    used = f"{gpu.peak_bandwidth / 1e9:.0f} GB/s ({gpu.peak_source})" if gpu.peak_bandwidth else "unknown"
-    if figure:
-        ratio = f", {gpu.peak_bandwidth / figure:.3f} x catalogue" if gpu.peak_bandwidth else ""
-        print(f"  peak bandwidth used: {used}; catalogue: {figure / 1e9:.0f} GB/s{ratio}", file=out)
     else:
-        print(f"  peak bandwidth used: {used}; not in the catalogue", file=out)
+        print("  NVML: memory bus width / max memory clock not available", file=out)
+    row = lookup_gpu(gpu.name)
+    if row is None:
+        print(f"  catalogue: no row for {gpu.name!r} (the NVML figure above is used)", file=out)
+    else:
+        published = (
+            f"bus {row.bus_width_bits} bit x {row.max_memory_clock_mhz} MHz, "
+            if row.bus_width_bits and row.max_memory_clock_mhz
+            else "bus width and clock not published, "
+        )
+        print(f"  catalogue ({row.label}): {published}datasheet peak {row.peak_bandwidth / 1e9:,.0f} GB/s", file=out)
+        if width and mhz:
+            ratio = peak_bandwidth(width, mhz) / row.peak_bandwidth
+            print(f"  NVML's peak / the datasheet's = {ratio:.3f}", file=out)
+    used = f"{gpu.peak_bandwidth / 1e9:,.0f} GB/s ({gpu.peak_source})" if gpu.peak_bandwidth else "unknown"
+    print(f"  peak bandwidth used: {used}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

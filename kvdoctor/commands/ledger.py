@@ -4,40 +4,48 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import math
 
 from kvdoctor.errors import UsageError
-from kvdoctor.rules.ledger import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    GPU_CATALOGUE,
-    GpuSpec,
-    lookup_gpu,
-    offload_feasibility,
-    what_if_rows,
-)
-from kvdoctor.rules.model import COMMON_MODELS, ModelShape, load_model_shape
-from kvdoctor.rules.units import BYTES_TABLE, fmt_bytes, fmt_duration
+from kvdoctor.rules.gpus import GPUS, GpuSpec, custom_gpu, gpu_spec, lookup_gpu
+from kvdoctor.rules.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
+from kvdoctor.rules.ledger_report import LedgerReport, LedgerRequest, build_report, fmt_size, sequences
+from kvdoctor.rules.model import COMMON_MODELS, ModelShape
+from kvdoctor.rules.model_sources import load_model as load_model_source
+from kvdoctor.rules.units import GB, fmt_duration
 
 NAME = "ledger"
-HELP = "KV bytes per token, decode floor and tokens/s ceiling for a model on a GPU, with what-ifs"
+HELP = "does it fit, KV bytes per token, decode floor and tokens/s ceiling for a model on GPUs, with what-ifs"
 DESCRIPTION = """\
-The ledger (roofline arithmetic): every decode step re-reads the weights and the KV cache of every
-running sequence, so
+The ledger (roofline arithmetic). First: does the deployment start at all (the weights fit each
+GPU's share of memory and the KV pool holds one sequence of --context)? If not, it says why and the
+smallest --tp that fits, and exits 1. Then, since every decode step re-reads the weights it uses and
+the KV cache of every running sequence:
 
-  KV bytes per token = 2 x layers x kv_heads x head_dim x bytes per element
-  decode step floor  = (weights + live KV) / peak HBM bandwidth;  tokens/s ceiling = 1 / floor
+  KV bytes per token    = 2 x layers x KV heads x head_dim x bytes  (MLA: layers x latent x bytes)
+  weights read per step = all weights (dense); shared + experts touched at this batch (MoE)
+  decode step floor     = (weights read per step + live KV) / peak DRAM bandwidth, per GPU
+  tokens/s ceiling      = 1 / floor per sequence
 
-Then what-if rows (FP8 KV cache, half the context, a GQA model with 8 KV heads) with their change
-against the baseline, and whether KV kept in host memory could keep up over PCIe.
+and the KV pool as vLLM counts it (its 'GPU KV cache size' and 'Maximum concurrency' log lines),
+what-if rows (FP8 KV cache, half the context, a GQA model), and whether KV kept in host memory could
+keep up. Every figure says how it was computed; --json uses the same names.
+
+--model takes a config.json, a model folder (a Hugging Face snapshot: its safetensors index gives
+the weight bytes exactly), a Hugging Face id already in the local cache (never downloaded), or a
+built-in name. --gpu takes the exact NVML device name (nvidia-smi --query-gpu=name) or a short alias.
 
 examples:
-  kvdoctor ledger --model Llama-3.1-8B --gpu H100 --context 8192 --batch 32
-  kvdoctor ledger --model ./config.json --gpu "NVIDIA A100-SXM4-80GB" --kv-dtype fp8 --json
+  kvdoctor ledger --model Llama-3.1-8B --gpu "NVIDIA H100 80GB HBM3" --context 8192 --batch 32
+  kvdoctor ledger --model ~/models/Llama-3.1-70B-Instruct --gpu H100 --tp 4 --json
+  kvdoctor ledger --model meta-llama/Llama-3.1-8B-Instruct --gpu L4 --kv-cache-memory-bytes 8e9
+  kvdoctor ledger --list-gpus
 """
 
-KV_DTYPES = ("fp16", "bf16", "fp8")
+KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp32")
 DEFAULT_CONTEXT = 8192
 DEFAULT_BATCH = 16
+EXIT_DOES_NOT_FIT = 1
 
 
 def _positive_int(text: str) -> int:
@@ -50,25 +58,61 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_number(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+class _ListGpus(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(catalogue_table())
+        parser.exit(0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        metavar="CONFIG.json|NAME",
-        help=f"a Hugging Face config.json, or one of: {', '.join(COMMON_MODELS)}",
+        metavar="CONFIG.json|FOLDER|ORG/NAME|NAME",
+        help="a config.json, a model folder, a Hugging Face id in the local cache, or one of: "
+        + ", ".join(COMMON_MODELS),
     )
     parser.add_argument(
         "--gpu",
-        required=True,
         metavar="NAME",
-        help=f"a catalogue name ({', '.join(GPU_CATALOGUE)}) or an NVML device name",
+        help="the NVML device name (e.g. 'NVIDIA H100 80GB HBM3') or a short alias (H100, L4, ...); see --list-gpus",
     )
+    parser.add_argument(
+        "--gpu-peak-bandwidth",
+        type=_positive_number,
+        metavar="BYTES_PER_S",
+        help="peak DRAM bandwidth of one GPU (replaces the catalogue's; with --gpu-memory-bytes, for a GPU it lacks)",
+    )
+    parser.add_argument(
+        "--gpu-memory-bytes",
+        type=_positive_number,
+        metavar="BYTES",
+        help="memory of one GPU (replaces the catalogue's)",
+    )
+    parser.add_argument("--tp", type=_positive_int, default=1, metavar="N", help="tensor-parallel GPUs (default: 1)")
     parser.add_argument(
         "--context",
         type=_positive_int,
         default=DEFAULT_CONTEXT,
         metavar="N",
-        help=f"tokens of KV per sequence (default: {DEFAULT_CONTEXT})",
+        help=f"tokens of KV per sequence, vLLM's --max-model-len (default: {DEFAULT_CONTEXT})",
     )
     parser.add_argument(
         "--batch",
@@ -80,32 +124,113 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-dtype", choices=KV_DTYPES, default=None, help="KV-cache element type (default: the model's dtype)"
     )
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument(
+        "--kv-cache-memory-bytes",
+        type=_positive_number,
+        metavar="BYTES",
+        help="vLLM's --kv-cache-memory-bytes: each GPU's KV pool, exactly",
+    )
+    pool.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        metavar="U",
+        help=f"vLLM's --gpu-memory-utilization (default: {DEFAULT_GPU_MEMORY_UTILIZATION}): pool = U x memory - weights"
+        " per GPU",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=DEFAULT_BLOCK_SIZE,
+        metavar="N",
+        help=f"vLLM's KV block size in tokens (default: {DEFAULT_BLOCK_SIZE}; the CPU build uses 128)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--list-gpus", action=_ListGpus, nargs=0, help="print the GPU catalogue and exit")
 
 
 def load_model(spec: str) -> ModelShape:
-    """A ModelShape from a config.json path or a common model name; UsageError otherwise."""
-    path = Path(spec).expanduser()
-    if path.is_file():
-        try:
-            return load_model_shape(spec)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    wanted = spec.strip().lower()
-    for name, shape in COMMON_MODELS.items():
-        if wanted in (name.lower(), name.lower().replace("-", "")) or wanted.rsplit("/", 1)[-1] == name.lower():
-            return shape
-    if path.suffix == ".json" or "/" in spec or path.exists():
-        what = "not a file" if path.exists() else "no such file"
-        raise UsageError(f"{what}: {spec!r} (give a config.json, or one of {', '.join(COMMON_MODELS)})")
-    raise UsageError(f"unknown model {spec!r}: not a file, and not one of {', '.join(COMMON_MODELS)}")
+    """A ModelShape from a config.json, a model folder, a cached Hugging Face id or a built-in
+    name; UsageError (one line) otherwise."""
+    try:
+        return load_model_source(spec)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def load_gpu(spec: str) -> GpuSpec:
-    gpu = lookup_gpu(spec)
-    if gpu is None:
-        raise UsageError(f"unknown GPU {spec!r} (known: {', '.join(GPU_CATALOGUE)})")
-    return gpu
+    """The catalogue's row for an NVML device name or alias; UsageError naming the closest otherwise."""
+    try:
+        return gpu_spec(spec)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def resolve_gpu(args: argparse.Namespace) -> tuple[GpuSpec, str]:
+    """The GPU of ``--gpu`` with ``--gpu-peak-bandwidth`` / ``--gpu-memory-bytes`` applied, and
+    where its peak bandwidth came from."""
+    peak, memory = args.gpu_peak_bandwidth, args.gpu_memory_bytes
+    base = None
+    if args.gpu:
+        base = lookup_gpu(args.gpu)
+        if base is None and peak is None:
+            load_gpu(args.gpu)  # raises, naming the closest known GPUs
+    elif peak is None:
+        raise UsageError("give --gpu NAME (see --list-gpus), or --gpu-peak-bandwidth and --gpu-memory-bytes")
+    if peak is None and memory is None and base is not None:
+        return base, f"catalogue: {base.label}"
+    try:
+        gpu = custom_gpu(peak or (base.peak_bandwidth if base else 0.0), memory, base)
+    except ValueError as exc:
+        raise UsageError(f"unknown GPU {args.gpu!r}: {exc}" if args.gpu and base is None else str(exc)) from None
+    return gpu, "--gpu-peak-bandwidth" if peak else f"catalogue: {gpu.label}"
+
+
+def compute(args: argparse.Namespace) -> LedgerReport:
+    shape = load_model(args.model)
+    gpu, peak_source = resolve_gpu(args)
+    request = LedgerRequest(
+        shape=shape,
+        gpu=gpu,
+        context=args.context,
+        batch=args.batch,
+        kv_dtype=None if args.kv_dtype in (None, "auto") else args.kv_dtype,
+        tp=args.tp,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        block_size=args.block_size,
+        host_bandwidth=DEFAULT_HOST_BANDWIDTH,
+        peak_source=peak_source,
+    )
+    try:
+        return build_report(request)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise UsageError(f"cannot compute the ledger: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = compute(args)
+    except UsageError as exc:
+        if args.json:  # stdout stays parseable: the error as JSON there, the one line on stderr
+            print(json.dumps({"error": str(exc), "exit_code": 2}))
+        raise
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    return 0 if report.fit.fits else EXIT_DOES_NOT_FIT
+
+
+# ------------------------------------------------------------------------------------ printing
+
+
+def catalogue_table() -> str:
+    lines = [f"{'NVML device name':<28} {'memory':>8} {'peak DRAM':>10}  {'host link':<14} source"]
+    for g in GPUS:
+        lines.append(
+            f"{g.name:<28} {g.memory_bytes / 2**30:>4.0f} GiB {g.peak_bandwidth / GB:>6,.0f} GB/s  {g.host_link:<14} "
+            f"{g.source}"
+        )
+    return "\n".join(lines)
 
 
 def _change(ratio: float) -> str:
@@ -113,133 +238,127 @@ def _change(ratio: float) -> str:
     return "=" if abs(pct) < 0.05 else f"{pct:+.0f}%"
 
 
-def compute(shape: ModelShape, gpu: GpuSpec, context: int, batch: int, kv_dtype: str | None) -> dict:
-    """Everything the command prints, as one JSON-able dict."""
-    rows = what_if_rows(shape, gpu, context, batch, kv_dtype)
-    base = rows[0]
-    offload = offload_feasibility(shape, gpu, context, batch, kv_dtype)
-    return {
-        "model": {
-            "name": shape.name,
-            "num_layers": shape.num_layers,
-            "hidden_size": shape.hidden_size,
-            "num_attention_heads": shape.num_attention_heads,
-            "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim,
-            "dtype": shape.dtype,
-            "num_parameters": shape.num_parameters,
-            "kv_latent_dim": shape.kv_latent_dim,
-        },
-        "gpu": {
-            "name": gpu.name,
-            "memory_bytes": gpu.memory_bytes,
-            "peak_bandwidth": gpu.peak_bandwidth,
-            "pcie_bandwidth": gpu.pcie_bandwidth,
-        },
-        "context_tokens": context,
-        "batch": batch,
-        "kv_dtype": base.kv_dtype,
-        "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
-        "kv_bytes_per_token": base.ledger.kv_bytes_per_token,
-        "live_kv_bytes": base.ledger.live_kv_bytes,
-        "weight_bytes": base.ledger.weight_bytes,
-        "weights_known": shape.num_parameters is not None,
-        "step_floor_seconds": base.ledger.step_floor_seconds,
-        "tokens_per_second_per_sequence": base.ledger.tokens_per_second_per_sequence,
-        "tokens_per_second_total": base.ledger.tokens_per_second_total,
-        "kv_pool_bytes": offload.pool_bytes,
-        "fits": base.fits,
-        "max_batch": base.max_batch,
-        "what_if": [row.to_json() for row in rows],
-        "offload": offload.to_json(),
-    }
+def _figure_lines(report: LedgerReport, names: tuple[str, ...]) -> list[str]:
+    lines = []
+    for name in names:
+        fig = report.figure(name)
+        if fig is not None:
+            lines.append(f"  {fig.label:<42} {fig.formatted():<22} {fig.how}")
+    return lines
 
 
-def render(result: dict) -> str:
-    m, g = result["model"], result["gpu"]
-    ctx, batch = result["context_tokens"], result["batch"]
-    heads = f"{m['num_kv_heads']} KV heads of {m['num_attention_heads']}"
-    if m["kv_latent_dim"]:
-        heads = f"MLA latent {m['kv_latent_dim']}"
-    lines = [
-        f"{m['name']} ({m['num_layers']} layers, {heads}) on {g['name']} "
-        f"({g['peak_bandwidth'] / 1e9:,.0f} GB/s, {g['memory_bytes'] / 1e9:.0f} GB): "
-        f"{batch} x {ctx:,} tokens, KV {result['kv_dtype']}",
-        "",
-        f"  KV bytes per token    {fmt_bytes(result['kv_bytes_per_token'], BYTES_TABLE)}",
-        f"  live KV               {fmt_bytes(result['live_kv_bytes'], BYTES_TABLE)}  "
-        f"({batch} sequences x {ctx:,} tokens)",
-        f"  weights               {fmt_bytes(result['weight_bytes'], BYTES_TABLE)}"
-        if result["weights_known"]
-        else "  weights               unknown (config lacks vocab_size or intermediate_size): the floor counts KV only",
-        f"  decode step floor     {fmt_duration(result['step_floor_seconds'])}  ((weights + live KV) / peak bandwidth)",
-        f"  tokens/s ceiling      {result['tokens_per_second_per_sequence']:,.1f} per sequence, "
-        f"{result['tokens_per_second_total']:,.0f} total",
-    ]
-    pool = result["kv_pool_bytes"]
-    share = f"{result['gpu_memory_utilization']:.0%} of {g['memory_bytes'] / 1e9:.0f} GB minus weights"
-    if result["fits"]:
-        lines.append(
-            f"  fits in GPU memory?   yes: the KV pool ({fmt_bytes(pool, BYTES_TABLE)}, {share}) holds "
-            f"{result['max_batch']:,} sequences of {ctx:,} tokens"
-        )
-    elif pool <= 0:
-        lines.append(f"  fits in GPU memory?   no: the weights alone exceed {share.split(' minus')[0]}")
-    else:
-        lines.append(
-            f"  fits in GPU memory?   no: the KV pool ({fmt_bytes(pool, BYTES_TABLE)}, {share}) holds only "
-            f"{result['max_batch']:,} sequences of {ctx:,} tokens"
-        )
-
-    lines += [
-        "",
-        "what if                        KV/token   live KV    step floor  tokens/s   fits  change (floor, tokens/s)",
-    ]
-    for row in result["what_if"]:
-        change = (
-            "baseline"
-            if row["name"] == "baseline"
-            else f"{_change(row['step_floor_ratio'])}, {_change(row['tokens_per_second_ratio'])}"
-        )
-        flag = f"   {row['flag']}" if row["flag"] else ""
-        lines.append(
-            f"  {row['label']:<28} {fmt_bytes(row['kv_bytes_per_token'], BYTES_TABLE):<10} "
-            f"{fmt_bytes(row['live_kv_bytes'], BYTES_TABLE):<10} "
-            f"{fmt_duration(row['step_floor_seconds']):<11} {row['tokens_per_second_total']:<10,.0f} "
-            f"{'yes' if row['fits'] else 'no':<5} {change}{flag}"
-        )
-
-    o = result["offload"]
-    link = f"{o['link_bandwidth'] / 1e9:.1f} GB/s (min of host memory and PCIe)"
-    lines += ["", f"host offload over {link}:"]
-    if o["overflow_bytes"] <= 0:
-        lines.append("  nothing to offload: the live KV fits in the GPU pool.")
-    else:
-        verdict = "hides behind the step" if o["hideable"] else "cannot hide behind the step"
-        lines.append(
-            f"  {fmt_bytes(o['overflow_bytes'], BYTES_TABLE)} of KV does not fit and would live on the host: moving it "
-            f"takes {fmt_duration(o['transfer_seconds_per_step'])} per step "
-            f"against a {fmt_duration(o['step_seconds'])} "
-            f"step ({verdict})."
-        )
-        lines.append(
-            f"  to hide it, {o['prefetch_hit_rate_needed']:.1%} of the host KV must already be on the "
-            "GPU when the step reads it (prefetch hit rate)."
-        )
-    lines.append(
-        f"  a prefix hit served from the host ({ctx:,} tokens, "
-        f"{fmt_bytes(result['kv_bytes_per_token'] * ctx, BYTES_TABLE)}) "
-        f"takes {fmt_duration(o['prefix_load_seconds'])} to load: {o['prefix_load_steps']:.1f} decode steps."
+def render(report: LedgerReport) -> str:
+    r, fit = report.request, report.fit
+    s, g = r.shape, r.gpu
+    kind = (
+        f"MLA latent {s.kv_latent_dim}" if s.kv_latent_dim else f"{s.num_kv_heads} KV heads of {s.num_attention_heads}"
     )
+    if s.is_moe:
+        kind += f", {s.num_experts} experts ({s.experts_per_token} active)"
+    gpus = f"{r.tp} x " if r.tp > 1 else ""
+    lines = [
+        f"{s.name} ({s.num_layers} layers, {kind}) on {gpus}{g.name} ({g.label or 'custom'}: "
+        f"{g.peak_bandwidth / GB:,.0f} GB/s, {g.memory_bytes / 2**30:,.0f} GiB), --tp {r.tp}: "
+        f"{sequences(r.batch)} x {r.context:,} tokens, KV {report.to_json()['kv_dtype']}",
+        "",
+    ]
+    cap = fit.capacity
+    if fit.fits:
+        lines.append(
+            f"fits: yes. Each GPU's KV pool ({fmt_size(cap.pool_bytes)}) holds {sequences(cap.sequences)} "
+            f"of {r.context:,} tokens."
+        )
+        if cap.sequences < r.batch:
+            lines.append(
+                f"  but not all {sequences(r.batch)} of the batch: the rest wait in the queue or are preempted "
+                "(the host-offload section below says whether a host tier could hold them)."
+            )
+    else:
+        lines.append(f"DOES NOT FIT: {fit.reason}.")
+        lines.append(
+            f"  smallest --tp that fits: {fit.suggested_tp} (run again with --tp {fit.suggested_tp})"
+            if fit.suggested_tp
+            else "  no --tp up to 64 fits: quantise the weights, shorten --context, or pick a bigger GPU."
+        )
+        lines.append("  No decode floor: it would describe a deployment that cannot start.")
+    lines += ["", "model"]
+    lines += _figure_lines(
+        report,
+        (
+            "kv_bytes_per_token",
+            "kv_bytes_per_token_per_gpu",
+            "weight_bytes",
+            "weight_bytes_per_gpu",
+            "weight_bytes_per_step",
+        ),
+    )
+    lines += ["", "KV pool, counted as vLLM does"]
+    lines += _figure_lines(report, ("kv_pool_bytes", "kv_cache_tokens", "max_concurrency", "sequences_that_fit"))
+    if report.ledger is None:
+        return "\n".join(lines)
+    lines += ["", "decode floor"]
+    lines += _figure_lines(
+        report,
+        (
+            "live_kv_bytes",
+            "live_kv_bytes_per_gpu",
+            "step_floor_seconds",
+            "tokens_per_second_per_sequence",
+            "tokens_per_second_total",
+            "all_reduce_seconds",
+        ),
+    )
+    lines += _what_if_lines(report) + _offload_lines(report)
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    shape = load_model(args.model)
-    gpu = load_gpu(args.gpu)
-    try:
-        result = compute(shape, gpu, args.context, args.batch, args.kv_dtype)
-    except (ValueError, ZeroDivisionError) as exc:
-        raise UsageError(f"cannot compute the ledger: {exc}") from None
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+def _what_if_lines(report: LedgerReport) -> list[str]:
+    per_gpu = " per GPU" if report.request.tp > 1 else ""
+    lines = [
+        "",
+        f"what if (KV and floor{per_gpu})".ljust(33)
+        + "KV/token    live KV     step floor  tokens/s   fits  change (floor, tokens/s)",
+    ]
+    for row in report.what_if:
+        led = row.ledger
+        change = (
+            "baseline"
+            if row.name == "baseline"
+            else f"{_change(row.step_floor_ratio)}, {_change(row.tokens_per_second_ratio)}"
+        )
+        flag = f"   {row.flag}" if row.flag else ""
+        lines.append(
+            f"  {row.label:<30} {fmt_size(led.kv_bytes_per_token_per_gpu).split(' (')[0]:<11} "
+            f"{fmt_size(led.live_kv_bytes_per_gpu):<11} {fmt_duration(led.step_floor_seconds):<11} "
+            f"{led.tokens_per_second_total:<10,.0f} {'yes' if row.fits else 'no':<5} {change}{flag}"
+        )
+    return lines
+
+
+def _offload_lines(report: LedgerReport) -> list[str]:
+    o, r = report.offload, report.request
+    if o is None:
+        return []
+    link = (
+        f"{o.link_bandwidth / GB:.1f} GB/s per GPU (min of host memory and the GPU's {r.gpu.host_link or 'host link'})"
+    )
+    lines = ["", f"host offload over {link}:"]
+    if o.overflow_bytes <= 0:
+        lines.append("  nothing to offload: the live KV fits in the GPU pool.")
+    else:
+        verdict = "hides behind the step" if o.hideable else "cannot hide behind the step"
+        lines.append(
+            f"  {fmt_size(o.overflow_bytes)} of KV per GPU does not fit and would live on the host: moving it "
+            f"takes {fmt_duration(o.transfer_seconds_per_step)} per step against a {fmt_duration(o.step_seconds)} "
+            f"step floor with only the KV that fits ({verdict})."
+        )
+        lines.append(
+            f"  to hide it, {o.prefetch_hit_rate_needed:.1%} of the host KV must already be on the "
+            "GPU when the step reads it (prefetch hit rate)."
+        )
+    per_token = report.ledger.kv_bytes_per_token_per_gpu if report.ledger else 0.0
+    lines.append(
+        f"  a prefix hit served from the host ({r.context:,} tokens, {fmt_size(per_token * r.context)} per GPU) "
+        f"takes {fmt_duration(o.prefix_load_seconds)} to load: {o.prefix_load_steps:.1f} decode steps."
+    )
+    return lines
