@@ -9,6 +9,13 @@ the first request for anything else hands the connection, with every byte not ye
 uvicorn's own HTTP protocol for good. Only uvicorn's public protocol interface is used (a protocol
 class built with ``config``/``server_state``/``app_state``; ``server_state.connections`` for a
 graceful shutdown); a request this module does not fully understand is handed over, never refused.
+
+Each prerendered path maps to a callable that takes the request's ``Accept`` value and returns the
+content type and the bytes (``exposition.MetricsPages.negotiate``: classic text or OpenMetrics).
+With a web configuration (``web_guard.WebGuard``) the same rules hold here as in the app: the rate
+limit, basic auth (a header not verified yet is checked on the bcrypt thread while this connection
+waits; the answer is cached), the configured response headers, and ``client_allowed_sans`` checked
+when the TLS connection is made.
 """
 
 from __future__ import annotations
@@ -17,22 +24,36 @@ import asyncio
 import functools
 from collections.abc import Callable, Mapping
 
+from kvdoctor.exporter.web_guard import WebGuard
+
 MAX_HEAD_BYTES = 8192  # longer request heads go to uvicorn (which applies its own limits)
 MAX_WRITE_BUFFER = 1 << 20  # stop reading while this much is unsent (a client pipelining and not reading)
 _HEAD_END = b"\r\n\r\n"
-_BODY_HEADERS = (b"content-length:", b"transfer-encoding:", b"expect:", b"upgrade:")
+_BODY_HEADERS = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade"))
+_PENDING = object()  # _answer: the credentials are being verified; try again when they are
 
-# path -> (content type, a callable returning the current bytes)
-Prerendered = Mapping[str, tuple[str, Callable[[], bytes]]]
+# path -> a callable taking the request's Accept value, returning (content type, current bytes)
+Prerendered = Mapping[str, Callable[[bytes], tuple[bytes, bytes]]]
 
 
 class PrerenderedFront(asyncio.Protocol):
     """One connection: prerendered GET/HEAD answered here, anything else delegated to uvicorn."""
 
-    def __init__(self, delegate_class, paths: Prerendered, config, server_state, app_state=None, _loop=None):
+    def __init__(
+        self,
+        delegate_class,
+        paths: Prerendered,
+        guard: WebGuard | None,
+        config,
+        server_state,
+        app_state=None,
+        _loop=None,
+    ):
         self._delegate_args = dict(config=config, server_state=server_state, app_state=app_state, _loop=_loop)
         self._delegate_class = delegate_class
-        self._paths = {path.encode("ascii"): (ctype.encode("latin-1"), get) for path, (ctype, get) in paths.items()}
+        self._paths = {path.encode("ascii"): get for path, get in paths.items()}
+        self._guard = guard
+        self._verifying = False  # credentials on the bcrypt thread; the buffer waits
         self._connections = server_state.connections
         self._keep_alive_seconds = config.timeout_keep_alive
         self._loop = _loop or asyncio.get_event_loop()
@@ -43,6 +64,9 @@ class PrerenderedFront(asyncio.Protocol):
 
     # --------------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport) -> None:
+        if self._guard is not None and not self._guard.peer_allowed(transport):
+            transport.abort()
+            return
         self._transport = transport
         self._connections.add(self)
         self._arm_idle()
@@ -77,7 +101,7 @@ class PrerenderedFront(asyncio.Protocol):
 
     # ------------------------------------------------------------------------------ serving
     def _serve_buffer(self) -> None:
-        while self._transport is not None and not self._paused:
+        while self._transport is not None and not self._paused and not self._verifying:
             end = self._buffer.find(_HEAD_END)
             if end < 0:
                 if len(self._buffer) > MAX_HEAD_BYTES:
@@ -89,6 +113,9 @@ class PrerenderedFront(asyncio.Protocol):
             if answer is None:
                 self._hand_over()
                 return
+            if answer[0] is _PENDING:
+                self._verify(answer[1])
+                return
             response, keep_alive = answer
             del self._buffer[: end + len(_HEAD_END)]
             self._transport.write(response)
@@ -98,31 +125,63 @@ class PrerenderedFront(asyncio.Protocol):
             if self._transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
                 self.pause_writing()  # resumed by the transport once it has drained
 
-    def _answer(self, head: bytes) -> tuple[bytes, bool] | None:
-        """The whole response and whether to keep the connection, or None to hand it over."""
+    def _answer(self, head: bytes) -> tuple | None:
+        """(the whole response, whether to keep the connection), None to hand the connection
+        over, or (_PENDING, credentials) while the credentials still need checking."""
         line, _, headers = head.partition(b"\r\n")
         parts = line.split(b" ")
         if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD") or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
             return None
-        target = self._paths.get(parts[1].partition(b"?")[0])
-        if target is None:
+        path = parts[1].partition(b"?")[0]
+        negotiate = self._paths.get(path)
+        if negotiate is None:
             return None
-        lower = headers.lower()
-        if any(name in lower for name in _BODY_HEADERS):
-            return None  # a body, a 100-continue or an upgrade: uvicorn knows those
-        connection = b""
-        for header in lower.split(b"\r\n"):
-            if header.startswith(b"connection:"):
-                connection = header[11:].strip()
+        connection = accept = authorization = b""
+        for header in headers.split(b"\r\n"):
+            name, _, value = header.partition(b":")
+            name = name.lower()
+            if name in _BODY_HEADERS or header[:1] in (b" ", b"\t"):
+                return None  # a body, a 100-continue, an upgrade or a folded header: uvicorn knows those
+            if name == b"connection":
+                connection = value.strip().lower()
+            elif name == b"accept":
+                accept = value.strip()
+            elif name == b"authorization" and not authorization:
+                authorization = value.strip()
         keep_alive = (connection != b"close") if parts[2] == b"HTTP/1.1" else (connection == b"keep-alive")
-        content_type, get = target
-        body = get()
-        response = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n" % (
+        guard = self._guard
+        extra = b""
+        if guard is not None:
+            if not guard.allow_rate(path.decode("latin-1")):
+                return guard.refusal(429, keep_alive), keep_alive
+            if guard.auth is not None:
+                ok = guard.auth.cached(authorization)
+                if ok is None:
+                    return _PENDING, authorization
+                if not ok:
+                    return guard.refusal(401, keep_alive), keep_alive
+            extra = guard.header_lines
+        content_type, body = negotiate(accept)
+        response = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n" % (
             content_type,
             len(body),
+            extra,
             b"" if keep_alive else b"connection: close\r\n",
         )
         return (response + body if parts[0] == b"GET" else response), keep_alive
+
+    def _verify(self, authorization: bytes) -> None:
+        """Check the credentials off the event loop; serving resumes when the answer is cached."""
+        self._verifying = True
+        self._guard.auth.verify_async(authorization).add_done_callback(self._verified)
+
+    def _verified(self, future: asyncio.Future) -> None:
+        self._verifying = False
+        if future.cancelled() or future.exception() is not None:
+            if self._transport is not None:
+                self._transport.close()  # the check itself failed: nothing sensible to answer
+            return
+        self._serve_buffer()
 
     def _hand_over(self) -> None:
         """From now on this connection is uvicorn's, starting with the bytes not answered yet."""
@@ -154,6 +213,6 @@ class PrerenderedFront(asyncio.Protocol):
             self._transport.close()
 
 
-def front_protocol(delegate_class, paths: Prerendered):
+def front_protocol(delegate_class, paths: Prerendered, guard: WebGuard | None = None):
     """The protocol class to give uvicorn (``Config.http_protocol_class``) in front of ``delegate_class``."""
-    return functools.partial(PrerenderedFront, delegate_class, paths)
+    return functools.partial(PrerenderedFront, delegate_class, paths, guard)

@@ -124,19 +124,20 @@ class _QuietServer(uvicorn.Server):
 class ServerHandle:
     """A uvicorn server running in a daemon thread; ``stop()`` shuts it down."""
 
-    def __init__(self, server: _QuietServer, thread: threading.Thread, sock: socket.socket):
+    def __init__(self, server: _QuietServer, thread: threading.Thread, sock: socket.socket, scheme: str = "http"):
         self._server = server
         self._thread = thread
         self._socket = sock
         address = sock.getsockname()
         self.host: str = address[0]
         self.port: int = address[1]
+        self.scheme = scheme
         self.error: BaseException | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def alive(self) -> bool:
@@ -167,9 +168,11 @@ def serve_in_thread(
     on_exit: Callable[[], None] | None = None,
 ) -> ServerHandle:
     """Start ``app`` on ``host:port`` (or on ``sock``, from ``bind_socket``) in a thread; returns
-    once it accepts connections. An app whose ``state.prerendered`` maps paths to ``(content type,
-    get_bytes)`` has GETs of those paths answered before uvicorn (``exporter/fastpath.py``).
-    ``on_exit()`` is called from the server's thread when it stops, asked to or not.
+    once it accepts connections. An app whose ``state.prerendered`` maps paths to
+    ``negotiate(accept) -> (content type, bytes)`` has GETs of those paths answered before uvicorn
+    (``exporter/fastpath.py``); its ``state.web_guard`` (``exporter/web_guard.py``) adds TLS and
+    holds basic auth there too. ``on_exit()`` is called from the server's thread when it stops,
+    asked to or not.
 
     Raises ``PortInUseError`` if the port is taken, ``ServerError`` for other start failures.
     """
@@ -183,10 +186,15 @@ def serve_in_thread(
         timeout_graceful_shutdown=2,
         timeout_keep_alive=30,
     )
-    prerendered = getattr(getattr(app, "state", None), "prerendered", None)
-    if prerendered:  # GETs of these paths are answered at the connection (exporter/fastpath.py)
-        config.load()
-        config.http_protocol_class = front_protocol(config.http_protocol_class, prerendered)
+    state = getattr(app, "state", None)
+    prerendered = getattr(state, "prerendered", None)
+    guard = getattr(state, "web_guard", None)
+    config.load()
+    if prerendered or guard is not None:  # GETs of these paths are answered at the connection (exporter/fastpath.py)
+        config.http_protocol_class = front_protocol(config.http_protocol_class, prerendered or {}, guard)
+    tls = guard.ssl_context if guard is not None else None
+    if tls is not None:
+        config.ssl = tls  # asyncio does the handshake; the protocols above see plain bytes
     server = _QuietServer(config)
     handle_box: list[ServerHandle] = []
 
@@ -202,7 +210,7 @@ def serve_in_thread(
                 on_exit()
 
     thread = threading.Thread(target=run, name=f"kvdoctor-http-{sock.getsockname()[1]}", daemon=True)
-    handle = ServerHandle(server, thread, sock)
+    handle = ServerHandle(server, thread, sock, "https" if tls is not None else "http")
     handle_box.append(handle)
     thread.start()
     deadline = time.monotonic() + STARTUP_TIMEOUT
