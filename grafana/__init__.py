@@ -1,0 +1,1 @@
+"""The Grafana dashboard, generated from the rules' definitions (``kvdoctor grafana export``)."""

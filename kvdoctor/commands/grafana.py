@@ -1,0 +1,81 @@
+"""kvdoctor grafana export [-o FILE] [--thresholds FILE] [--slo-ms N] [--scrape-interval S] [--runbook-base-url URL]"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvdoctor.errors import UsageError
+from kvdoctor.grafana.builder import render_dashboard
+from kvdoctor.output import write_document
+from kvdoctor.rules.promql import RUNBOOK_BASE_URL
+from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
+
+NAME = "grafana"
+HELP = "export the Grafana dashboard generated from the rules"
+DESCRIPTION = """\
+Write kvdoctor's Grafana dashboard as JSON: the verdict per pod and the firing kvdoctor alerts, KV
+usage and ITL against the SLO, DRAM bandwidth vs SM activity, preemptions and PCIe, the queue and the
+prefix-cache hits by tier, with datasource, namespace and pod variables. Its panels read the series
+the rules record (`kvdoctor rules export`): give both commands the same --thresholds, --slo-ms,
+--scrape-interval and --runbook-base-url.
+
+  kvdoctor grafana export                          # to stdout
+  kvdoctor grafana export -o kvdoctor-dashboard.json
+  kvdoctor grafana export --thresholds my-thresholds.yaml --slo-ms 50 -o dashboard.json
+  kvdoctor grafana export --runbook-base-url https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="grafana_action", metavar="ACTION")
+    export = actions.add_parser(
+        "export", help="write the dashboard JSON", description=DESCRIPTION, formatter_class=parser.formatter_class
+    )
+    export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    export.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py), as given to rules export",
+    )
+    export.add_argument(
+        "--slo-ms",
+        type=float,
+        default=None,
+        metavar="N",
+        help=f"the SLO line where an exporter publishes none, in milliseconds (default {DEFAULT_SLO_SECONDS * 1e3:g})",
+    )
+    export.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Prometheus' scrape interval the rules are sized for "
+        f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}; the recorded series are named after their ranges)",
+    )
+    export.add_argument(
+        "--runbook-base-url",
+        default=RUNBOOK_BASE_URL,
+        metavar="URL",
+        help="where the runbooks are browsable (<URL><Alert>.md); an http(s) URL adds runbook links "
+        f"(default {RUNBOOK_BASE_URL}: no links)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "grafana_action", None) != "export":
+        raise UsageError("missing action; try: kvdoctor grafana export [-o FILE]")
+    try:
+        thresholds = Thresholds.from_yaml(args.thresholds) if args.thresholds else Thresholds()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    slo = DEFAULT_SLO_SECONDS
+    if args.slo_ms is not None:
+        if not 0 < args.slo_ms < float("inf"):
+            raise UsageError(f"--slo-ms must be a positive number, got {args.slo_ms:g}")
+        slo = args.slo_ms / 1000.0
+    if args.scrape_interval is not None and not 0 < args.scrape_interval < float("inf"):
+        raise UsageError(f"--scrape-interval must be a positive number of seconds, got {args.scrape_interval:g}")
+    text = render_dashboard(thresholds, slo, args.scrape_interval, args.runbook_base_url)
+
+    write_document(text, args.output)
+    return 0
