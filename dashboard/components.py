@@ -15,11 +15,13 @@ from dash import dcc, html
 
 from kvdoctor.dashboard import figures
 from kvdoctor.dashboard.derive import severity
+from kvdoctor.rules.actions import FIX, GROUP_TITLES, MITIGATE, SHOWN_PER_GROUP
 
 VERDICT_TITLES: dict[str, str] = {
     "kv_thrashing": "KV thrashing",
     "kv_capacity_pressure": "KV capacity pressure",
     "kv_tier_miss": "KV served from a slow tier",
+    "request_queueing": "Requests queue",
     "memory_bandwidth_bound": "Decode is HBM-bandwidth bound",
     "compute_bound": "Compute bound",
     "host_overhead_bound": "Host overhead bound",
@@ -131,20 +133,35 @@ def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
     return html.Table([head, html.Tbody(rows)], className="evidence")
 
 
-def action_list(actions: Iterable[Mapping]) -> html.Ol | None:
-    items = []
+def _action_item(action: Mapping) -> html.Li:
+    flags: list[Any] = []
+    for engine, key in (("vLLM", "flag_vllm"), ("SGLang", "flag_sglang"), ("llama.cpp", "flag_llamacpp")):
+        if action.get(key):
+            flags += [html.Span(f"{engine}: ", className="flag-engine"), html.Code(str(action[key])), " "]
+    parts: list[Any] = [html.Strong(str(action.get("title", "")))]
+    if action.get("premise"):
+        parts += [" ", html.Em(f"({action['premise']})", className="action-premise")]
+    if flags:
+        parts += [html.Br(), *flags]
+    if action.get("effect"):
+        parts += [html.Br(), html.Span(str(action["effect"]), className="action-effect")]
+    return html.Li(parts)
+
+
+def action_list(actions: Iterable[Mapping]) -> html.Div | None:
+    """The actions by group ("mitigate now", then "fix"), at most ``SHOWN_PER_GROUP`` of each."""
+    groups: dict[str, list[html.Li]] = {}
     for action in actions:
-        flags = []
-        for engine, key in (("vLLM", "flag_vllm"), ("SGLang", "flag_sglang")):
-            if action.get(key):
-                flags += [html.Span(f"{engine}: ", className="flag-engine"), html.Code(str(action[key])), " "]
-        parts: list[Any] = [html.Strong(str(action.get("title", "")))]
-        if flags:
-            parts += [html.Br(), *flags]
-        if action.get("effect"):
-            parts += [html.Br(), html.Span(str(action["effect"]), className="action-effect")]
-        items.append(html.Li(parts))
-    return html.Ol(items, className="actions") if items else None
+        group = str(action.get("group") or FIX)
+        items = groups.setdefault(group, [])
+        if len(items) < SHOWN_PER_GROUP:
+            items.append(_action_item(action))
+    if not groups:
+        return None
+    parts: list[Any] = []
+    for group in sorted(groups, key=lambda g: g != MITIGATE):
+        parts += [html.H5(GROUP_TITLES.get(group, group), className="action-group"), html.Ol(groups[group])]
+    return html.Div(parts, className="actions")
 
 
 def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:

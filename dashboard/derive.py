@@ -30,6 +30,7 @@ VERDICT_SEVERITY: dict[str, int] = {
     "kv_thrashing": 7,
     "kv_capacity_pressure": 6,
     "kv_tier_miss": 5,
+    "request_queueing": 5,
     "memory_bandwidth_bound": 4,
     "compute_bound": 3,
     "host_overhead_bound": 3,

@@ -246,7 +246,8 @@ def _target_state(client: PrometheusClient, instance: str, end: float, with_diag
 def prometheus_diagnosis(client: PrometheusClient, instance: str, end: float) -> tuple[dict | None, str]:
     """(diagnosis, note) for one exporter at ``end``: the rules run on the minute before ``end``
     (with evidence) when that minute is in Prometheus, else the exporter's own verdict gauge. The
-    note says when the two disagree (the exporter may know the model shape, the SLO, thresholds)."""
+    note says when the two disagree. The window carries the SLO and the model the exporter published
+    (``kvdoctor_inter_token_latency_slo_seconds``, ``kvdoctor_context_info``), so both use them."""
     gauge = next(
         (
             m.get("verdict", "")
@@ -266,8 +267,8 @@ def prometheus_diagnosis(client: PrometheusClient, instance: str, end: float) ->
         note = ""
         if gauge and gauge != diagnosis.get("verdict"):
             note = (
-                f"The exporter's own verdict is {gauge}: it may know the model shape, the SLO or "
-                "thresholds that Prometheus does not carry."
+                f"The exporter's own verdict is {gauge}: it judged its own window (its samples, its "
+                "collection times, maybe other thresholds), not Prometheus' scrapes."
             )
         return diagnosis, note
     if gauge:

@@ -9,17 +9,28 @@ Every cycle each source's ``Outcome`` is recorded here:
 
 Error reasons are label values, so their number per source is bounded (the rest are ``other``).
 ``/api/v1/status`` reads ``SourceStatus.to_json`` of every source.
+
+``ProcessSamples`` adds what every Prometheus exporter serves about itself, on the page only (not
+stored in the window): ``kvdoctor_build_info{version,revision,python} 1`` and the standard
+``process_*`` metrics, read from ``/proc/self`` (two small reads per cycle).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import platform
 import re
+import resource
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
+import kvdoctor
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected
 from kvdoctor.rules.window import Labels, SeriesKey
@@ -153,3 +164,87 @@ class SourceAccounting:
             yield key(S.SOURCE_SCRAPE_DURATION, source), float(st.duration_seconds or 0.0)
         for (source, reason), count in sorted(self._errors.items()):
             yield key(S.SOURCE_ERRORS, (("reason", reason), ("source", source))), float(count)
+
+
+# ------------------------------------------------------------------------- build info, process
+
+
+def build_revision(package_dir: Path | None = None) -> str:
+    """The source revision of the running kvdoctor: the ``REVISION`` file the image build writes
+    into the installed package, else the commit pip recorded for a VCS install (PEP 610
+    ``direct_url.json``), else the git checkout an editable install runs from; "unknown" otherwise."""
+    package = package_dir or Path(kvdoctor.__file__).resolve().parent
+    try:
+        written = (package / "REVISION").read_text().strip()
+    except OSError:
+        written = ""
+    if written:
+        return written
+    try:
+        direct = json.loads(metadata.distribution("kvdoctor").read_text("direct_url.json") or "{}")
+        commit = direct.get("vcs_info", {}).get("commit_id")
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        commit = None
+    return str(commit) if commit else _git_head(package.parent) or "unknown"
+
+
+def _git_head(root: Path) -> str | None:
+    """The commit checked out in ``root`` (read from .git, no git command); None if not a checkout."""
+    git = root / ".git"
+    try:
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = (root / git.read_text().strip().removeprefix("gitdir:").strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head or None
+        ref = head.removeprefix("ref:").strip()
+        common = git / "commondir"
+        base = (git / common.read_text().strip()).resolve() if common.is_file() else git
+        for folder in (git, base):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip() or None
+        for line in (base / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split(" ", 1)[0]
+    except OSError:
+        return None
+    return None
+
+
+class ProcessSamples:
+    """``kvdoctor_build_info`` and the standard ``process_*`` metrics of this process."""
+
+    def __init__(self, revision: str | None = None):
+        labels = (("python", platform.python_version()), ("revision", revision or build_revision()))
+        self._build_labels = (*labels, ("version", kvdoctor.__version__))
+        self._page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._start_time = _start_time()
+
+    def samples(self, key: Callable[[str, Labels], SeriesKey]) -> Iterator[tuple[SeriesKey, float]]:
+        yield key(S.BUILD_INFO, self._build_labels), 1.0
+        times = os.times()
+        yield key(S.PROCESS_CPU_SECONDS, ()), times.user + times.system
+        yield key(S.PROCESS_MAX_FDS, ()), float(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        if self._start_time is not None:
+            yield key(S.PROCESS_START_TIME, ()), self._start_time
+        try:
+            with open("/proc/self/statm", "rb") as statm:
+                size, resident = statm.read().split()[:2]
+            open_fds = len(os.listdir("/proc/self/fd"))
+        except (OSError, ValueError):
+            return  # no /proc (not Linux): the portable ones only
+        yield key(S.PROCESS_VIRTUAL_MEMORY, ()), float(int(size) * self._page_size)
+        yield key(S.PROCESS_RESIDENT_MEMORY, ()), float(int(resident) * self._page_size)
+        yield key(S.PROCESS_OPEN_FDS, ()), float(open_fds)
+
+
+def _start_time() -> float | None:
+    """When this process started (Unix seconds): boot time plus its start in clock ticks."""
+    try:
+        stat = Path("/proc/self/stat").read_bytes()
+        fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+        lines = Path("/proc/stat").read_text().splitlines()
+        boot = next(float(line.split()[1]) for line in lines if line.startswith("btime"))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None

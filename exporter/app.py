@@ -1,22 +1,30 @@
 """The exporter's HTTP app: ``/metrics`` plus a small JSON API over the runtime.
 
 ``/metrics`` serves the bytes the runtime rendered at the end of its last cycle (it never waits on
-a source); the JSON endpoints read the ring store and the sources' status. The responses are
-documented in the OpenAPI schema (``/openapi.json``) so the API can be checked against it.
+a source), as OpenMetrics when the scraper asks for it; the JSON endpoints read the ring store and
+the sources' status. The responses are documented in the OpenAPI schema (``/openapi.json``) so the
+API can be checked against it. With ``--web.config.file`` every request passes ``web_guard.py``
+(basic auth, rate limit, headers); ``serve_in_thread`` adds TLS from ``app.state.web_guard``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 import kvdoctor
-from kvdoctor.exporter.exposition import CONTENT_TYPE
+from kvdoctor.exporter.collectors.engine import engine_status
+from kvdoctor.exporter.exposition import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, MetricsPages
+from kvdoctor.exporter.web_config import load_web_config
+from kvdoctor.exporter.web_guard import GuardMiddleware, WebGuard
+
+log = logging.getLogger("kvdoctor.exporter")
 
 
 class MetricsResponse(Response):
@@ -50,6 +58,31 @@ class WindowOut(BaseModel):
     sources: dict[str, SourceOut]
 
 
+class ContextOut(BaseModel):
+    model_config = {"extra": "allow"}
+    slo_seconds: float = Field(description="The ITL SLO (p95, seconds) the exporter diagnoses against.")
+    model: dict[str, Any] | None = Field(description="The model's shape (--model-config), null if unknown.")
+    kv_dtype: str | None
+    gpu_model: str | None = Field(description="The GPU's name, from the GPU collectors.")
+    gpu_peak_bandwidth_bytes_per_second: float | None
+
+
+class EngineEndpointOut(BaseModel):
+    url: str
+    up: bool | None
+    last_error_reason: str | None
+
+
+class EngineOut(BaseModel):
+    """The engine adapter in use (null until an auto-detected engine has answered once)."""
+
+    url: str | None
+    adapter: str | None
+    selection: str = Field(description="auto (recognised from the page) or configured (--engine)")
+    endpoints: dict[str, EngineEndpointOut] = Field(description="JSON endpoints read next to /metrics")
+    cannot_provide: list[str] = Field(description="canonical signals the engine cannot provide now")
+
+
 class StatusOut(BaseModel):
     version: str
     ready: bool
@@ -58,6 +91,8 @@ class StatusOut(BaseModel):
     last_cycle_seconds: float
     retained_snapshots: int
     sources: dict[str, SourceOut]
+    engine: EngineOut | None = None
+    context: ContextOut | None = Field(description="What the exporter diagnoses with; clients use it.")
 
 
 class DiagnosisOut(BaseModel):
@@ -93,7 +128,12 @@ def json_response(payload: Any, status_code: int = 200) -> Response:
 
 
 def create_app(exporter) -> FastAPI:
-    """The FastAPI app serving ``exporter`` (a ``kvdoctor.exporter.runtime.Exporter``)."""
+    """The FastAPI app serving ``exporter`` (a ``kvdoctor.exporter.runtime.Exporter``).
+
+    Raises ``WebConfigError`` (a ValueError, one line) when its settings' ``web_config_file`` cannot be used.
+    """
+    web_config_file = getattr(exporter.settings, "web_config_file", None)
+    guard = WebGuard(load_web_config(web_config_file)) if web_config_file else None
     max_window = int(getattr(exporter.settings, "max_window_seconds", 900))
     app = FastAPI(
         title="kvdoctor exporter",
@@ -101,18 +141,31 @@ def create_app(exporter) -> FastAPI:
         description="Canonical LLM-inference signals (Prometheus /metrics), the stored window and the diagnosis.",
     )
     app.state.exporter = exporter
+    app.state.web_guard = guard
+    if guard is not None:
+        app.add_middleware(GuardMiddleware, guard=guard)
+        log.info("web config %s: %s", web_config_file, guard.config.describe())
     # Served by the connection itself under serve_in_thread (exporter/fastpath.py); the route below
     # answers the same bytes for other servers and documents /metrics in the OpenAPI schema.
-    app.state.prerendered = {"/metrics": (CONTENT_TYPE, exporter.metrics_bytes)}
+    pages = MetricsPages(exporter.metrics_bytes)
+    app.state.prerendered = {"/metrics": pages.negotiate}
 
     @app.get(
         "/metrics",
         response_class=MetricsResponse,
-        summary="Prometheus exposition of the last collection cycle",
-        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+        summary="Prometheus exposition of the last collection cycle (OpenMetrics when the Accept header asks)",
+        responses={
+            200: {
+                "content": {
+                    CONTENT_TYPE: {"schema": {"type": "string"}},
+                    OPENMETRICS_CONTENT_TYPE: {"schema": {"type": "string"}},
+                }
+            }
+        },
     )
-    async def metrics() -> Response:
-        return MetricsResponse(exporter.metrics_bytes())
+    async def metrics(request: Request) -> Response:
+        content_type, body = pages.negotiate(request.headers.get("accept", "").encode("latin-1"))
+        return Response(body, headers={"content-type": content_type.decode()})
 
     @app.get(
         "/api/v1/window",
@@ -160,6 +213,8 @@ def create_app(exporter) -> FastAPI:
                 "last_cycle_seconds": float(exporter.last_cycle_seconds),
                 "retained_snapshots": len(exporter.store),
                 "sources": exporter.status(),
+                "engine": engine_status(exporter.collectors),
+                "context": exporter.context() if hasattr(exporter, "context") else None,
             }
         )
 

@@ -14,7 +14,7 @@ from kvdoctor.exporter.live_diagnosis import default_diagnose_hook
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import ExporterSettings, collector_registry, option_for
 from kvdoctor.rules.collection import Collector, NotApplicable, SourceError
-from kvdoctor.rules.model import load_model_shape
+from kvdoctor.rules.model_sources import load_model
 
 log = logging.getLogger("kvdoctor.exporter")
 
@@ -75,7 +75,7 @@ def build_exporter(
     shape = None
     if settings.model_config_path:
         try:
-            shape = load_model_shape(settings.model_config_path)
+            shape = load_model(settings.model_config_path)
         except ValueError as exc:
             raise ConfigError(f"{option_for('model_config_path').where}: {exc}") from None
     collectors = build_collectors(settings) if include_registry else []

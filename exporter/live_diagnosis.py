@@ -1,25 +1,32 @@
-"""What the exporter adds from the rules every cycle: the live verdict and the decode-step floor.
+"""What the exporter adds from the rules every cycle: its published context, the live verdict and
+the decode-step floor.
 
-With a diagnose hook the last ``diagnosis_window`` seconds are diagnosed every cycle and
-``kvdoctor_diagnosis_verdict{verdict}`` (a state set over every verdict) is added to the page;
-a failing hook is counted as an error of the ``diagnosis`` source and costs nothing else. With
-the model's shape, ``kvdoctor_decode_step_floor_seconds`` is computed from the cycle's samples.
+The context it diagnoses with (its SLO, the model's shape, the GPU and its peak bandwidth) is
+published every cycle as ``kvdoctor_inter_token_latency_slo_seconds`` and ``kvdoctor_context_info``
+(stored with the samples, so its window, Prometheus and traces carry it) and in ``/api/v1/status``,
+so every client diagnoses against the same SLO (``PublishedContext``). With a diagnose hook the last
+``diagnosis_window`` seconds are diagnosed every cycle, with the thresholds sized for the collection
+interval, and ``kvdoctor_diagnosis_verdict{verdict}`` (a state set over every verdict) is added to
+the page; a failing hook is counted as an error of the ``diagnosis`` source and costs nothing else.
+With the model's shape, ``kvdoctor_decode_step_floor_seconds`` is computed from the cycle's samples.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from kvdoctor.exporter.accounting import SourceAccounting
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.rules import diagnosis
 from kvdoctor.rules import signals as S
-from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
+from kvdoctor.rules.context import Context, context_to_json, published_samples
+from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token, lookup_gpu, weight_bytes_per_step
 from kvdoctor.rules.model import ModelShape
-from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS
-from kvdoctor.rules.window import Labels, SeriesKey, Window
+from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds, sized_for_interval
+from kvdoctor.rules.window import Labels, SeriesKey, Window, labels_of
 
 log = logging.getLogger("kvdoctor.exporter")
 
@@ -44,24 +51,61 @@ def known_verdicts() -> tuple[str, ...]:
     return tuple(diagnosis.VERDICTS)
 
 
-def default_diagnose_hook(settings: Any, model_shape: ModelShape | None = None) -> DiagnoseHook:
-    """``rules.diagnosis.diagnose`` with the model, GPU and SLO context of the settings."""
-    context = diagnosis.Context(
+def settings_context(settings: Any, model_shape: ModelShape | None = None) -> Context:
+    """The context the settings give: the SLO, the model, the GPU's peak bandwidth."""
+    return Context(
         model=model_shape,
         gpu_peak_bandwidth=getattr(settings, "gpu_peak_bandwidth", None),
         slo_seconds=float(getattr(settings, "slo_ms", DEFAULT_SLO_SECONDS * 1e3)) / 1e3,
+        slo_source="the exporter's --slo-ms",
     )
 
+
+def default_diagnose_hook(settings: Any, model_shape: ModelShape | None = None) -> DiagnoseHook:
+    """``rules.diagnosis.diagnose`` with the settings' context, its thresholds sized for the
+    collection interval (every range holds 4 collections)."""
+    context = settings_context(settings, model_shape)
+    thresholds = sized_for_interval(Thresholds(), float(getattr(settings, "interval", 1.0)))
+
     def diagnose(window: Window) -> diagnosis.Diagnosis:
-        return diagnosis.diagnose(window, context=context)
+        return diagnosis.diagnose(window, context=context, thresholds=thresholds)
 
     return diagnose
+
+
+class PublishedContext:
+    """The exporter's context as it publishes it: the settings', with the GPU's name and peak
+    bandwidth filled in from what the GPU collectors report."""
+
+    def __init__(self, settings: Any, model_shape: ModelShape | None = None):
+        self.context = settings_context(settings, model_shape)
+
+    def update(self, samples: Mapping[SeriesKey, float]) -> None:
+        """Take the GPU's name and peak bandwidth from a cycle's samples, where the settings say nothing."""
+        gpu, peak = self.context.gpu_model, self.context.gpu_peak_bandwidth
+        for (name, labels), value in samples.items():
+            if not gpu and name in (S.GPU_DRAM_BANDWIDTH_UTILIZATION, S.GPU_SM_ACTIVE):
+                gpu = dict(labels).get("model") or None
+            elif name == S.GPU_DRAM_PEAK_BANDWIDTH and value > 0 and not self.context.gpu_peak_bandwidth:
+                peak = max(peak or 0.0, value)
+        if not peak and gpu:
+            spec = lookup_gpu(gpu)
+            peak = spec.peak_bandwidth if spec else None
+        self.context = replace(self.context, gpu_model=gpu, gpu_peak_bandwidth=peak)
+
+    def series(self, key: SeriesKeyOf) -> list[tuple[SeriesKey, float]]:
+        """The SLO gauge and the info metric, for the page and the store."""
+        return [(key(name, labels_of(labels)), value) for name, labels, value in published_samples(self.context)]
+
+    def to_json(self) -> dict[str, Any]:
+        return context_to_json(self.context)
 
 
 def decode_floor(
     samples: Mapping[SeriesKey, float], shape: ModelShape, peak_override: float | None = None
 ) -> float | None:
-    """(weights + live KV bytes) / peak bandwidth of the GPUs seen; None when a figure is missing.
+    """(weights read per step + live KV bytes) / peak bandwidth of the GPUs seen; None when a figure
+    is missing. A MoE's step reads the experts its running batch touches (``weight_bytes_per_step``).
 
     Live KV is the fullest engine pool (usage x capacity; with data parallelism each rank has
     its own pool and the slowest sets the pace). The peak is per GPU (the override, else what
@@ -71,6 +115,7 @@ def decode_floor(
     usage: dict[Labels, float] = {}
     capacity: dict[Labels, float] = {}
     peaks: dict[str, float] = {}
+    running = 0.0  # sequences in the batch: a MoE step reads only the experts they touch
     for (name, labels), value in samples.items():
         # vLLM's cache_config_info carries no model_name: join usage and capacity without it.
         pool = tuple(kv for kv in labels if kv[0] != "model_name")
@@ -80,6 +125,8 @@ def decode_floor(
             capacity[pool] = value
         elif name == S.GPU_DRAM_PEAK_BANDWIDTH:
             peaks[dict(labels).get("gpu", "")] = value
+        elif name == S.REQUESTS_RUNNING:
+            running += value
     gpus = max(1, len(peaks))
     per_gpu = peak_override or (max(peaks.values()) if peaks else None)
     if not per_gpu:
@@ -87,7 +134,8 @@ def decode_floor(
     try:
         per_token = kv_bytes_per_token(shape)
         live = max((u * capacity[lb] * per_token for lb, u in usage.items() if lb in capacity), default=0.0)
-        return decode_step_floor(shape.weight_bytes, live, per_gpu * gpus)
+        weights = weight_bytes_per_step(shape, max(1, round(running)))
+        return decode_step_floor(weights, live, per_gpu * gpus)
     except ValueError as exc:
         log.debug("no decode-step floor: %s", exc)
         return None

@@ -16,15 +16,22 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvdoctor.exporter.accounting import SourceAccounting
+from kvdoctor.exporter.accounting import ProcessSamples, SourceAccounting
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.isolation import IsolatedCollection
-from kvdoctor.exporter.live_diagnosis import DiagnoseHook, LiveDiagnosis, decode_floor, default_diagnose_hook
+from kvdoctor.exporter.live_diagnosis import (
+    DiagnoseHook,
+    LiveDiagnosis,
+    PublishedContext,
+    decode_floor,
+    default_diagnose_hook,
+)
 from kvdoctor.exporter.series_budget import SeriesMerger
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collector
-from kvdoctor.rules.model import ModelShape, load_model_shape
+from kvdoctor.rules.model import ModelShape
+from kvdoctor.rules.model_sources import load_model
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.rules.window import Snapshot
 
@@ -68,14 +75,16 @@ class Exporter:
         self._collection = IsolatedCollection(self.collectors, float(settings.scrape_timeout) * 1.2 + 0.05)
         self._merger = SeriesMerger(settings.max_series, getattr(settings, "pod", None) or None)
         self.accounting = SourceAccounting(names)
+        self._process = ProcessSamples()  # build info and process_* (page only)
         self._last_ts = 0.0
 
         self.model_shape = model_shape
         if self.model_shape is None and getattr(settings, "model_config_path", None):
             try:
-                self.model_shape = load_model_shape(settings.model_config_path)
+                self.model_shape = load_model(settings.model_config_path)
             except ValueError as exc:
                 log.warning("decode-step floor disabled: %s", exc)
+        self.published = PublishedContext(settings, self.model_shape)  # the SLO, model and GPU it diagnoses with
 
         self.cycles = 0
         self.last_cycle_seconds = 0.0
@@ -93,6 +102,10 @@ class Exporter:
 
     def status(self) -> dict[str, dict]:
         return self.accounting.status_json()
+
+    def context(self) -> dict:
+        """The context it diagnoses with and publishes: SLO, model shape, GPU, peak bandwidth."""
+        return self.published.to_json()
 
     @property
     def running(self) -> bool:
@@ -165,18 +178,19 @@ class Exporter:
             floor = decode_floor(samples, self.model_shape, getattr(self.settings, "gpu_peak_bandwidth", None))
             if floor is not None:
                 samples[key(S.DECODE_STEP_FLOOR, ())] = floor
+        self.published.update(samples)
+        samples.update(self.published.series(key))
 
         snapshot = Snapshot(ts, samples)
         dropped = self.store.append(snapshot)
         if dropped:  # only when the runtime's own budget was wrong; keep it visible anyway
             self.accounting.count_error("store", "series_cap")
 
+        # Page-only series: verdicts (a diagnosis error counted after the snapshot), build info, process_*.
         extra = self._live.page_series(self.store, ts, self.accounting, key) if self._live is not None else []
-        if extra:  # page-only series (verdicts; a diagnosis error counted after the snapshot)
-            page = dict(samples)
-            page.update(extra)
-        else:
-            page = samples
+        page = dict(samples)
+        page.update(extra)
+        page.update(self._process.samples(key))
         self._metrics = self._renderer.render(tuple(page), list(page.values()))
 
         self.cycles += 1
@@ -189,4 +203,4 @@ class Exporter:
         counters, the floor and the verdicts."""
         n = len(self.collectors)
         verdicts = len(self._live.verdicts) if self._live is not None else 0
-        return 2 * n + self.accounting.error_series + 2 * n + 1 + verdicts
+        return 2 * n + self.accounting.error_series + 2 * n + 1 + verdicts + 2  # + the SLO and context info

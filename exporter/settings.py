@@ -17,11 +17,9 @@ prints (naming the flag and the variable) before exiting with status 2.
 
 from __future__ import annotations
 
-import json
 import os
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,6 +31,8 @@ from kvdoctor.exporter.adapters import ADAPTERS
 from kvdoctor.exporter.collectors import REGISTRY, CollectorSpec
 from kvdoctor.exporter.gpu_filter import HELP as GPU_FILTER_HELP
 from kvdoctor.exporter.gpu_filter import parse_gpu_filter
+from kvdoctor.exporter.web_config import WebConfigError, load_web_config
+from kvdoctor.rules.model_sources import locate_model, read_config
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
 
 ENV_PREFIX = "KVDOCTOR_"
@@ -151,9 +151,10 @@ class ExporterSettings(BaseSettings):
     # --------------------------------------------------------------------------- context
     model_config_path: str | None = setting(
         None,
-        "the served model's Hugging Face config.json (enables kvdoctor_decode_step_floor_seconds)",
+        "the served model: its config.json, its folder, its Hugging Face id in the local cache, or a built-in "
+        "name (enables kvdoctor_decode_step_floor_seconds)",
         flag="--model-config",
-        metavar="PATH",
+        metavar="PATH|ID",
         group=CONTEXT,
         validation_alias=AliasChoices("kvdoctor_model_config", "kvdoctor_model_config_path"),
     )
@@ -171,7 +172,8 @@ class ExporterSettings(BaseSettings):
     )
     slo_ms: float = setting(
         DEFAULT_SLO_SECONDS * 1000,
-        "per-token latency SLO (ITL p95, ms) the live diagnosis compares against",
+        "per-token latency SLO (ITL p95, ms) the live diagnosis compares against; published as "
+        "kvdoctor_inter_token_latency_slo_seconds, so clients and the alert rules use it too",
         flag="--slo-ms",
         metavar="MS",
         group=CONTEXT,
@@ -223,6 +225,13 @@ class ExporterSettings(BaseSettings):
         ge=1,
     )
     log_level: LogLevel = setting("info", "log level on stderr", flag="--log-level", group=SERVING)
+    web_config_file: str | None = setting(
+        None,
+        "exporter-toolkit web configuration (YAML): TLS, client certificates, basic auth with bcrypt hashes",
+        flag="--web.config.file",
+        metavar="PATH",
+        group=SERVING,
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -265,6 +274,17 @@ class ExporterSettings(BaseSettings):
             )
         return normalised
 
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            load_web_config(value)  # the whole file and its certificates, before anything starts
+        except WebConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     @field_validator("gpu_filter")
     @classmethod
     def _gpu_filter(cls, value: str) -> str:
@@ -275,16 +295,11 @@ class ExporterSettings(BaseSettings):
     def _model_config(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        path = Path(value).expanduser()
-        try:
-            json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"no such file {value!r}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read {value!r}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{value!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
-        return str(path)
+        found = locate_model(value)  # a config.json, a folder, a cached Hugging Face id or a built-in name
+        if isinstance(found, tuple):
+            read_config(found[0])  # readable JSON; its fields are checked when the exporter is built
+            return value.strip() if found[1] else str(found[0])
+        return value.strip()
 
     @model_validator(mode="after")
     def _derived(self) -> ExporterSettings:

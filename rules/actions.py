@@ -1,119 +1,92 @@
-"""What to do about a verdict: ordered actions with the engine flags and, when the ledger can
-compute it, the predicted effect ("FP8 KV: 128 KiB -> 64 KiB per token; decode floor 11.2 -> 9.8 ms").
+"""What to do about a verdict: two groups of actions, each checked against the facts.
 
-Order (DESIGN.md): the change that pays most for least effort first -- a GQA/MQA model, an FP8 KV
-cache, caps on context and concurrency, prefix caching, and only then a host/remote KV tier with
-prefetch, and only if the ledger says the transfer can hide behind compute. Each verdict lists its
-actions from one catalogue in that spirit: the cheapest fix for that cause first.
+- **Mitigate now** (minutes, no redeploy): route traffic away or add replicas, shed or cap load.
+- **Fix** (a redeploy): engine flags, an FP8 KV cache, quantised weights, a context cap, a GQA
+  model, a KV tier, bigger or more GPUs.
+
+Within a group the cheaper change comes first (``cost``). An action whose premise is known to be
+false is dropped (a GQA model when the model already has fewer KV heads than attention heads;
+prefix caching when prefix hits are reported; a host tier when KV already moves between tiers;
+FP8 KV when the KV cache is already 8-bit); one whose premise is unknown says so
+(``premise``: "if the model has no GQA"). With the model's shape each fix carries the ledger's
+predicted effect ("FP8 KV: 128 KiB -> 64 KiB per token; decode step floor 21.4 -> 15.2 ms").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ledger import DEFAULT_HOST_BANDWIDTH, PCIE4_X16, decode_step_floor, host_transfer_seconds, kv_bytes_per_token
-from .model import ModelShape, dtype_bytes
-from .units import GB, fmt_bytes, fmt_ms
+from .action_checks import CHECKS, LedgerFacts
 
-GQA_KV_HEADS = 8
-PREFIX_TOKENS_EXAMPLE = 1000
+MITIGATE = "mitigate"
+FIX = "fix"
+GROUP_TITLES = {MITIGATE: "Mitigate now (minutes, no redeploy)", FIX: "Fix (a redeploy)"}
+SHOWN_PER_GROUP = 3  # the CLI and the dashboard show this many per group; --json has them all
 
 
 @dataclass(frozen=True)
 class Action:
     id: str
     title: str
+    group: str  # MITIGATE or FIX
+    cost: int  # order within the group: the cheaper change first
     flag_vllm: str | None
     flag_sglang: str | None
     why: str
-    effect: str | None = None
+    effect: str | None = None  # the ledger's predicted effect, where it can compute one
+    premise: str | None = None  # "if ...": what the action assumes and the facts do not say
+    flag_llamacpp: str | None = None
 
-    def to_json(self) -> dict[str, str | None]:
+    def to_json(self) -> dict[str, str | int | None]:
         return {
             "id": self.id,
             "title": self.title,
+            "group": self.group,
+            "cost": self.cost,
             "flag_vllm": self.flag_vllm,
             "flag_sglang": self.flag_sglang,
+            "flag_llamacpp": self.flag_llamacpp,
             "why": self.why,
+            "premise": self.premise,
             "effect": self.effect,
         }
 
 
-# The catalogue; VERDICT_ACTIONS says which apply to a verdict, in which order.
+# The catalogue; VERDICT_ACTIONS says which apply to a verdict.
 CATALOGUE: tuple[Action, ...] = (
     Action(
-        "gqa_model",
-        "Serve a GQA/MQA variant of the model (fewer KV heads)",
+        "route_away",
+        "Route traffic away from this replica, or add replicas",
+        MITIGATE,
+        1,
         None,
         None,
-        "KV bytes per token scale with the number of KV heads; every decode step re-reads them all",
+        "fewer requests here relieve the KV pool, the queue and every decode step, within minutes",
     ),
     Action(
-        "fp8_kv_cache",
-        "Quantise the KV cache to FP8",
-        "--kv-cache-dtype fp8",
-        "--kv-cache-dtype fp8_e4m3",
-        "halves the bytes per token: twice the tokens fit, and each decode step reads half the KV",
+        "shed_load",
+        "Cap concurrency or shed load at the gateway (a max in-flight per replica, rate limits)",
+        MITIGATE,
+        2,
+        None,
+        None,
+        "keeps the replica inside what it serves on time while the fix rolls out",
     ),
     Action(
-        "fp8_weights",
-        "Quantise the weights (FP8, or INT4 with care)",
-        "--quantization fp8",
-        "--quantization fp8",
-        "every decode step re-reads all weights; fewer bytes, faster step",
-    ),
-    Action(
-        "more_kv_memory",
-        "Give the KV pool more GPU memory",
-        "--gpu-memory-utilization 0.95",
-        "--mem-fraction-static 0.9",
-        "a bigger pool holds more sequences before it runs out",
-    ),
-    Action(
-        "cap_context",
-        "Cap the context length",
-        "--max-model-len <tokens>",
-        "--context-length <tokens>",
-        "long contexts dominate resident KV; a cap bounds the worst request",
-    ),
-    Action(
-        "cap_sequences",
-        "Cap concurrent sequences",
+        "raise_sequence_limit",
+        "Raise the engine's sequence limit, where KV memory allows",
+        FIX,
+        1,
         "--max-num-seqs <n>",
         "--max-running-requests <n>",
-        "fewer sequences in the batch: less resident KV and no preemption, at some throughput",
-    ),
-    Action(
-        "enable_prefix_caching",
-        "Enable prefix caching",
-        "--enable-prefix-caching",
-        "on by default (do not pass --disable-radix-cache)",
-        "shared prefixes are computed once",
-    ),
-    Action(
-        "prefix_aware_routing",
-        "Route requests by prefix so hot prefixes stay on one replica's GPU",
-        None,
-        "--schedule-policy lpm",
-        "a hit on the device tier is free; a hit on the host tier costs a transfer",
-    ),
-    Action(
-        "limit_prefill",
-        "Limit the prefill work per step (chunked prefill budget)",
-        "--max-num-batched-tokens <n>",
-        "--chunked-prefill-size <n>",
-        "long prefills share each step with decode and stretch every token",
-    ),
-    Action(
-        "disaggregate_prefill",
-        "Separate prefill and decode (disaggregated serving)",
-        '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'',
-        "--disaggregation-mode prefill|decode",
-        "prefill compute no longer stalls decode steps",
+        "requests wait for a batch slot, not for memory: a bigger batch admits them",
+        flag_llamacpp="--parallel <n> (with -c scaled: the context is split among the slots)",
     ),
     Action(
         "cuda_graphs",
         "Run with CUDA graphs (drop eager mode)",
+        FIX,
+        1,
         "remove --enforce-eager",
         "remove --disable-cuda-graph",
         "kernel launches from Python dominate small decode steps",
@@ -121,177 +94,222 @@ CATALOGUE: tuple[Action, ...] = (
     Action(
         "async_scheduling",
         "Overlap scheduling with execution",
+        FIX,
+        1,
         "--async-scheduling",
         "on by default (do not pass --disable-overlap-schedule)",
         "the CPU prepares step n+1 while the GPU runs step n",
     ),
     Action(
+        "fp8_kv_cache",
+        "Quantise the KV cache to FP8",
+        FIX,
+        2,
+        "--kv-cache-dtype fp8",
+        "--kv-cache-dtype fp8_e4m3",
+        "halves the bytes per token: twice the tokens fit, and each decode step reads half the KV",
+        flag_llamacpp="--cache-type-k q8_0 --cache-type-v q8_0",
+    ),
+    Action(
+        "more_kv_memory",
+        "Give the KV pool more GPU memory",
+        FIX,
+        2,
+        "--gpu-memory-utilization 0.95",
+        "--mem-fraction-static 0.9",
+        "a bigger pool holds more sequences before it runs out",
+    ),
+    Action(
         "host_resources",
         "Give the engine's pod dedicated CPU (no throttling) and fast tokenisation",
+        FIX,
+        2,
         None,
         None,
         "a throttled or oversubscribed CPU shows up as GPU idle time between steps",
     ),
     Action(
+        "limit_prefill",
+        "Limit the prefill work per step (chunked prefill budget)",
+        FIX,
+        3,
+        "--max-num-batched-tokens <n>",
+        "--chunked-prefill-size <n>",
+        "long prefills share each step with decode and stretch every token",
+        flag_llamacpp="--ubatch-size <n>",
+    ),
+    Action(
+        "enable_prefix_caching",
+        "Enable prefix caching",
+        FIX,
+        3,
+        "--enable-prefix-caching",
+        "on by default (do not pass --disable-radix-cache)",
+        "shared prefixes are computed once",
+        flag_llamacpp="--cache-reuse <n>",
+    ),
+    Action(
+        "cap_context",
+        "Cap the context length",
+        FIX,
+        4,
+        "--max-model-len <tokens>",
+        "--context-length <tokens>",
+        "long contexts dominate resident KV; a cap bounds the worst request",
+        flag_llamacpp="-c <tokens>",
+    ),
+    Action(
+        "cap_sequences",
+        "Lower the sequence limit",
+        FIX,
+        4,
+        "--max-num-seqs <n>",
+        "--max-running-requests <n>",
+        "fewer sequences in the batch: less resident KV and no preemption, at some throughput",
+        flag_llamacpp="--parallel <n>",
+    ),
+    Action(
+        "fp8_weights",
+        "Serve quantised weights (FP8, or INT4 with care)",
+        FIX,
+        5,
+        "--quantization fp8",
+        "--quantization fp8",
+        "every decode step re-reads all weights; fewer bytes, faster step",
+    ),
+    Action(
+        "prefix_aware_routing",
+        "Route requests by prefix so hot prefixes stay on one replica's GPU",
+        FIX,
+        5,
+        None,
+        "--schedule-policy lpm",
+        "a hit on the device tier is free; a hit on a slower tier costs a transfer",
+    ),
+    Action(
         "kv_offload_prefetch",
         "Add a host KV tier with prefetch, only if the transfer hides behind compute",
+        FIX,
+        6,
         "--kv-offloading-backend native --kv-offloading-size <GiB>",
         "--enable-hierarchical-cache",
         "recomputing a long prefix costs more than loading it, if the load overlaps decode",
     ),
     Action(
-        "scale_out",
-        "Add replicas (or GPUs) for this model",
+        "disaggregate_prefill",
+        "Separate prefill and decode (disaggregated serving)",
+        FIX,
+        6,
+        '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'',
+        "--disaggregation-mode prefill|decode",
+        "prefill compute no longer stalls decode steps",
+    ),
+    Action(
+        "gqa_model",
+        "Serve a GQA/MQA variant of the model (fewer KV heads)",
+        FIX,
+        7,
         None,
         None,
-        "when every per-replica fix is in, the load is simply more than one replica holds",
+        "KV bytes per token scale with the number of KV heads; every decode step re-reads them all",
+    ),
+    Action(
+        "bigger_gpus",
+        "Serve on GPUs with more HBM (memory and bandwidth), or shard over more GPUs (tensor parallel)",
+        FIX,
+        8,
+        "--tensor-parallel-size <n>",
+        "--tp-size <n>",
+        "when the per-replica fixes are in, the model and its KV need more memory and bandwidth",
     ),
 )
 ACTION_BY_ID = {a.id: a for a in CATALOGUE}
 
+_LOAD = ("route_away", "shed_load")
 VERDICT_ACTIONS: dict[str, tuple[str, ...]] = {
     "idle": (),
     "healthy": (),
     "kv_thrashing": (
-        "gqa_model",
+        *_LOAD,
         "fp8_kv_cache",
         "more_kv_memory",
         "cap_context",
         "cap_sequences",
+        "fp8_weights",
         "kv_offload_prefetch",
-        "scale_out",
-    ),
-    "kv_tier_miss": ("fp8_kv_cache", "more_kv_memory", "prefix_aware_routing", "kv_offload_prefetch"),
-    "kv_capacity_pressure": (
         "gqa_model",
+        "bigger_gpus",
+    ),
+    # a tier already exists: adding one is not an action here
+    "kv_tier_miss": (
+        "route_away",
+        "fp8_kv_cache",
+        "more_kv_memory",
+        "prefix_aware_routing",
+        "gqa_model",
+        "bigger_gpus",
+    ),
+    "kv_capacity_pressure": (
+        *_LOAD,
         "fp8_kv_cache",
         "more_kv_memory",
         "cap_context",
-        "cap_sequences",
-        "scale_out",
+        "fp8_weights",
+        "gqa_model",
+        "bigger_gpus",
     ),
-    "memory_bandwidth_bound": ("gqa_model", "fp8_kv_cache", "fp8_weights", "cap_context", "cap_sequences", "scale_out"),
-    "compute_bound": ("enable_prefix_caching", "limit_prefill", "disaggregate_prefill", "cap_sequences", "scale_out"),
-    "host_overhead_bound": ("cuda_graphs", "async_scheduling", "host_resources"),
+    "request_queueing": (*_LOAD, "raise_sequence_limit", "fp8_kv_cache", "bigger_gpus"),
+    "memory_bandwidth_bound": (
+        *_LOAD,
+        "fp8_kv_cache",
+        "cap_context",
+        "cap_sequences",
+        "fp8_weights",
+        "gqa_model",
+        "bigger_gpus",
+    ),
+    "compute_bound": (
+        *_LOAD,
+        "limit_prefill",
+        "enable_prefix_caching",
+        "cap_sequences",
+        "disaggregate_prefill",
+        "bigger_gpus",
+    ),
+    "host_overhead_bound": ("route_away", "cuda_graphs", "async_scheduling", "host_resources"),
 }
 
 
-@dataclass(frozen=True)
-class LedgerFacts:
-    """What the ledger needs, gathered from the context and the window."""
-
-    model: ModelShape | None = None
-    kv_dtype: str | None = None  # the engine's KV cache dtype; defaults to the model's dtype
-    peak_bandwidth: float | None = None  # bytes/s of one GPU
-    gpus: int = 1  # GPUs sharing the model (tensor parallel): their bandwidth adds up
-    live_tokens: float | None = None  # tokens resident in the KV pool (usage x capacity)
-    capacity_tokens: float | None = None
-    pcie_bandwidth: float | None = None  # bytes/s per direction
-
-    def kv_bytes(self, model: ModelShape | None = None, kv_dtype: str | None = None) -> float | None:
-        model = model or self.model
-        if model is None:
-            return None
-        try:
-            return kv_bytes_per_token(model, kv_dtype or self.kv_dtype)
-        except ValueError:
-            return None
-
-    def floor(
-        self, kv_per_token: float | None, weight_bytes: float | None = None, live_tokens: float | None = None
-    ) -> float | None:
-        """Decode step floor in seconds, or None when a number is missing."""
-        live = self.live_tokens if live_tokens is None else live_tokens
-        if self.model is None or kv_per_token is None or not self.peak_bandwidth or live is None:
-            return None
-        weights = self.model.weight_bytes if weight_bytes is None else weight_bytes
-        return decode_step_floor(weights, kv_per_token * live, self.peak_bandwidth * max(1, self.gpus))
-
-
-def _floor_change(facts: LedgerFacts, before: float | None, after: float | None) -> str:
-    if before is None or after is None:
-        return ""
-    return f"; decode floor {fmt_ms(before, trim=True)} -> {fmt_ms(after, trim=True)}"
-
-
-def _effect(action_id: str, facts: LedgerFacts) -> tuple[bool, str | None]:
-    """(keep the action?, predicted effect). An action that cannot help this model is dropped."""
-    model = facts.model
-    per_token = facts.kv_bytes()
-    if action_id == "gqa_model":
-        if model is None:
-            return True, None
-        if model.kv_latent_dim or model.num_kv_heads <= GQA_KV_HEADS:
-            return False, None  # already MLA / GQA / MQA
-        gqa = replace(model, num_kv_heads=GQA_KV_HEADS)
-        after = facts.kv_bytes(gqa)
-        if per_token is None or after is None:  # a KV dtype the ledger does not know
-            return True, None
-        return True, (
-            f"GQA with {GQA_KV_HEADS} KV heads: {fmt_bytes(per_token)} -> {fmt_bytes(after)} per token"
-            + _floor_change(facts, facts.floor(per_token), facts.floor(after))
-        )
-    if action_id == "fp8_kv_cache":
-        if model is None:
-            return True, None
-        try:
-            if dtype_bytes(facts.kv_dtype or model.dtype) <= 1:
-                return False, None  # already 8-bit
-        except ValueError:
-            return True, None
-        after = facts.kv_bytes(kv_dtype="fp8")
-        if per_token is None or after is None:
-            return True, None
-        text = f"FP8 KV: {fmt_bytes(per_token)} -> {fmt_bytes(after)} per token"
-        text += _floor_change(facts, facts.floor(per_token), facts.floor(after))
-        if facts.capacity_tokens:
-            ratio = per_token / after
-            text += f"; the pool holds {facts.capacity_tokens:,.0f} -> {facts.capacity_tokens * ratio:,.0f} tokens"
-        return True, text
-    if action_id == "fp8_weights":
-        if model is None or not model.weight_bytes:
-            return True, None
-        try:
-            if dtype_bytes(model.dtype) <= 1:
-                return False, None
-            after = model.weight_bytes / dtype_bytes(model.dtype)
-        except ValueError:
-            return True, None
-        return True, (
-            f"weights read per step {fmt_bytes(model.weight_bytes)} -> {fmt_bytes(after)}"
-            + _floor_change(facts, facts.floor(per_token), facts.floor(per_token, weight_bytes=after))
-        )
-    if action_id in ("cap_context", "cap_sequences"):
-        if facts.live_tokens is None or per_token is None:
-            return True, None
-        before = facts.floor(per_token)
-        after = facts.floor(per_token, live_tokens=facts.live_tokens / 2)
-        resident = per_token * facts.live_tokens
-        text = f"halving resident KV ({fmt_bytes(resident)} -> {fmt_bytes(resident / 2)})"
-        return True, text + _floor_change(facts, before, after)
-    if action_id == "kv_offload_prefetch":
-        if per_token is None:
-            return True, None
-        pcie = facts.pcie_bandwidth or PCIE4_X16
-        nbytes = per_token * PREFIX_TOKENS_EXAMPLE
-        load = host_transfer_seconds(nbytes, DEFAULT_HOST_BANDWIDTH, pcie)
-        text = (
-            f"loading a {PREFIX_TOKENS_EXAMPLE:,}-token prefix from host memory: {fmt_bytes(nbytes)} in "
-            f"{fmt_ms(load, trim=True)} over PCIe ({pcie / GB:.1f} GB/s)"
-        )
-        floor = facts.floor(per_token)
-        if floor:
-            text += f" = {load / floor:.1f} decode steps; hides only if prefetched that far ahead"
-        return True, text
-    return True, None
-
-
 def plan_actions(verdict: str, facts: LedgerFacts | None = None) -> list[Action]:
-    """The verdict's actions in its order, each with its predicted effect where computable."""
+    """The verdict's actions: "mitigate now" then "fix", each group cheapest first, each checked
+    against ``facts`` (dropped where its premise is false, its premise stated where unknown)."""
     facts = facts or LedgerFacts()
     out: list[Action] = []
     for action_id in VERDICT_ACTIONS.get(verdict, ()):
-        keep, effect = _effect(action_id, facts)
+        check = CHECKS.get(action_id)
+        keep, premise, effect = check(facts) if check else (True, None, None)
         if keep:
-            out.append(replace(ACTION_BY_ID[action_id], effect=effect))
-    return out
+            out.append(replace(ACTION_BY_ID[action_id], premise=premise, effect=effect))
+    return sorted(out, key=lambda a: (a.group != MITIGATE, a.cost))  # stable: the listed order breaks ties
+
+
+def shown(actions: list[Action], per_group: int = SHOWN_PER_GROUP) -> dict[str, list[Action]]:
+    """The first ``per_group`` actions of each group, by group (what a page or the CLI shows)."""
+    groups: dict[str, list[Action]] = {MITIGATE: [], FIX: []}
+    for action in actions:
+        if len(groups[action.group]) < per_group:
+            groups[action.group].append(action)
+    return {g: a for g, a in groups.items() if a}
+
+
+__all__ = [
+    "ACTION_BY_ID",
+    "CATALOGUE",
+    "FIX",
+    "GROUP_TITLES",
+    "MITIGATE",
+    "Action",
+    "LedgerFacts",
+    "plan_actions",
+    "shown",
+]

@@ -124,6 +124,42 @@ def evaluate(cond: Condition, values: Mapping[str, float], params: Mapping[str, 
     raise TypeError(f"not a condition: {cond!r}")
 
 
+def _missing(atom: Atom, values: Mapping[str, float]) -> bool:
+    names = (atom.left, atom.right) if isinstance(atom, CmpFeatures) else (atom.feature,)
+    return any(math.isnan(values.get(n, math.nan)) for n in names)
+
+
+def could_hold(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
+    """Whether some measurement of the missing features could make ``cond`` hold (each comparison
+    on a missing feature taken as free)."""
+    if isinstance(cond, (Cmp, CmpFeatures, Present)):
+        return _missing(cond, values) or evaluate(cond, values, params)
+    if isinstance(cond, All):
+        return all(could_hold(t, values, params) for t in cond.terms)
+    if isinstance(cond, Any):
+        return any(could_hold(t, values, params) for t in cond.terms)
+    if isinstance(cond, Not):
+        return not must_hold(cond.term, values, params)
+    if isinstance(cond, Named):
+        return could_hold(cond.condition, values, params)
+    raise TypeError(f"not a condition: {cond!r}")
+
+
+def must_hold(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
+    """Whether ``cond`` holds whatever the missing features would measure."""
+    if isinstance(cond, (Cmp, CmpFeatures, Present)):
+        return not _missing(cond, values) and evaluate(cond, values, params)
+    if isinstance(cond, All):
+        return all(must_hold(t, values, params) for t in cond.terms)
+    if isinstance(cond, Any):
+        return any(must_hold(t, values, params) for t in cond.terms)
+    if isinstance(cond, Not):
+        return not could_hold(cond.term, values, params)
+    if isinstance(cond, Named):
+        return must_hold(cond.condition, values, params)
+    raise TypeError(f"not a condition: {cond!r}")
+
+
 def atoms(cond: Condition) -> Iterator[Atom]:
     """The comparisons a condition reads, in order."""
     if isinstance(cond, (Cmp, CmpFeatures, Present)):

@@ -5,6 +5,10 @@ engine). Every number is windowed and robust -- rates from counter increases (re
 quantiles over the window, histogram quantiles from bucket increases -- so vLLM's KV usage
 oscillating under preemption, counter history from before the window and counter resets do not
 fool it. The same tree compiles to the alert rules (``rules/promql.py``).
+
+The context (SLO, model, GPU) is what the caller gives, else what the window's exporter published
+(``rules/context.py``), else the defaults: a window read from the exporter, from Prometheus or from
+a trace is diagnosed against the SLO the exporter itself used.
 """
 
 from __future__ import annotations
@@ -18,62 +22,42 @@ import numpy as np
 
 from . import features, render, stats, tree
 from .actions import Action, LedgerFacts, plan_actions
-from .conditions import Cmp
-from .knee import JUMP, RISES_WITH_KV, Knee, detect_knee
+from .confidence import confidence as assess_confidence
+from .context import Context, context_to_json, published_context, resolve
+from .knee import Knee, detect_knee
 from .ledger import GpuSpec, lookup_gpu
-from .model import ModelShape
 from .render import Evidence, json_number
 from .signals import (
+    CONTEXT_INFO,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
     GPU_DRAM_PEAK_BANDWIDTH,
     GPU_SM_ACTIVE,
     INTER_TOKEN_LATENCY,
+    ITL_SLO,
     KV_CACHE_CAPACITY,
     KV_CACHE_USAGE,
+    KV_TRANSFER_BYTES,
     PREFIX_CACHE_HIT_RATIO,
-    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_HITS_BY_TIER,
     PREFIX_CACHE_QUERIES,
+    PROMPT_TOKENS,
     SIGNALS,
 )
-from .thresholds import DEFAULT_SLO_SECONDS, DEFAULT_THRESHOLDS, Thresholds
+from .thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .tree import SLOW_VERDICTS as SLOW_VERDICTS
 from .tree import VERDICTS as VERDICTS
-from .tree import Branch
 from .view import Selector, WindowView
 from .window import Window
 
-# How sure each branch is when it fires cleanly (before the adjustments in _confidence).
-_BASE_CONFIDENCE = {
-    "idle": 0.95,
-    "thrashing_preemptions": 0.9,
-    "thrashing_reload": 0.75,
-    "tier_miss": 0.75,
-    "capacity_pressure": 0.8,
-    "healthy": 0.85,
-    "bandwidth_high": 0.85,
-    "sm_high": 0.8,
-    "gpu_idle": 0.7,
-    "prefill_heavy_no_gpu": 0.45,
-    "decode_default": 0.55,
-}
+__all__ = ["SLOW_VERDICTS", "VERDICTS", "Context", "Diagnosis", "diagnose"]
+
 # The WindowView's batches: the tree's, plus the series read here beyond its features.
 _BATCHES = (
-    (*features.COUNTER_SERIES, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES),
-    (*features.GAUGE_SERIES, GPU_DRAM_PEAK_BANDWIDTH, KV_CACHE_CAPACITY, PREFIX_CACHE_HIT_RATIO),
+    (*features.COUNTER_SERIES, PREFIX_CACHE_QUERIES, PROMPT_TOKENS),
+    (*features.GAUGE_SERIES, GPU_DRAM_PEAK_BANDWIDTH, KV_CACHE_CAPACITY, PREFIX_CACHE_HIT_RATIO, ITL_SLO, CONTEXT_INFO),
     (INTER_TOKEN_LATENCY + "_sum", INTER_TOKEN_LATENCY + "_count"),  # the knee's
 )
-_NEAR_THRESHOLD = 0.05  # a deciding value within 5% of its threshold costs confidence
 _FEW_SAMPLES = 10
-
-
-@dataclass(frozen=True)
-class Context:
-    """What the window cannot say: the model's shape, the GPU's peak bandwidth, the latency SLO."""
-
-    model: ModelShape | None = None
-    gpu_peak_bandwidth: float | None = None  # bytes/s of one GPU; else from the window or the catalogue
-    slo_seconds: float = DEFAULT_SLO_SECONDS  # ITL SLO compared with the ITL p95
-    kv_dtype: str | None = None  # the engine's KV cache dtype (e.g. "fp8"); default: the model's dtype
 
 
 @dataclass(frozen=True)
@@ -90,6 +74,9 @@ class Diagnosis:
     window_seconds: float = 0.0
     samples: int = 0
     ledger: dict[str, float | None] = field(default_factory=dict)  # the roofline numbers, when computable
+    notes: list[str] = field(default_factory=list)  # what a fast engine's operator should still know
+    unresolved: list[str] = field(default_factory=list)  # verdicts missing signals could not rule out
+    context: Context = field(default_factory=Context)
 
     @property
     def slow(self) -> bool:
@@ -102,12 +89,15 @@ class Diagnosis:
             "headline": self.headline,
             "evidence": [e.to_json() for e in self.evidence],
             "actions": [a.to_json() for a in self.actions],
+            "notes": list(self.notes),
             "knee": self.knee.to_json(),
             "missing": list(self.missing),
+            "unresolved": list(self.unresolved),
             "branch": self.branch,
             "features": {k: json_number(v) for k, v in self.features.items()},
             "window": {"seconds": self.window_seconds, "samples": self.samples},
             "ledger": {k: json_number(v) for k, v in self.ledger.items()},
+            "context": context_to_json(self.context),
         }
 
 
@@ -116,23 +106,26 @@ class Diagnosis:
 
 def diagnose(window: Window, context: Context | None = None, thresholds: Thresholds | None = None) -> Diagnosis:
     """The verdict for ``window`` with its evidence, actions, knee and what was missing."""
-    ctx = context or Context()
     t = thresholds or DEFAULT_THRESHOLDS
     view = WindowView(window, recent_seconds=t.state_window_seconds, batches=_BATCHES)
+    ctx = resolve(context, _published(view))
+    slo = ctx.slo
     values = features.compute_features(view, t)
-    params = tree.parameters(t, ctx.slo_seconds)
+    params = tree.parameters(t, slo)
     branch = tree.choose_branch(values, params)
-    index = tree.BRANCHES.index(branch)
 
     missing = _missing_signals(view)
-    evidence = render.evidence(values, params, index)
     knee = _knee(view, t) if branch.verdict != "idle" else Knee(note="idle")
     hit_ratio = _prefix_hit_ratio(view)
-    facts = _ledger_facts(view, ctx)
-    confidence = _confidence(branch, values, params, view, knee, missing)
-    headline = render.headline(branch, values, ctx.slo_seconds, t, knee, hit_ratio, facts, view)
+    facts = _ledger_facts(view, ctx, values, t)
+    confidence, unresolved = assess_confidence(values, params, knee.kind, len(view) < _FEW_SAMPLES)
+    evidence = render.evidence(branch, values, params)
     if hit_ratio is not None:
         evidence.append(render.hit_ratio_evidence(hit_ratio, t))
+    notes = render.notes(values, slo, t) if branch.verdict == "healthy" else []  # a slow verdict says it all
+    headline = render.headline(branch, values, slo, t, knee, hit_ratio, facts, view)
+    if notes:
+        headline += ". Note: " + "; ".join(notes)
     return Diagnosis(
         verdict=branch.verdict,
         confidence=confidence,
@@ -146,6 +139,9 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
         window_seconds=float(window.end - window.start) if len(window) else 0.0,
         samples=len(window),
         ledger=_ledger_numbers(facts, values),
+        notes=notes,
+        unresolved=unresolved,
+        context=ctx,
     )
 
 
@@ -157,6 +153,16 @@ _TREE_SIGNAL_SERIES = tuple(
 def _missing_signals(view: WindowView) -> list[str]:
     """Tree signals with no sample in the window."""
     return [name for name, series in _TREE_SIGNAL_SERIES if not any(map(view.has, series))]
+
+
+def _published(view: WindowView) -> Context:
+    """The context the window's exporter published (its newest info labels and SLO sample)."""
+    labels, info, _, _, _ = view.rows(Selector(CONTEXT_INFO))
+    newest = [int(np.flatnonzero(~np.isnan(row))[-1]) if (~np.isnan(row)).any() else -1 for row in info]
+    ordered = [labels[i] for i in sorted(range(len(labels)), key=newest.__getitem__) if newest[i] >= 0]
+    slo_rows = view.rows(Selector(ITL_SLO))[1]
+    slo_values = stats.forward_fill(slo_rows).max(axis=0).tolist() if slo_rows.shape[0] else []
+    return published_context(ordered, slo_values)
 
 
 # ----------------------------------------------------------------------------- knee, ledger
@@ -179,10 +185,14 @@ def _knee(view: WindowView, t: Thresholds) -> Knee:
 
 
 def _prefix_hit_ratio(view: WindowView) -> float | None:
-    hits = view.sum_increase(Selector(PREFIX_CACHE_HITS))
+    """Hit tokens (every tier, counted once) per prompt token looked up (else per prompt token
+    received: prompt tokens include the cached ones), capped at 1; else the engine's ratio gauge."""
+    hits = features.total_hit_tokens(view)
     queries = view.sum_increase(Selector(PREFIX_CACHE_QUERIES))
+    if math.isnan(queries):
+        queries = view.sum_increase(Selector(PROMPT_TOKENS))
     if not math.isnan(hits) and not math.isnan(queries) and queries > 0:
-        return hits / queries
+        return min(1.0, hits / queries)
     ratio = view.quantiles(Selector(PREFIX_CACHE_HIT_RATIO), 0.5)
     ratio = ratio[~np.isnan(ratio)]
     return float(ratio.mean()) if len(ratio) else None
@@ -191,12 +201,13 @@ def _prefix_hit_ratio(view: WindowView) -> float | None:
 _lookup_gpu = functools.lru_cache(maxsize=64)(lookup_gpu)  # the same few device names every cycle
 
 
-def _gpu_spec(view: WindowView) -> GpuSpec | None:
-    for labels in view.labels(GPU_DRAM_BANDWIDTH_UTILIZATION) + view.labels(GPU_SM_ACTIVE):
-        if labels.get("model"):
-            spec = _lookup_gpu(labels["model"])
-            if spec:
-                return spec
+def _gpu_spec(view: WindowView, ctx: Context) -> GpuSpec | None:
+    names = [ctx.gpu_model] if ctx.gpu_model else []
+    names += [lb.get("model", "") for lb in view.labels(GPU_DRAM_BANDWIDTH_UTILIZATION) + view.labels(GPU_SM_ACTIVE)]
+    for name in names:
+        spec = _lookup_gpu(name) if name else None
+        if spec:
+            return spec
     return None
 
 
@@ -209,8 +220,12 @@ def _gpu_count(view: WindowView) -> int:
     return max(1, len(ids))
 
 
-def _ledger_facts(view: WindowView, ctx: Context) -> LedgerFacts:
-    spec = _gpu_spec(view)
+def _known(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _ledger_facts(view: WindowView, ctx: Context, values: dict[str, float], t: Thresholds) -> LedgerFacts:
+    spec = _gpu_spec(view, ctx)
     peak = ctx.gpu_peak_bandwidth
     if not peak:
         measured = _present(view.quantiles(Selector(GPU_DRAM_PEAK_BANDWIDTH), 0.5))
@@ -220,6 +235,17 @@ def _ledger_facts(view: WindowView, ctx: Context) -> LedgerFacts:
     usage = _present(view.quantiles(Selector(KV_CACHE_USAGE), 0.5))
     cap = float(capacity.sum()) if len(capacity) else None
     live = float(usage.sum()) / len(usage) * cap if cap is not None and len(usage) else None  # usage.mean()
+    hits = features.total_hit_tokens(view)
+    ratio = view.quantiles(Selector(PREFIX_CACHE_HIT_RATIO), 0.5)
+    if not math.isnan(hits):
+        prefix_hits: bool | None = hits > 0
+    elif len(ratio) and not np.isnan(ratio).all():
+        prefix_hits = bool(np.nanmax(ratio) > 0)
+    else:
+        prefix_hits = None
+    tiered = view.has(KV_TRANSFER_BYTES) or any(
+        lb.get("tier", "device") != "device" for lb in view.labels(PREFIX_CACHE_HITS_BY_TIER)
+    )
     return LedgerFacts(
         model=ctx.model,
         kv_dtype=ctx.kv_dtype,
@@ -228,6 +254,11 @@ def _ledger_facts(view: WindowView, ctx: Context) -> LedgerFacts:
         live_tokens=live,
         capacity_tokens=cap,
         pcie_bandwidth=spec.pcie_bandwidth if spec else None,
+        prefix_hits=prefix_hits,
+        kv_tier=True if tiered else None,
+        kv_usage=_known(values.get("kv_usage", math.nan)),
+        kv_ceiling=t.kv_ceiling_ratio,
+        requests_running=_known(values.get("requests_running", math.nan)),
     )
 
 
@@ -237,48 +268,6 @@ def _present(values: np.ndarray) -> np.ndarray:
         return values if values[0] == values[0] else values[:0]
     missing = np.isnan(values)
     return values[~missing] if missing.any() else values
-
-
-# ------------------------------------------------------------------------ confidence, words
-
-
-def _confidence(
-    branch: Branch,
-    values: dict[str, float],
-    params: dict[str, float],
-    view: WindowView,
-    knee: Knee,
-    missing: list[str],
-) -> float:
-    c = _BASE_CONFIDENCE[branch.id]
-    gpu_missing = math.isnan(values.get("gpu_busy_ratio", math.nan))
-    if branch.id == "decode_default":
-        c = 0.55 if not gpu_missing else 0.4
-        if knee.kind == RISES_WITH_KV:
-            c += 0.15  # ITL rising with resident KV points at bandwidth
-    if (
-        branch.id == "gpu_idle"
-        and math.isnan(values.get("dram_bandwidth_ratio", math.nan))
-        and math.isnan(values.get("sm_active_ratio", math.nan))
-    ):
-        c -= 0.1  # only NVML duty cycles
-    if branch.id == "thrashing_preemptions" and knee.kind == JUMP:
-        c += 0.05
-    if branch.id == "healthy" and INTER_TOKEN_LATENCY in missing:
-        c = 0.5  # tokens flow, but no latency to judge by
-    if branch.id == "idle" and math.isnan(values.get("generation_tokens_per_second", math.nan)):
-        c = 0.6  # judged without a token counter
-    # a deciding comparison close to its threshold
-    for atom in tree.BRANCH_ATOMS[branch.id]:
-        if isinstance(atom, Cmp):
-            v = values.get(atom.feature, math.nan)
-            thr = atom.threshold.value(params)
-            if not math.isnan(v) and thr and abs(v - thr) / abs(thr) < _NEAR_THRESHOLD:
-                c -= 0.1
-                break
-    if len(view) < _FEW_SAMPLES:
-        c *= 0.6
-    return float(min(0.99, max(0.05, c)))
 
 
 def _ledger_numbers(facts: LedgerFacts, values: dict[str, float]) -> dict[str, float | None]:

@@ -19,20 +19,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from .signals import (
+    GENERATION_SECONDS,
     GENERATION_TOKENS,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
     GPU_PCIE_RX,
     GPU_SM_ACTIVE,
     INTER_TOKEN_LATENCY,
+    KV_CACHE_HOST_USAGE,
     KV_CACHE_USAGE,
     KV_TRANSFER_BYTES,
     METHOD_NVML_UTIL,
     PREEMPTIONS,
+    PREFIX_CACHE_HITS,
     PREFIX_CACHE_HITS_BY_TIER,
     PROMPT_TOKENS,
     REQUESTS_RUNNING,
+    REQUESTS_SWAPPED,
     REQUESTS_WAITING,
     SIGNALS,
+    TIME_TO_FIRST_TOKEN,
     Kind,
 )
 from .thresholds import Thresholds
@@ -68,18 +73,25 @@ class PromContext:
     engine_keys: str = ", ".join(ENGINE_KEYS)
     gpu_keys: str = ", ".join(GPU_KEYS)
 
+    def range_of(self, part: Part) -> str:
+        """The duration a feature over ``part`` reads: its recording rule is named after it."""
+        if part == "recent":
+            return self.recent or self.window
+        return self.third if part in ("early", "late") else self.window
+
 
 @dataclass(frozen=True)
 class Feature:
     """One windowed quantity the tree compares: its Python computation and its PromQL twin."""
 
-    name: str  # also the recording rule's middle part: kvdoctor:<name>:<window>
+    name: str  # also the recording rule's middle part: kvdoctor:<name>:<range it reads>
     scope: str  # ENGINE or GPU
     unit: str  # for evidence: one of rules/units.py's feature units (RATIO, SECONDS, ...)
     signals: tuple[str, ...]  # canonical signals read
     note: str  # what the number is, for evidence
     python: PythonFeature
     promql: Callable[[PromContext, Thresholds], str]
+    part: Part = "all"  # the part of the window it reads (names its recording rule)
 
     @property
     def signal(self) -> str:
@@ -108,16 +120,50 @@ _DRAM_PRECISE = Selector(GPU_DRAM_BANDWIDTH_UTILIZATION, _PRECISE)
 _SM_PRECISE = Selector(GPU_SM_ACTIVE, _PRECISE)
 _TIER_ALL = Selector(PREFIX_CACHE_HITS_BY_TIER)
 _TIER_SLOW = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "!=", "device"),))
+_TIER_DEVICE = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "=", "device"),))
+
+
+def total_hit_tokens(v: WindowView) -> float:
+    """Prefix-cache hit tokens over the window, every tier counted once: the by-tier counters where
+    they include the GPU's own tier (they then add up to every hit), else the engine's hit counter
+    (its GPU cache) plus the tiers' (LMCache, KVBM); whichever exists alone; NaN if neither."""
+    by_tier = v.sum_increase(_TIER_ALL)
+    engine = v.sum_increase(Selector(PREFIX_CACHE_HITS))
+    if not math.isnan(by_tier):
+        if not math.isnan(v.sum_increase(_TIER_DEVICE)) or math.isnan(engine):
+            return by_tier
+        return engine + by_tier
+    return engine
+
+
+def _total_hits_promql(c: PromContext) -> str:
+    """``total_hit_tokens`` in PromQL (each alternative only where the ones before it are absent)."""
+    k = c.engine_keys
+
+    def inc(sel: Selector) -> str:
+        return f"sum by ({k}) (increase({sel.promql()}[{c.window}]))"
+
+    tiers, device, engine = inc(_TIER_ALL), inc(_TIER_DEVICE), inc(Selector(PREFIX_CACHE_HITS))
+    return f"(({tiers} and on({k}) {device}) or ({engine} + on({k}) {tiers}) or {tiers} or {engine})"
 
 
 def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
-    total = v.sum_increase(_TIER_ALL)
+    total = total_hit_tokens(v)
     if math.isnan(total):
         return math.nan
     slow = v.sum_increase(_TIER_SLOW)
     slow = 0.0 if math.isnan(slow) else slow
     with np.errstate(invalid="ignore", divide="ignore"):
         return float(np.float64(slow) / np.float64(total))
+
+
+def _mean_time_per_token(v: WindowView, t: Thresholds) -> float:
+    seconds = v.sum_increase(Selector(GENERATION_SECONDS))
+    tokens = v.sum_increase(Selector(GENERATION_TOKENS))
+    if math.isnan(seconds) or math.isnan(tokens):
+        return math.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.float64(seconds) / np.float64(tokens))
 
 
 def _gpu_busy(v: WindowView, t: Thresholds) -> float:
@@ -139,11 +185,13 @@ def _gpu_busy_promql(c: PromContext, t: Thresholds) -> str:
     return f"max by ({c.gpu_keys}) ({parts[0]} or {parts[1]})"
 
 
-def _itl_quantile(q: Callable[[Thresholds], float], part: Part) -> PythonFeature:
-    return lambda v, t: v.histogram_quantile(INTER_TOKEN_LATENCY, q(t), part)
+def _quantile(q: Callable[[Thresholds], float], part: Part, histogram: str = INTER_TOKEN_LATENCY) -> PythonFeature:
+    return lambda v, t: v.histogram_quantile(histogram, q(t), part)
 
 
-def _itl_quantile_promql(q: Callable[[Thresholds], float], part: Part) -> Callable[[PromContext, Thresholds], str]:
+def _quantile_promql(
+    q: Callable[[Thresholds], float], part: Part, histogram: str = INTER_TOKEN_LATENCY
+) -> Callable[[PromContext, Thresholds], str]:
     def render(c: PromContext, t: Thresholds) -> str:
         rng = {
             "all": f"[{c.window}]",
@@ -152,12 +200,38 @@ def _itl_quantile_promql(q: Callable[[Thresholds], float], part: Part) -> Callab
             "early": f"[{c.third}] offset {c.two_thirds}",
         }[part]
         return (
-            f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) "
-            f"(increase({INTER_TOKEN_LATENCY}_bucket{rng})))"
+            f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) (increase({histogram}_bucket{rng})))"
         )
 
     return render
 
+
+def _ratio_of_increases_promql(numerator: str, denominator: str) -> Callable[[PromContext, Thresholds], str]:
+    return lambda c, t: (
+        f"sum by ({c.engine_keys}) (increase({numerator}[{c.window}])) "
+        f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({denominator}[{c.window}]))"
+    )
+
+
+def _engine_median(signal: str) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
+    """The median of ``signal`` over the state sub-window, summed over the engine's ranks."""
+    return (
+        lambda v, t: nansum(v.quantiles(Selector(signal), 0.5, "recent")),
+        lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {signal}[{_recent(c)}]))",
+    )
+
+
+def _engine_high(signal: str) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
+    """A high quantile (``kv_usage_quantile``) of a usage ratio over the state sub-window, fullest rank."""
+    return (
+        lambda v, t: nanmax(v.quantiles(Selector(signal), t.kv_usage_quantile, "recent")),
+        lambda c, t: (
+            f"max by ({c.engine_keys}) (quantile_over_time({prom_number(t.kv_usage_quantile)}, {signal}[{_recent(c)}]))"
+        ),
+    )
+
+
+_STATE = "over the state sub-window (the window's last state_window_seconds)"
 
 FEATURES: dict[str, Feature] = {
     f.name: f
@@ -185,25 +259,34 @@ FEATURES: dict[str, Feature] = {
             ENGINE,
             REQUESTS,
             (REQUESTS_RUNNING,),
-            "median requests running over the state sub-window (the window's last state_window_seconds)",
-            lambda v, t: nansum(v.quantiles(Selector(REQUESTS_RUNNING), 0.5, "recent")),
-            lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_RUNNING}[{_recent(c)}]))",
+            f"median requests running {_STATE}",
+            *_engine_median(REQUESTS_RUNNING),
+            part="recent",
         ),
         Feature(
             "requests_waiting",
             ENGINE,
             REQUESTS,
             (REQUESTS_WAITING,),
-            "median requests waiting over the state sub-window (the window's last state_window_seconds)",
-            lambda v, t: nansum(v.quantiles(Selector(REQUESTS_WAITING), 0.5, "recent")),
-            lambda c, t: f"sum by ({c.engine_keys}) (quantile_over_time(0.5, {REQUESTS_WAITING}[{_recent(c)}]))",
+            f"median requests waiting {_STATE}",
+            *_engine_median(REQUESTS_WAITING),
+            part="recent",
+        ),
+        Feature(
+            "requests_swapped",
+            ENGINE,
+            REQUESTS,
+            (REQUESTS_SWAPPED,),
+            f"median requests swapped out to host memory {_STATE} (vLLM V0)",
+            *_engine_median(REQUESTS_SWAPPED),
+            part="recent",
         ),
         Feature(
             "preemptions_per_minute",
             ENGINE,
             PER_MINUTE,
             (PREEMPTIONS,),
-            "preemptions per minute over the window (counter history and resets handled)",
+            "preemptions (or retractions) per minute over the window (counter history and resets handled)",
             lambda v, t: v.sum_rate(Selector(PREEMPTIONS)) * 60,
             lambda c, t: f"sum by ({c.engine_keys}) (rate({PREEMPTIONS}[{c.window}])) * 60",
         ),
@@ -212,12 +295,18 @@ FEATURES: dict[str, Feature] = {
             ENGINE,
             RATIO,
             (KV_CACHE_USAGE,),
-            "KV-cache usage, a high quantile over the state sub-window (robust to the oscillation under preemption)",
-            lambda v, t: nanmax(v.quantiles(Selector(KV_CACHE_USAGE), t.kv_usage_quantile, "recent")),
-            lambda c, t: (
-                f"max by ({c.engine_keys}) "
-                f"(quantile_over_time({prom_number(t.kv_usage_quantile)}, {KV_CACHE_USAGE}[{_recent(c)}]))"
-            ),
+            f"KV-cache usage, a high quantile {_STATE} (robust to the oscillation under preemption)",
+            *_engine_high(KV_CACHE_USAGE),
+            part="recent",
+        ),
+        Feature(
+            "kv_host_usage",
+            ENGINE,
+            RATIO,
+            (KV_CACHE_HOST_USAGE,),
+            f"host (CPU) KV-cache pool usage, a high quantile {_STATE}",
+            *_engine_high(KV_CACHE_HOST_USAGE),
+            part="recent",
         ),
         Feature(
             "kv_to_gpu_bytes_per_second",
@@ -232,13 +321,13 @@ FEATURES: dict[str, Feature] = {
             "slow_tier_hit_fraction",
             ENGINE,
             RATIO,
-            (PREFIX_CACHE_HITS_BY_TIER,),
-            "share of prefix-cache hit tokens served from a tier other than the GPU",
+            (PREFIX_CACHE_HITS_BY_TIER, PREFIX_CACHE_HITS),
+            "share of prefix-cache hit tokens (every tier counted once) served from a tier other than the GPU",
             _slow_tier_fraction,
             lambda c, t: (
                 f"(sum by ({c.engine_keys}) (increase({_TIER_SLOW.promql()}[{c.window}])) "
-                f"or on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}])) * 0) "
-                f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({_TIER_ALL.promql()}[{c.window}]))"
+                f"or on({c.engine_keys}) {_total_hits_promql(c)} * 0) "
+                f"/ on({c.engine_keys}) {_total_hits_promql(c)}"
             ),
         ),
         Feature(
@@ -246,9 +335,10 @@ FEATURES: dict[str, Feature] = {
             ENGINE,
             SECONDS,
             (INTER_TOKEN_LATENCY,),
-            "inter-token latency quantile from the histogram's bucket increases over the state sub-window",
-            _itl_quantile(lambda t: t.itl_quantile, "recent"),
-            _itl_quantile_promql(lambda t: t.itl_quantile, "recent"),
+            f"inter-token latency quantile (itl_quantile) from the histogram's bucket increases {_STATE}",
+            _quantile(lambda t: t.itl_quantile, "recent"),
+            _quantile_promql(lambda t: t.itl_quantile, "recent"),
+            part="recent",
         ),
         Feature(
             "itl_early_median_seconds",
@@ -256,8 +346,9 @@ FEATURES: dict[str, Feature] = {
             SECONDS,
             (INTER_TOKEN_LATENCY,),
             "median inter-token latency in the window's first third",
-            _itl_quantile(lambda t: 0.5, "early"),
-            _itl_quantile_promql(lambda t: 0.5, "early"),
+            _quantile(lambda t: 0.5, "early"),
+            _quantile_promql(lambda t: 0.5, "early"),
+            part="early",
         ),
         Feature(
             "itl_late_median_seconds",
@@ -265,8 +356,28 @@ FEATURES: dict[str, Feature] = {
             SECONDS,
             (INTER_TOKEN_LATENCY,),
             "median inter-token latency in the window's last third",
-            _itl_quantile(lambda t: 0.5, "late"),
-            _itl_quantile_promql(lambda t: 0.5, "late"),
+            _quantile(lambda t: 0.5, "late"),
+            _quantile_promql(lambda t: 0.5, "late"),
+            part="late",
+        ),
+        Feature(
+            "time_per_token_mean_seconds",
+            ENGINE,
+            SECONDS,
+            (GENERATION_SECONDS, GENERATION_TOKENS),
+            "MEAN time per output token over the window (generation seconds / tokens of the requests "
+            "that ended): the latency measure of engines without an ITL histogram",
+            _mean_time_per_token,
+            _ratio_of_increases_promql(GENERATION_SECONDS, GENERATION_TOKENS),
+        ),
+        Feature(
+            "ttft_p95_seconds",
+            ENGINE,
+            SECONDS,
+            (TIME_TO_FIRST_TOKEN,),
+            "time-to-first-token quantile (ttft_quantile) from the histogram's bucket increases over the window",
+            _quantile(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
+            _quantile_promql(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
         ),
         Feature(
             "pcie_receive_bytes_per_second",
@@ -282,29 +393,31 @@ FEATURES: dict[str, Feature] = {
             GPU,
             RATIO,
             (GPU_DRAM_BANDWIDTH_UTILIZATION,),
-            "DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, "
-            "busiest GPU",
+            f"DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median {_STATE}, busiest GPU",
             _gpu_median_max(_DRAM_PRECISE, "recent"),
             _gpu_median_max_promql(_DRAM_PRECISE, "recent"),
+            part="recent",
         ),
         Feature(
             "sm_active_ratio",
             GPU,
             RATIO,
             (GPU_SM_ACTIVE,),
-            "SM activity (GPM or DCGM; not NVML's duty cycle), median over the state sub-window, busiest GPU",
+            f"SM activity (GPM or DCGM; not NVML's duty cycle), median {_STATE}, busiest GPU",
             _gpu_median_max(_SM_PRECISE, "recent"),
             _gpu_median_max_promql(_SM_PRECISE, "recent"),
+            part="recent",
         ),
         Feature(
             "gpu_busy_ratio",
             GPU,
             RATIO,
             (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE),
-            "the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median over the "
-            "state sub-window, busiest GPU",
+            f"the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median {_STATE}, "
+            "busiest GPU",
             _gpu_busy,
             _gpu_busy_promql,
+            part="recent",
         ),
     )
 }

@@ -1,8 +1,11 @@
-"""A verdict in words: the evidence list and the headline the on-call engineer reads.
+"""A verdict in words: the evidence, the headline and the notes the on-call engineer reads.
 
-``evidence`` lists every comparison the tree made on its way to the chosen branch, with the value
-and the threshold; ``headline`` says in one line what is happening, with the numbers that show it
-("Decode is HBM-bandwidth bound: DRAM bandwidth 91% busy, SM 40%; ITL p95 118 ms (SLO 100 ms)").
+``evidence`` lists the comparisons on the path to the chosen branch (one row per quantity, each
+with its threshold as configured) and then the state that explains it (KV usage, requests
+waiting, preemptions, the ITL p95 against the SLO, and the branch's own context), each marked
+measured or missing. ``headline`` says in one line what is happening with the numbers that show
+it, and never claims what no signal measured. ``notes`` are what a fast engine's operator should
+still know ("KV pool 97% full, no queue: headroom is low").
 """
 
 from __future__ import annotations
@@ -12,29 +15,46 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .actions import LedgerFacts
-from .conditions import Atom, Cmp, CmpFeatures, Present, evaluate, right_side
-from .features import FEATURES
+from .conditions import All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, evaluate
+from .features import FEATURES, GPU
 from .knee import Knee
 from .signals import PREFIX_CACHE_HITS
 from .thresholds import Thresholds
-from .tree import BRANCH_ATOMS, BRANCHES, SLOW_VERDICTS, Branch
-from .units import RATIO, fmt_bytes, fmt_ms, fmt_pct
+from .tree import CONTEXT_FEATURES, SLO, SLOW_VERDICTS, Branch
+from .units import RATIO, fmt_bytes, fmt_duration, fmt_ms, fmt_pct
 from .view import WindowView
+
+GPU_COUNTERS_HINT = "NVML (GPM, Hopper or newer) or dcgm-exporter (--dcgm-url)"
+
+# The comparison a context row shows, where the quantity has a natural one.
+_CONTEXT_CHECKS: dict[str, tuple[str, Param]] = {
+    "itl_p95_seconds": (">=", SLO),
+    "time_per_token_mean_seconds": (">=", SLO),
+    "kv_usage": (">=", Param("kv_ceiling_ratio")),
+    "requests_waiting": (">=", Param("queue_waiting_min")),
+    "preemptions_per_minute": (">=", Param("preemptions_per_minute")),
+    "requests_swapped": (">=", Param("requests_swapped_min")),
+    "ttft_p95_seconds": (">=", Param("ttft_slow_seconds")),
+    "dram_bandwidth_ratio": (">=", Param("bandwidth_high_ratio")),
+    "sm_active_ratio": (">=", Param("sm_high_ratio")),
+    "gpu_busy_ratio": ("<", Param("host_overhead_gpu_max")),
+}
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """One signal the verdict rests on: its windowed value and what it was compared with."""
+    """One quantity the verdict rests on: its windowed value and what it was compared with."""
 
     signal: str  # canonical signal name (kvdoctor_*)
     feature: str  # the tree's name for the windowed quantity
     value: float | None
-    threshold: float | None
-    comparison: str  # ">=", "<", ... or "" for context-only evidence
-    holds: bool | None  # the comparison's outcome (None: not a comparison)
+    threshold: float | None  # as configured (a knob, or the SLO)
+    comparison: str  # ">=", "<", ... "present", or "" for a value shown as it is
+    holds: bool | None  # the comparison's outcome (None: not measured, or not a comparison)
     measured: bool
     unit: str = ""
     note: str = ""
+    context: bool = False  # explains the verdict rather than deciding it
 
     def to_json(self) -> dict[str, str | float | bool | None]:
         return {
@@ -47,6 +67,7 @@ class Evidence:
             "measured": self.measured,
             "unit": self.unit,
             "note": self.note,
+            "context": self.context,
         }
 
 
@@ -60,62 +81,46 @@ def json_number(v: float | None) -> float | None:
 # --------------------------------------------------------------------------------- evidence
 
 
-def evidence(values: Mapping[str, float], params: Mapping[str, float], index: int) -> list[Evidence]:
-    """Every comparison the tree made on its way to branch ``index``, once each."""
-    seen: set[Atom] = set()
-    listed: set[str] = set()
-    out: list[Evidence] = []
-    for branch in BRANCHES[: index + 1]:
-        for atom in BRANCH_ATOMS[branch.id]:
-            # a presence check adds nothing once its feature's value is on the list
-            if atom in seen or (isinstance(atom, Present) and atom.feature in listed):
-                continue
-            seen.add(atom)
-            item = _atom_evidence(atom, values, params)
-            listed.add(item.feature)
-            out.append(item)
-    return out
+def deciding_atoms(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> list[Atom]:
+    """The comparisons that decided ``cond``: every term of an ``All``, the terms of an ``Any``
+    that hold (all of them when none does), everything under a ``Not``."""
+    if isinstance(cond, (Cmp, CmpFeatures, Present)):
+        return [cond]
+    if isinstance(cond, Named):
+        return deciding_atoms(cond.condition, values, params)
+    if isinstance(cond, Not):
+        return deciding_atoms(cond.term, values, params)
+    if isinstance(cond, All):
+        return [a for t in cond.terms for a in deciding_atoms(t, values, params)]
+    if isinstance(cond, Any):
+        held = [t for t in cond.terms if evaluate(t, values, params)]
+        return [a for t in held or cond.terms for a in deciding_atoms(t, values, params)]
+    raise TypeError(f"not a condition: {cond!r}")
+
+
+def evidence(branch: Branch, values: Mapping[str, float], params: Mapping[str, float]) -> list[Evidence]:
+    """The comparisons on the path to ``branch`` (one row per quantity), then its context."""
+    rows: dict[str, Evidence] = {}
+    for atom in deciding_atoms(branch.condition, values, params):
+        item = _atom_evidence(atom, values, params)
+        if item.feature not in rows:
+            rows[item.feature] = item
+    for name in (*CONTEXT_FEATURES, *branch.context):
+        if name not in rows:
+            rows[name] = _context_evidence(name, values, params)
+    return list(rows.values())
+
+
+def _missing_note(feature: str) -> str:
+    how = f": needs {GPU_COUNTERS_HINT}" if FEATURES[feature].scope == GPU else ""
+    return f"; not measured{how}"
 
 
 def _atom_evidence(atom: Atom, values: Mapping[str, float], params: Mapping[str, float]) -> Evidence:
     if isinstance(atom, Cmp):
-        f = FEATURES[atom.feature]
-        v = values.get(atom.feature, math.nan)
-        measured = not math.isnan(v)
-        note = f.note + (f" (threshold: {atom.threshold.describe()})" if measured else "; not measured")
-        return Evidence(
-            f.signal,
-            f.name,
-            v if measured else None,
-            atom.threshold.value(params),
-            atom.op,
-            evaluate(atom, values, params) if measured else None,
-            measured,
-            f.unit,
-            note,
-        )
+        return _compared(atom.feature, atom.op, atom.threshold, values, params, evaluate(atom, values, params))
     if isinstance(atom, CmpFeatures):
-        f = FEATURES[atom.left]
-        v = values.get(atom.left, math.nan)
-        right = right_side(atom, values, params)
-        measured = not (math.isnan(v) or math.isnan(right))
-        how = (
-            atom.right
-            + (f" x {atom.scale.describe()}" if atom.scale else "")
-            + (f" + {atom.offset.describe()}" if atom.offset else "")
-        )
-        note = f"{f.note}, compared with {how}" + ("" if measured else "; not measured")
-        return Evidence(
-            f.signal,
-            f.name,
-            None if math.isnan(v) else v,
-            None if math.isnan(right) else right,
-            atom.op,
-            evaluate(atom, values, params) if measured else None,
-            measured,
-            f.unit,
-            note,
-        )
+        return _features_compared(atom, values, params)
     f = FEATURES[atom.feature]  # Present
     v = values.get(atom.feature, math.nan)
     measured = not math.isnan(v)
@@ -128,8 +133,74 @@ def _atom_evidence(atom: Atom, values: Mapping[str, float], params: Mapping[str,
         measured,
         measured,
         f.unit,
-        f.note + ("" if measured else "; not measured"),
+        f.note + ("" if measured else _missing_note(f.name)),
     )
+
+
+def _compared(
+    feature: str,
+    op: str,
+    threshold: Param,
+    values: Mapping[str, float],
+    params: Mapping[str, float],
+    holds: bool,
+    context: bool = False,
+) -> Evidence:
+    f = FEATURES[feature]
+    v = values.get(feature, math.nan)
+    measured = not math.isnan(v)
+    note = f.note + (f" (threshold: {threshold.describe()})" if measured else _missing_note(feature))
+    return Evidence(
+        f.signal,
+        f.name,
+        v if measured else None,
+        threshold.value(params),
+        op,
+        holds if measured else None,
+        measured,
+        f.unit,
+        ("context: " if context else "") + note,
+        context,
+    )
+
+
+def _features_compared(atom: CmpFeatures, values: Mapping[str, float], params: Mapping[str, float]) -> Evidence:
+    """``left op right x scale`` shown as ``left / right op scale``, ``left op right + offset`` as
+    ``left - right op offset``: the threshold as configured, a value a measurement can reach."""
+    f = FEATURES[atom.left]
+    left, right = values.get(atom.left, math.nan), values.get(atom.right, math.nan)
+    if atom.scale is not None:
+        name, value, param, unit = f"{atom.left} / {atom.right}", left / right if right else math.nan, atom.scale, ""
+    else:
+        param = atom.offset or Param("zero")
+        name, value, unit = f"{atom.left} - {atom.right}", left - right, f.unit
+    measured = not math.isnan(value)
+    note = f"{f.note}, compared with {atom.right} (threshold: {param.describe()})" + (
+        "" if measured else _missing_note(atom.left)
+    )
+    return Evidence(
+        f.signal,
+        name,
+        value if measured else None,
+        param.value(params),
+        atom.op,
+        evaluate(atom, values, params) if measured else None,
+        measured,
+        unit,
+        note,
+    )
+
+
+def _context_evidence(feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> Evidence:
+    check = _CONTEXT_CHECKS.get(feature)
+    if check is not None:
+        op, param = check
+        return _compared(feature, op, param, values, params, evaluate(Cmp(feature, op, param), values, params), True)
+    f = FEATURES[feature]
+    v = values.get(feature, math.nan)
+    measured = not math.isnan(v)
+    note = "context: " + f.note + ("" if measured else _missing_note(feature))
+    return Evidence(f.signal, f.name, v if measured else None, None, "", None, measured, f.unit, note, True)
 
 
 def hit_ratio_evidence(hit_ratio: float, t: Thresholds) -> Evidence:
@@ -143,11 +214,76 @@ def hit_ratio_evidence(hit_ratio: float, t: Thresholds) -> Evidence:
         hit_ratio >= t.prefix_hit_ratio_high,
         True,
         RATIO,
-        "prefix-cache hit ratio over the window (context: a hit says nothing about speed)",
+        "context: prefix-cache hit tokens (every tier) per prompt token over the window; a hit says nothing "
+        "about speed",
+        True,
     )
 
 
+# ------------------------------------------------------------------------------------ notes
+
+
+def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str]:
+    """What a fast engine's operator should still know: full pool, tier traffic, a busy bus, a
+    preemption, a rising ITL, a slow first token with nothing waiting."""
+    out: list[str] = []
+    waiting = v.get("requests_waiting", math.nan)
+    no_queue = "no queue" if waiting == 0 else ("queue not reported" if math.isnan(waiting) else "a short queue")
+    if _ge(v, "kv_usage", t.kv_ceiling_ratio):
+        out.append(f"KV pool {fmt_pct(v['kv_usage'])} full, {no_queue}: headroom is low")
+    transfers = _transfer_text(v, t).lstrip("; ")
+    if transfers:
+        out.append(f"tier traffic ({transfers}) with decode on time: the transfer is hidden")
+    if _ge(v, "dram_bandwidth_ratio", t.bandwidth_high_ratio):
+        out.append(f"DRAM bandwidth {fmt_pct(v['dram_bandwidth_ratio'])} busy with decode on time: little headroom")
+    if _ge(v, "preemptions_per_minute", t.preemptions_per_minute):
+        out.append(f"{v['preemptions_per_minute']:.1f} preemptions/min: the KV pool ran out briefly")
+    if _ge(v, "requests_swapped", t.requests_swapped_min):
+        out.append(f"{v['requests_swapped']:.0f} requests swapped out to host memory")
+    early, late = v.get("itl_early_median_seconds", math.nan), v.get("itl_late_median_seconds", math.nan)
+    if late >= early * t.trend_ratio and late >= t.trend_min_slo_fraction * slo_seconds:
+        out.append(
+            f"ITL rising, median {fmt_ms(early, trim=True)} -> {fmt_ms(late, trim=True)}, "
+            f"still under the {fmt_ms(slo_seconds, trim=True)} SLO"
+        )
+    if _ge(v, "ttft_p95_seconds", t.ttft_slow_seconds):
+        out.append(
+            f"TTFT p{t.ttft_quantile * 100:g} {fmt_duration(v['ttft_p95_seconds'])} over "
+            f"{fmt_duration(t.ttft_slow_seconds)} with nothing waiting: long prompts (prefill)"
+        )
+    return out
+
+
+def _ge(v: Mapping[str, float], name: str, threshold: float) -> bool:
+    value = v.get(name, math.nan)
+    return not math.isnan(value) and value >= threshold
+
+
 # --------------------------------------------------------------------------------- headline
+
+
+def latency_text(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> str:
+    """The latency measure against the SLO: the ITL p95, else the mean time per token, else unknown."""
+    p95, mean = v.get("itl_p95_seconds", math.nan), v.get("time_per_token_mean_seconds", math.nan)
+    slo = fmt_ms(slo_seconds, trim=True)
+    if not math.isnan(p95):
+        return f"ITL p{t.itl_quantile * 100:g} {fmt_ms(p95, trim=True)} (SLO {slo})"
+    if not math.isnan(mean) and math.isfinite(mean):
+        return f"mean time per token {fmt_ms(mean, trim=True)} (SLO {slo}; a mean: no ITL histogram)"
+    return "ITL unknown"
+
+
+def _delay_text(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> str:
+    """How the engine is slow: requests waiting, TTFT over its SLO, the latency over the SLO."""
+    parts = []
+    if _ge(v, "requests_waiting", t.queue_waiting_min):
+        parts.append(f"{v['requests_waiting']:.0f} requests waiting")
+    if _ge(v, "ttft_p95_seconds", t.ttft_slow_seconds):
+        parts.append(f"TTFT p{t.ttft_quantile * 100:g} {fmt_duration(v['ttft_p95_seconds'])}")
+    p95, mean = v.get("itl_p95_seconds", math.nan), v.get("time_per_token_mean_seconds", math.nan)
+    if p95 >= slo_seconds or (math.isnan(p95) and mean >= slo_seconds):
+        parts.append(latency_text(v, slo_seconds, t))
+    return ", ".join(parts)
 
 
 def headline(
@@ -163,62 +299,73 @@ def headline(
     """The verdict of ``branch`` in one line, with the numbers that show it."""
     span = f"{view.end - view.start:.0f} s" if len(view) else "the window"
     kv = v.get("kv_usage", math.nan)
-    p95 = v.get("itl_p95_seconds", math.nan)
-    slo = fmt_ms(slo_seconds, trim=True)
-    quantile = f"p{t.itl_quantile * 100:g}"
-    early, late = v.get("itl_early_median_seconds", math.nan), v.get("itl_late_median_seconds", math.nan)
-    if math.isnan(p95):
-        itl = "ITL unknown"
-    elif p95 >= slo_seconds or math.isnan(early) or math.isnan(late):
-        itl = f"ITL {quantile} {fmt_ms(p95, trim=True)} (SLO {slo})"
-    else:  # slow because it is rising
-        itl = (
-            f"ITL rising, median {fmt_ms(early, trim=True)} -> {fmt_ms(late, trim=True)} "
-            f"({quantile} {fmt_ms(p95, trim=True)}, SLO {slo})"
-        )
+    itl = latency_text(v, slo_seconds, t)
+    slow = _delay_text(v, slo_seconds, t)
     bw, sm = v.get("dram_bandwidth_ratio", math.nan), v.get("sm_active_ratio", math.nan)
     knee_text = f"; {knee.note}" if knee.kind else ""
     gpu_missing = math.isnan(v.get("gpu_busy_ratio", math.nan))
+    kv_text = f"KV usage {fmt_pct(kv)}" if not math.isnan(kv) else "KV usage not reported"
     b = branch.id
     if b == "idle":
-        text = f"Idle: no tokens generated in the last {span}"
+        if all(math.isnan(v.get(n, math.nan)) for n in ("generation_tokens_per_second", "requests_running")):
+            text = f"Idle as far as can be told: no token counter or running-requests gauge in the last {span}"
+        else:
+            text = f"Idle: no tokens generated and no request running or waiting in the last {span}"
         if not math.isnan(kv) and kv >= 0.05:
             text += f" (KV usage {fmt_pct(kv)} is left over from earlier traffic)"
     elif b == "healthy":
-        if math.isnan(p95):
-            text = "Healthy as far as can be told: tokens flow, no KV capacity or placement problem; no ITL histogram"
+        p95, mean = v.get("itl_p95_seconds", math.nan), v.get("time_per_token_mean_seconds", math.nan)
+        slo = fmt_ms(slo_seconds, trim=True)
+        if not math.isnan(p95):
+            text = f"Healthy: ITL p{t.itl_quantile * 100:g} {fmt_ms(p95, trim=True)} under the {slo} SLO"
         else:
             text = (
-                f"Healthy: ITL {quantile} {fmt_ms(p95, trim=True)} under the {slo} SLO, "
-                "no KV capacity or placement problem"
+                f"Healthy: mean time per token {fmt_ms(mean, trim=True)} under the {slo} SLO (a mean: no ITL histogram)"
             )
+        text += ", nothing waiting" if v.get("requests_waiting", math.nan) == 0 else ""
         if hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
             text += f"; prefix cache hit ratio {fmt_pct(hit_ratio)} and fast"
-    elif b == "thrashing_preemptions":
+    elif b == "unmeasured":
+        unchecked = ["no ITL histogram or time-per-token counter"]
+        if math.isnan(kv):
+            unchecked.append("no KV usage signal")
+        if math.isnan(v.get("requests_waiting", math.nan)):
+            unchecked.append("no queue gauge")
         text = (
-            f"KV cache thrashing: {v['preemptions_per_minute']:.1f} preemptions/min"
-            + (f" with KV usage at {fmt_pct(kv)}" if not math.isnan(kv) else "")
-            + ": preempted requests recompute their whole prefix and queue again"
-            + knee_text
+            "No sign of slowness, but speed is not measured: "
+            + ", ".join(unchecked)
+            + ": cannot tell whether decode is on time"
         )
-    elif b == "thrashing_reload":
-        text = (
-            f"KV cache thrashing: KV is moved into a full pool (KV usage {fmt_pct(kv)}"
-            + _transfer_text(v, t)
-            + "): blocks are evicted and reloaded"
-            + knee_text
-        )
+    elif b in ("thrashing_preemptions", "thrashing_swapping", "thrashing_reload"):
+        if b == "thrashing_preemptions":
+            cause = f"{v['preemptions_per_minute']:.1f} preemptions/min"
+            effect = "preempted requests recompute their whole prefix and queue again"
+        elif b == "thrashing_swapping":
+            host = v.get("kv_host_usage", math.nan)
+            cause = f"{v['requests_swapped']:.0f} requests swapped out to host memory" + (
+                f" (host KV pool {fmt_pct(host)})" if not math.isnan(host) else ""
+            )
+            effect = "swapped requests stall until their KV is swapped back"
+        else:
+            cause = "KV moved into a full pool" + _transfer_text(v, t)
+            effect = "blocks are evicted and reloaded"
+        text = f"KV cache thrashing: {cause} with {kv_text}, and {slow}: {effect}{knee_text}"
     elif b == "tier_miss":
         text = (
             "KV tier miss: prefix hits are served from a slow tier ("
             + _transfer_text(v, t).lstrip("; ")
             + (f"; GPU pool at {fmt_pct(kv)}" if not math.isnan(kv) else "")
-            + "): the transfer is not hidden behind compute"
+            + f") and {slow}: the transfer is not hidden behind compute"
         )
     elif b == "capacity_pressure":
+        text = f"KV capacity pressure: {kv_text} with {slow}, no preemption yet: admission is limited by the KV pool"
+    elif b == "request_queueing":
+        running = v.get("requests_running", math.nan)
+        run_text = f" while {running:.0f} run" if not math.isnan(running) else ""
+        room = f"the KV pool has room ({kv_text})" if not math.isnan(kv) else "KV usage is not reported"
         text = (
-            f"KV capacity pressure: KV usage {fmt_pct(kv)} with {v['requests_waiting']:.0f} requests waiting, "
-            "no preemption yet: admission is limited by the KV pool"
+            f"Requests queue: {slow}{run_text} and {room}: the engine's sequence limit (vLLM --max-num-seqs, "
+            "llama.cpp --parallel, SGLang --max-running-requests) or the load is the limit"
         )
     elif b == "bandwidth_high":
         text = (
@@ -243,40 +390,42 @@ def headline(
         ratio = v["prompt_tokens_per_second"] / v["generation_tokens_per_second"]
         text = (
             f"Decode is slow: {itl}, under prefill-heavy traffic ({ratio:.0f} prompt tokens per generated "
-            "token): most likely compute bound; no GPU counters to confirm"
+            "token): most likely compute bound"
         )
     else:  # decode_default
         if gpu_missing:
-            text = f"Decode is slow: {itl}; no GPU counters: most likely HBM-bandwidth bound" + knee_text
+            text = f"Decode is slow: {itl}: most likely HBM-bandwidth bound" + knee_text
         else:
-            parts = [
-                f"DRAM {fmt_pct(bw)}" if not math.isnan(bw) else "",
-                f"SM {fmt_pct(sm)}" if not math.isnan(sm) else "",
-            ]
-            busy = ", ".join(p for p in parts if p)
-            if busy:
-                gpu = f"with the GPU moderately busy ({busy})"
-            else:
-                gpu = (
-                    f"with only NVML duty cycles (busiest {fmt_pct(v['gpu_busy_ratio'])}), which cannot tell "
-                    "bandwidth from compute"
+            busy = ", ".join(
+                p
+                for p in (
+                    f"DRAM {fmt_pct(bw)}" if not math.isnan(bw) else "",
+                    f"SM {fmt_pct(sm)}" if not math.isnan(sm) else "",
                 )
+                if p
+            )
+            gpu = (
+                f"with the GPU moderately busy ({busy})"
+                if busy
+                else f"with only NVML duty cycles (busiest {fmt_pct(v['gpu_busy_ratio'])}), which cannot tell "
+                "bandwidth from compute"
+            )
             text = f"Decode is slow: {itl}, {gpu}: most likely HBM-bandwidth bound" + _ledger_text(facts) + knee_text
     if branch.verdict in SLOW_VERDICTS and hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
         text = f"Cache hit but slow (prefix hit ratio {fmt_pct(hit_ratio)} does not help here). {text}"
-    if branch.step == 4 and gpu_missing:
-        text += " [GPU counters missing: verdict from engine signals only]"
+    if branch.gpu_side and gpu_missing:
+        text += f" [GPU counters missing: verdict from engine signals only; get them from {GPU_COUNTERS_HINT}]"
     return text
 
 
 def _transfer_text(v: Mapping[str, float], t: Thresholds) -> str:
     """The transfer signals that crossed their thresholds."""
     parts: list[str] = []
-    if v.get("kv_to_gpu_bytes_per_second", math.nan) >= t.kv_to_gpu_bytes_per_second_min:
+    if _ge(v, "kv_to_gpu_bytes_per_second", t.kv_to_gpu_bytes_per_second_min):
         parts.append(f"{fmt_bytes(v['kv_to_gpu_bytes_per_second'])}/s of KV into the GPU")
-    if v.get("pcie_receive_bytes_per_second", math.nan) >= t.pcie_receive_bytes_per_second_min:
+    if _ge(v, "pcie_receive_bytes_per_second", t.pcie_receive_bytes_per_second_min):
         parts.append(f"PCIe receive {fmt_bytes(v['pcie_receive_bytes_per_second'])}/s")
-    if v.get("slow_tier_hit_fraction", math.nan) >= t.slow_tier_hit_fraction_min:
+    if _ge(v, "slow_tier_hit_fraction", t.slow_tier_hit_fraction_min):
         parts.append(f"{fmt_pct(v['slow_tier_hit_fraction'])} of hit tokens from off-GPU tiers")
     return "".join("; " + p for p in parts)
 

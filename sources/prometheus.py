@@ -44,11 +44,13 @@ from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, Closing, HttpCli
 __all__ = [
     "MAX_POINTS",
     "MAX_RAW_SECONDS",
+    "BadSelector",
     "PrometheusClient",
     "PrometheusSource",
     "QueryRejected",
     "RangeSeries",
     "default_step",
+    "parse_matchers",
     "parse_selector",
 ]
 
@@ -78,6 +80,10 @@ class QueryRejected(SourceError):
     def __init__(self, message: str, detail: str) -> None:
         super().__init__(message)
         self.detail = detail
+
+
+class BadSelector(QueryRejected):
+    """The selector is at fault, not the source: Prometheus rejected it, or it matches several pods."""
 
 
 @dataclass
@@ -167,13 +173,19 @@ def parse_selector(selector: str | None) -> str:
 
     A metric name is refused: the source picks the ``kvdoctor_*`` series itself.
     """
+    return ",".join(f'{label}{op}"{value}"' for label, op, value in parse_matchers(selector))
+
+
+def parse_matchers(selector: str | None) -> list[tuple[str, str, str]]:
+    """``parse_selector``'s matchers one by one: ``(label, operator, value as written in the quotes)``;
+    ValueError for a selector that is not label matchers."""
     text = (selector or "").strip()
     if text.startswith("{") and text.endswith("}"):
         text = text[1:-1].strip()
     elif text.startswith("{") or text.endswith("}") or "{" in text:
         raise ValueError(f"bad selector {selector!r}: give label matchers only, e.g. '{{pod=\"vllm-0\"}}'")
     if not text:
-        return ""
+        return []
     matchers = []
     pos = 0
     while pos < len(text):
@@ -185,13 +197,13 @@ def parse_selector(selector: str | None) -> str:
             )
         if m.group(1) == "__name__":
             raise ValueError(f"bad selector {selector!r}: do not match __name__, kvdoctor selects its own series")
-        matchers.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
+        matchers.append((m.group(1), m.group(2), m.group(3)))
         pos = m.end()
         if pos < len(text):
             if text[pos] != ",":
                 raise ValueError(f"bad selector {selector!r}: matchers must be separated by commas")
             pos += 1
-    return ",".join(matchers)
+    return matchers
 
 
 def default_step(seconds: float, interval: float | None = None) -> float:
@@ -287,10 +299,9 @@ class PrometheusSource(Closing):
         """A rejected query is the selector's fault (kvdoctor writes the rest): say which one."""
         try:
             yield
-        except QueryRejected as exc:
-            raise SourceError(
-                one_line(f"Prometheus rejected the query for selector {self.selector}: {exc.detail}")
-            ) from None
+        except QueryRejected as exc:  # still a QueryRejected: the caller's input, not an unreadable source
+            message = one_line(f"Prometheus rejected the query for selector {self.selector}: {exc.detail}")
+            raise BadSelector(message, exc.detail) from None
 
     def close(self) -> None:
         if self._owns_client:
@@ -322,10 +333,11 @@ def _check_one_target(window: Window, selector: str) -> None:
         values = sorted({value for _, labels in window.series for key, value in labels if key == label})
         if len(values) > 1:
             shown = ", ".join(values[:4]) + (", ..." if len(values) > 4 else "")
-            raise SourceError(
+            message = (
                 f"selector {selector} matches {len(values)} {label}s ({shown}): narrow it to one, "
                 f"e.g. --selector '{{{label}=\"{values[0]}\"}}'"
             )
+            raise BadSelector(message, message)
         if values:
             return
 

@@ -15,23 +15,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import httpx
 import numpy as np
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
 from kvdoctor.exporter.replay import AdapterNormaliser
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.context import Context, context_to_json
+from kvdoctor.rules.model import COMMON_MODELS
 from kvdoctor.rules.trace import format_raw_captures
 from kvdoctor.rules.window import Window
-from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusSource, parse_selector
+from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusClient, PrometheusSource, parse_selector
 from kvdoctor.sources.traces import load_trace, write_window
 from tests.support import servers
 from tests.support.processes import kvdoctor
 from tests.support.scenarios import SCENARIO_BY_NAME
+from tests.support.tools import requires_prometheus
 
 ROOT = Path(__file__).resolve().parents[1]
 FILL = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence").glob("*.txt"))
 T0 = 1_700_000_000.0
+GPU_SIGNAL = "kvdoctor_gpu_dram_bandwidth_utilization_ratio"
 ANSI = "\x1b["
 
 
@@ -77,9 +82,10 @@ def cli() -> Callable[..., Result]:
     return run
 
 
-def one_error_line(result, *phrases: str) -> str:
-    """Asserts exit 2 and exactly one line on stderr (containing ``phrases``); returns it."""
-    assert result.rc == 2, (result.rc, result.stdout, result.stderr)
+def one_error_line(result, *phrases: str, rc: int = 2) -> str:
+    """Asserts exit ``rc`` (2: bad usage or input; 3: a source that could not be read) and exactly
+    one line on stderr (containing ``phrases``); returns it."""
+    assert result.rc == rc, (result.rc, result.stdout, result.stderr)
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
@@ -112,8 +118,15 @@ def test_replay_of_a_real_vllm_recording_prints_the_report_and_exits_1(run_cli, 
     assert table[0].split() == ["signal", "value", "threshold", "holds", "status"]
     kv = next(line for line in table if line.split()[0] == "kv_usage")
     assert kv.split()[1:] == ["0.968", ">=", "0.900", "yes", "measured"]
-    assert any(line.split()[0] == "pcie_receive_bytes_per_second" and line.split()[-1] == "missing" for line in table)
-    assert "actions (cheapest first)" in lines
+    assert next(line for line in table if line.split()[0] == "itl_p95_seconds").endswith("measured (context)")
+    assert any(line.startswith("  missing signals: ") and GPU_SIGNAL in line for line in table)
+    assert not any(
+        line.split()[0] == "pcie_receive_bytes_per_second" for line in table if line.strip()
+    )  # not on the path
+    assert "(3 more with --json)" in result.stdout
+    assert "Mitigate now (minutes, no redeploy), cheapest first" in lines
+    assert "Fix (a redeploy), cheapest first" in lines
+    assert "ITL SLO 100 ms (default)" in result.stdout
     assert "--kv-cache-dtype fp8" in result.stdout
     assert ANSI not in result.stdout  # not a terminal: no colour
     assert result.stderr == ""
@@ -308,52 +321,86 @@ def test_bad_arguments_exit_2_with_one_line(cli, tmp_path, fill_trace, args, phr
     one_error_line(cli("diagnose", *args), phrase)
 
 
-def test_unreachable_sources_exit_2_with_one_line(cli, run_cli, free_port, tmp_path):
+def test_unreachable_sources_exit_3_with_one_line(cli, run_cli, free_port, tmp_path):
     url = closed_port_url(free_port)
-    one_error_line(cli("diagnose", "--exporter", url), "cannot reach the exporter", "connection refused")
+    one_error_line(cli("diagnose", "--exporter", url), "cannot reach the exporter", "connection refused", rc=3)
     # through the real entry point: one line on stderr, no traceback
     truncated = tmp_path / "t.om"
     truncated.write_text(BAD_TRACE_TEXTS["truncated"])
     one_error_line(run_cli("diagnose", "--replay", truncated), "does not end with a '# EOF' line")
     one_error_line(
-        cli("diagnose", "--prometheus", url, "--selector", '{pod="x"}'), "cannot reach Prometheus", "connection refused"
+        cli("diagnose", "--prometheus", url, "--selector", '{pod="x"}'),
+        "cannot reach Prometheus",
+        "connection refused",
+        rc=3,
     )
+    # through the real entry point too
+    one_error_line(run_cli("diagnose", "--exporter", url), "cannot reach the exporter", rc=3)
+
+
+def test_a_malformed_url_is_bad_input_not_an_unreadable_source(cli):
+    one_error_line(cli("diagnose", "--exporter", "ftp://nowhere"), rc=2)
+    one_error_line(cli("diagnose", "--prometheus", "not a url"), rc=2)
+
+
+def test_an_internal_error_is_one_line_and_exit_3(cli, fill_trace, monkeypatch):
+    from kvdoctor.commands import diagnose as command
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug\nover two lines")
+
+    monkeypatch.setattr(command, "diagnose", broken)
+    line = one_error_line(
+        cli("diagnose", "--replay", fill_trace), "internal error: RuntimeError: a bug over two lines", rc=3
+    )
+    assert line.startswith("kvdoctor diagnose: internal error")
+
+
+def test_help_states_the_exit_status(cli):
+    for command in ("diagnose", "rules", "record", "stress", "ledger", "version"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            kvdoctor_main([command, "--help"])
+        assert "exit status" in out.getvalue() and "3" in out.getvalue().split("exit status")[1], command
 
 
 def test_slow_sources_time_out_with_one_line(cli, fake_http):
     slow = fake_http(lambda path: (200, "application/json", b"{}"), delay=3.0)
-    one_error_line(cli("diagnose", "--exporter", slow.url(), "--timeout", "0.5"), "did not answer within 0.5 s")
-    one_error_line(cli("diagnose", "--prometheus", slow.url(), "--timeout", "0.5"), "did not answer within 0.5 s")
+    one_error_line(cli("diagnose", "--exporter", slow.url(), "--timeout", "0.5"), "did not answer within 0.5 s", rc=3)
+    one_error_line(cli("diagnose", "--prometheus", slow.url(), "--timeout", "0.5"), "did not answer within 0.5 s", rc=3)
 
 
 @pytest.mark.parametrize(
-    "status, ctype, body, phrase",
+    "status, ctype, body, phrase, rc",
     [
         (
             500,
             "application/json",
             b'{"status":"error","errorType":"internal","error":"tsdb broke"}',
             "HTTP 500: internal: tsdb broke",
+            3,
         ),
-        (503, "text/html", b"<html>down</html>", "answered HTTP 503"),
+        (503, "text/html", b"<html>down</html>", "answered HTTP 503", 3),
         (
             400,
             "application/json",
             b'{"status":"error","errorType":"bad_data","error":"parse error: bad matcher"}',
             "rejected the query",
+            2,  # the selector is bad input
         ),
-        (200, "text/html", b"<html>a login page</html>", "does not answer like a Prometheus HTTP API"),
+        (200, "text/html", b"<html>a login page</html>", "does not answer like a Prometheus HTTP API", 3),
         (
             200,
             "application/json",
             b'{"status":"success","data":{"resultType":"vector","result":[]}}',
             "no kvdoctor_* series match",
+            3,
         ),
     ],
 )
-def test_prometheus_errors_exit_2_with_one_line(cli, fake_http, status, ctype, body, phrase):
+def test_prometheus_errors_exit_with_one_line(cli, fake_http, status, ctype, body, phrase, rc):
     server = fake_http(lambda path: (status, ctype, body))
-    one_error_line(cli("diagnose", "--prometheus", server.url(), "--selector", '{pod="x"}'), phrase)
+    one_error_line(cli("diagnose", "--prometheus", server.url(), "--selector", '{pod="x"}'), phrase, rc=rc)
 
 
 @pytest.mark.parametrize(
@@ -365,8 +412,8 @@ def test_prometheus_errors_exit_2_with_one_line(cli, fake_http, status, ctype, b
         (lambda path: (200, "application/json", b'{"timestamps": [], "series": []}'), "holds no samples"),
     ],
 )
-def test_exporter_errors_exit_2_with_one_line(cli, fake_http, route, phrase):
-    one_error_line(cli("diagnose", "--exporter", fake_http(route).url()), phrase)
+def test_exporter_errors_exit_3_with_one_line(cli, fake_http, route, phrase):
+    one_error_line(cli("diagnose", "--exporter", fake_http(route).url()), phrase, rc=3)
 
 
 def test_a_prometheus_selector_matching_two_pods_is_refused(cli, fake_http):
@@ -592,25 +639,29 @@ def test_record_engine_url_writes_a_raw_trace_of_the_real_pages(cli, fake_http, 
 
 
 @pytest.mark.parametrize(
-    "args, phrase",
+    "args, phrase, rc",
     [
-        (["--exporter", "{closed}", "--seconds", "5", "-o", "{out}"], "cannot reach the exporter"),
-        (["--engine-url", "{closed}/metrics", "--seconds", "5", "-o", "{out}"], "GET"),
-        (["--exporter", "{closed}", "--seconds", "0", "-o", "{out}"], "--seconds"),
-        (["--exporter", "{closed}", "--seconds", "5", "--interval", "-1", "-o", "{out}"], "--interval"),
-        (["--exporter", "{closed}", "--seconds", "5", "-o", "/nonexistent/dir/x.om"], "does not exist"),
-        (["--exporter", "{closed}", "--seconds", "5", "-o", "{tmp}"], "is a directory"),
-        (["--exporter", "{closed}", "--engine-url", "{closed}", "--seconds", "5", "-o", "{out}"], "not allowed with"),
-        (["--seconds", "5", "-o", "{out}"], "one of the arguments"),
-        (["--exporter", "{closed}", "-o", "{out}"], "--seconds"),
-        (["--exporter", "ftp://x", "--seconds", "5", "-o", "{out}"], "http(s) URL"),
+        (["--exporter", "{closed}", "--seconds", "5", "-o", "{out}"], "cannot reach the exporter", 3),
+        (["--engine-url", "{closed}/metrics", "--seconds", "5", "-o", "{out}"], "GET", 3),
+        (["--exporter", "{closed}", "--seconds", "0", "-o", "{out}"], "--seconds", 2),
+        (["--exporter", "{closed}", "--seconds", "5", "--interval", "-1", "-o", "{out}"], "--interval", 2),
+        (["--exporter", "{closed}", "--seconds", "5", "-o", "/nonexistent/dir/x.om"], "does not exist", 2),
+        (["--exporter", "{closed}", "--seconds", "5", "-o", "{tmp}"], "is a directory", 2),
+        (
+            ["--exporter", "{closed}", "--engine-url", "{closed}", "--seconds", "5", "-o", "{out}"],
+            "not allowed with",
+            2,
+        ),
+        (["--seconds", "5", "-o", "{out}"], "one of the arguments", 2),
+        (["--exporter", "{closed}", "-o", "{out}"], "--seconds", 2),
+        (["--exporter", "ftp://x", "--seconds", "5", "-o", "{out}"], "http(s) URL", 2),
     ],
 )
-def test_record_bad_input_exits_2_with_one_line(cli, tmp_path, free_port, args, phrase):
+def test_record_bad_input_or_an_unreadable_source_exits_with_one_line(cli, tmp_path, free_port, args, phrase, rc):
     closed = closed_port_url(free_port)
     fills = {"{out}": str(tmp_path / "x.om"), "{tmp}": str(tmp_path)}
     args = [fills.get(a, a.replace("{closed}", closed)) for a in args]
-    one_error_line(cli("record", *args), phrase)
+    one_error_line(cli("record", *args), phrase, rc=rc)
     assert not (tmp_path / "x.om").exists()
 
 
@@ -619,3 +670,86 @@ def test_record_refuses_a_page_no_engine_adapter_knows(cli, fake_http, tmp_path)
     one_error_line(
         cli("record", "--engine-url", server.url(), "--seconds", "1", "-o", tmp_path / "x.om"), "no engine adapter"
     )
+
+
+# ----------------------------------------------------------------- one context, one verdict (#14)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@requires_prometheus
+def test_the_exporter_diagnose_prometheus_and_the_dashboard_agree_on_a_non_default_slo(cli, demo, prometheus_server):
+    """The demo's simulated engine, bandwidth bound at ITL ~19 ms, and an exporter started with
+    --slo-ms 15: the exporter, `diagnose --exporter`, `diagnose --prometheus` (a real Prometheus
+    scraping it) and the dashboard's Prometheus-backed diagnosis give the same slow verdict on the
+    same window; with the 100 ms default every one of them would have said healthy."""
+    from kvdoctor.dashboard.sources import prometheus_diagnosis  # the [dashboard] extra
+
+    live = demo("bandwidth_bound", in_process=True, interval=0.5, slo_ms=15)
+    target = live.exporter_url.removeprefix("http://")
+    prom = prometheus_server(targets=[target], scrape_interval="1s", evaluation_interval="1s")
+    prom.wait_for_targets_up()
+    prom.wait_for_value("kvdoctor_inter_token_latency_slo_seconds", lambda v: v == 0.015, timeout=30)
+    status = json.loads(httpx.get(f"{live.exporter_url}/api/v1/status", timeout=10).text)
+    assert status["context"]["slo_seconds"] == 0.015
+    time.sleep(25)  # a window's worth of scrapes in Prometheus (the state sub-window and more)
+    end = time.time() - 2
+    seconds = "20"
+
+    exporter_verdict = live.verdict()
+    via_exporter = json.loads(
+        cli("diagnose", "--exporter", live.exporter_url, "--json", "--at", end, "--window", seconds).stdout
+    )
+    via_prometheus = json.loads(
+        cli("diagnose", "--prometheus", prom.url, "--selector", f'{{instance="{target}"}}', "--json", "--at", end,
+            "--window", seconds).stdout
+    )  # fmt: skip
+    with PrometheusClient(prom.url) as client:
+        dashboard, _ = prometheus_diagnosis(client, target, end)
+    verdicts = {
+        "exporter": exporter_verdict,
+        "diagnose --exporter": via_exporter["verdict"],
+        "diagnose --prometheus": via_prometheus["verdict"],
+        "dashboard": dashboard["verdict"] if dashboard else None,
+    }
+    assert set(verdicts.values()) == {"memory_bandwidth_bound"}, verdicts
+    for payload in (via_exporter, via_prometheus, dashboard):
+        assert payload["context"]["slo_seconds"] == 0.015
+        assert payload["context"]["slo_source"] == "published by the exporter"
+        assert 0.015 <= payload["features"]["itl_p95_seconds"] < 0.1  # slow only against the published SLO
+    # told otherwise, each says what the 100 ms default says
+    told = cli(
+        "diagnose", "--exporter", live.exporter_url, "--json", "--at", end, "--window", seconds, "--slo-ms", "100"
+    )
+    assert (told.rc, json.loads(told.stdout)["verdict"]) == (0, "healthy")
+
+
+def _exporter_serving(fake_http, window: Window, context: dict | None):
+    """A fake exporter answering /api/v1/window with ``window`` and /api/v1/status with ``context``."""
+
+    def route(path):
+        if path.startswith("/api/v1/window"):
+            return 200, "application/json", json.dumps(window.to_json()).encode()
+        if path.startswith("/api/v1/status"):
+            return 200, "application/json", json.dumps({"version": "x", "context": context}).encode()
+        return 404, "text/plain", b""
+
+    return fake_http(route)
+
+
+def test_diagnose_exporter_uses_the_slo_and_model_the_exporter_publishes(cli, fake_http):
+    scenario = SCENARIO_BY_NAME["slo_just_under"]  # ITL p95 ~95 ms: healthy at 100 ms, slow at 50 ms
+    window = scenario.window()
+    window = Window(window.timestamps - window.timestamps[-1] + time.time(), window.series)
+    published = context_to_json(Context(slo_seconds=0.05, model=COMMON_MODELS["Llama-3.1-8B"]))
+    server = _exporter_serving(fake_http, window, published)
+    result = cli("diagnose", "--exporter", server.url(), "--json")
+    payload = json.loads(result.stdout)
+    assert (result.rc, payload["verdict"]) == (1, "memory_bandwidth_bound")
+    assert payload["context"]["slo_seconds"] == 0.05 and payload["context"]["slo_source"] == "published by the exporter"
+    assert payload["context"]["model"]["name"] == "Llama-3.1-8B"
+    assert any(a["effect"] and "per token" in a["effect"] for a in payload["actions"])  # the published model's ledger
+    told = cli("diagnose", "--exporter", server.url(), "--json", "--slo-ms", "100")
+    assert (told.rc, json.loads(told.stdout)["verdict"]) == (0, "healthy")
+    older = _exporter_serving(fake_http, window, None)  # an exporter that publishes no context
+    assert json.loads(cli("diagnose", "--exporter", older.url(), "--json").stdout)["context"]["slo_source"] == "default"

@@ -11,25 +11,36 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import numpy as np
+
 from kvdoctor.commands.ledger import load_gpu, load_model
-from kvdoctor.errors import UsageError
+from kvdoctor.errors import EXIT_OK, EXIT_SLOW, SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
-from kvdoctor.rules.units import fmt_in_unit
+from kvdoctor.rules.actions import GROUP_TITLES, shown
+from kvdoctor.rules.context import Context, resolve
+from kvdoctor.rules.diagnosis import Diagnosis, diagnose
+from kvdoctor.rules.thresholds import Thresholds, sized_for_interval
+from kvdoctor.rules.units import fmt_in_unit, fmt_ms
 from kvdoctor.rules.window import Window
 from kvdoctor.sources.exporter_api import ExporterClient
 from kvdoctor.sources.http import SourceError
-from kvdoctor.sources.prometheus import PrometheusSource
+from kvdoctor.sources.prometheus import BadSelector, PrometheusSource
 from kvdoctor.sources.traces import TraceError, load_trace
 
 NAME = "diagnose"
 HELP = "say why decode is slow: verdict, evidence and actions for a window of samples"
 DESCRIPTION = """\
 Run kvdoctor's decision tree on a window of canonical samples and print the verdict, its
-confidence, a headline, the evidence (each signal, its windowed value, the threshold it was
-compared with, measured or missing) and the actions, cheapest first.
+confidence, a headline, the evidence (the comparisons that decided it and the state that explains
+it, each with its windowed value and its threshold, measured or missing) and the actions in two
+groups: "mitigate now" (minutes, no redeploy) and "fix" (a redeploy), each cheapest first, three of
+each (--json has them all).
+
+The SLO, the model and the GPU are the exporter's own (its /api/v1/status, or the
+kvdoctor_inter_token_latency_slo_seconds and kvdoctor_context_info series it publishes, also through
+Prometheus and in traces), so this command agrees with the exporter; --slo-ms, --model-config,
+--gpu and --gpu-peak-bandwidth override them.
 
 Where the window comes from (one of):
   --exporter URL                       a running kvdoctor exporter (its /api/v1/window)
@@ -37,10 +48,13 @@ Where the window comes from (one of):
   --replay FILE                        a trace written by `kvdoctor record` (or raw engine /metrics
                                        captures with timestamps: replayed through the engine adapters)
 
-The window is --window seconds (default 60) ending at the newest sample, or at --at
-(Unix seconds or RFC 3339, e.g. 2025-03-01T14:05:00Z).
+The window is --window seconds (default 60, widened to 12 sampling intervals for sparser samples,
+e.g. 180 s at Prometheus' 15 s: the window the alert rules read) ending at the newest sample, or at
+--at (Unix seconds or RFC 3339, e.g. 2025-03-01T14:05:00Z).
 
-exit status: 0 healthy or idle, 1 a slow verdict, 2 a usage or input error.
+exit status: 0 healthy or idle, 1 a slow verdict, 2 a usage or input error (a bad URL, selector,
+flag or trace file), 3 the exporter or Prometheus could not be read (or had no samples), or an
+internal error.
 
 examples:
   kvdoctor diagnose --exporter http://127.0.0.1:9745
@@ -48,7 +62,6 @@ examples:
   kvdoctor diagnose --replay incident.om --json
 """
 
-OK_VERDICTS = ("idle", "healthy")
 HTTP_TIMEOUT_SECONDS = 10.0
 
 
@@ -69,7 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="window length in seconds (default: the thresholds' window_seconds, 60)",
     )
-    parser.add_argument("--slo-ms", type=float, metavar="N", help="inter-token latency SLO in ms (default 100)")
+    parser.add_argument(
+        "--slo-ms",
+        type=float,
+        metavar="N",
+        help="inter-token latency SLO in ms (default: the exporter's published SLO, else 100)",
+    )
     parser.add_argument("--thresholds", metavar="YAML", help="a YAML file overriding decision-tree thresholds")
     parser.add_argument(
         "--model-config",
@@ -121,7 +139,8 @@ def parse_time(text: str) -> float:
 
 
 def _context(args: argparse.Namespace) -> Context:
-    slo_seconds = DEFAULT_SLO_SECONDS
+    """What the flags say (None where they say nothing: the exporter's published context then)."""
+    slo_seconds = None
     if args.slo_ms is not None:
         if not (args.slo_ms > 0 and math.isfinite(args.slo_ms)):
             raise UsageError(f"--slo-ms must be a positive number of milliseconds, got {args.slo_ms:g}")
@@ -130,15 +149,17 @@ def _context(args: argparse.Namespace) -> Context:
     if args.model_config:
         model = load_model(args.model_config)
     peak = None
+    gpu_model = None
     if args.gpu:
-        peak = load_gpu(args.gpu).peak_bandwidth
+        spec = load_gpu(args.gpu)
+        peak, gpu_model = spec.peak_bandwidth, spec.name
     elif args.gpu_peak_bandwidth is not None:
         if not (args.gpu_peak_bandwidth > 0 and math.isfinite(args.gpu_peak_bandwidth)):
             raise UsageError(
                 f"--gpu-peak-bandwidth must be a positive number of bytes/s, got {args.gpu_peak_bandwidth:g}"
             )
         peak = args.gpu_peak_bandwidth
-    return Context(model=model, gpu_peak_bandwidth=peak, slo_seconds=slo_seconds)
+    return Context(model=model, gpu_peak_bandwidth=peak, slo_seconds=slo_seconds, gpu_model=gpu_model)
 
 
 def _thresholds(args: argparse.Namespace) -> Thresholds:
@@ -164,23 +185,34 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--window must be a positive number of seconds, got {args.window:g}")
 
 
-def load_window(args: argparse.Namespace, seconds: float, at: float | None) -> tuple[Window, str]:
-    """(the window to diagnose, a description of where it came from); UsageError on bad input."""
+def load_window(args: argparse.Namespace, seconds: float, at: float | None) -> tuple[Window, str, Context | None]:
+    """(the window to diagnose, where it came from, the exporter's published context if it said);
+    UsageError on bad input, SourceUnreadable when the source cannot be read or holds no samples."""
     if args.replay:
-        return _replay_window(args, seconds, at)
+        return (*_replay_window(args, seconds, at), None)
     try:
         if args.prometheus:
-            with PrometheusSource(args.prometheus, args.selector, timeout=args.timeout) as source:
-                return source.window(seconds, at=at), f"Prometheus {source.url}, {source.selector}"
-        with ExporterClient(args.exporter, timeout=args.timeout) as client:
+            source = PrometheusSource(args.prometheus, args.selector, timeout=args.timeout)
+        else:
+            client = ExporterClient(args.exporter, timeout=args.timeout)
+    except SourceError as exc:  # a malformed URL or selector
+        raise UsageError(str(exc)) from None
+    try:
+        if args.prometheus:
+            with source:
+                return source.window(seconds, at=at), f"Prometheus {source.url}, {source.selector}", None
+        with client:
             # The exporter serves "the last N seconds of its clock"; ask for a little more, cut here.
             back = seconds + (max(0.0, time.time() - at) if at is not None else 0.0) + 5
             full = client.window(back)
-    except SourceError as exc:
+            published = client.context()
+    except BadSelector as exc:  # Prometheus refused the selector, or it matches several pods
         raise UsageError(str(exc)) from None
+    except SourceError as exc:
+        raise SourceUnreadable(str(exc)) from None
     if not len(full) or not full.series:
-        raise UsageError(f"the exporter at {client.url} holds no samples yet")
-    return _cut(full, seconds, at, f"the exporter at {client.url}"), f"exporter {client.url}"
+        raise SourceUnreadable(f"the exporter at {client.url} holds no samples yet")
+    return _cut(full, seconds, at, f"the exporter at {client.url}"), f"exporter {client.url}", published
 
 
 def _replay_window(args: argparse.Namespace, seconds: float, at: float | None) -> tuple[Window, str]:
@@ -207,24 +239,38 @@ def _cut(full: Window, seconds: float, at: float | None, holder: str) -> Window:
 # ------------------------------------------------------------------------------------- output
 
 
+def sampling_interval(window: Window) -> float | None:
+    """The median spacing of the window's samples (None for fewer than two)."""
+    if len(window) < 2:
+        return None
+    return float(np.median(np.diff(window.timestamps)))
+
+
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     thresholds = _thresholds(args)
-    context = _context(args)
+    given = _context(args)
     at = parse_time(args.at) if args.at is not None else None
     seconds = args.window if args.window is not None else thresholds.window_seconds
-    window, origin = load_window(args, seconds, at)
-    result = diagnose(window, context, thresholds)
+    window, origin, published = load_window(args, seconds, at)
+    interval = sampling_interval(window)
+    if interval is not None and interval > 0:
+        # sparse samples (a Prometheus scraping every 15 s): the ranges the alert rules read
+        sized = sized_for_interval(thresholds, interval)
+        if args.window is None and sized.window_seconds > seconds:
+            window, origin, published = load_window(args, sized.window_seconds, at)
+        thresholds = sized
+    result = diagnose(window, resolve(given, published), thresholds)
     if args.json:
         text = json.dumps(result.to_json(), indent=2, allow_nan=False)
     else:
         colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-        text = render(result, window, origin, context, colour=colour)
+        text = render(result, window, origin, colour=colour)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `kvdoctor diagnose ... | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0 if result.verdict in OK_VERDICTS else 1
+    return EXIT_SLOW if result.slow else EXIT_OK
 
 
 _COLOURS = {"ok": "32", "slow": "31", "dim": "2", "bold": "1", "warn": "33"}
@@ -234,16 +280,27 @@ def _paint(text: str, style: str, colour: bool) -> str:
     return f"\033[{_COLOURS[style]}m{text}\033[0m" if colour else text
 
 
-def render(result, window, origin: str, context, colour: bool = False) -> str:
-    """The human report: verdict, headline, evidence table, actions."""
-    slow = result.verdict not in OK_VERDICTS
+def _threshold_text(e) -> str:
+    if e.comparison == "present":
+        return "is measured"
+    if not e.comparison or e.threshold is None:
+        return ""
+    if " - " in e.feature or " / " in e.feature:  # a difference or ratio of two features
+        return f"{e.comparison} {e.threshold:g}"
+    return f"{e.comparison} {fmt_in_unit(e.threshold, e.unit)}"
+
+
+def render(result: Diagnosis, window: Window, origin: str, colour: bool = False) -> str:
+    """The human report: verdict, headline, evidence table, notes, actions by group."""
+    ctx = result.context
     lines = [
-        _paint(result.verdict, "slow" if slow else "ok", colour) + f"  (confidence {result.confidence:.2f})",
+        _paint(result.verdict, "slow" if result.slow else "ok", colour) + f"  (confidence {result.confidence:.2f})",
         _paint(result.headline, "bold", colour),
         "",
         _paint(
             f"window: {_span(window)} s, {len(window)} snapshots ending {_iso(window.end)}; {origin}; "
-            f"ITL SLO {context.slo_seconds * 1000:g} ms",
+            f"ITL SLO {fmt_ms(ctx.slo, trim=True)} ({ctx.slo_source})"
+            + (f"; model {ctx.model.name}" if ctx.model is not None else ""),
             "dim",
             colour,
         ),
@@ -251,36 +308,43 @@ def render(result, window, origin: str, context, colour: bool = False) -> str:
     lines += ["", "evidence"]
     rows = [("signal", "value", "threshold", "holds", "status")]
     for e in result.evidence:
-        value = fmt_in_unit(e.value, e.unit)
-        if e.comparison == "present":
-            threshold = "is measured"
-        else:
-            threshold = f"{e.comparison} {fmt_in_unit(e.threshold, e.unit)}" if e.comparison else ""
         holds = {True: "yes", False: "no", None: "-"}[e.holds]
-        rows.append((e.feature, value, threshold, holds, "measured" if e.measured else "missing"))
+        status = ("measured" if e.measured else "missing") + (" (context)" if e.context else "")
+        rows.append((e.feature, fmt_in_unit(e.value, e.unit), _threshold_text(e), holds, status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         text = "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        if i == 0 or row[4] == "missing":
+        if i == 0 or row[4].startswith("missing"):
             text = _paint(text, "dim", colour)
         lines.append(text)
     if result.missing:
         lines.append(_paint("  missing signals: " + ", ".join(result.missing), "warn", colour))
-    knee = getattr(result, "knee", None)
-    if knee is not None and getattr(knee, "kind", None):
+    if result.unresolved:
+        lines.append(_paint("  not ruled out for want of signals: " + ", ".join(result.unresolved), "warn", colour))
+    for note in result.notes:
+        lines.append(f"  note: {note}")
+    knee = result.knee
+    if knee.kind:
         lines += ["", f"knee: {knee.note}"]
-    if result.actions:
-        lines += ["", "actions (cheapest first)"]
-        for n, action in enumerate(result.actions, 1):
+    for group, actions in shown(result.actions).items():
+        lines += ["", f"{GROUP_TITLES[group]}, cheapest first"]
+        for n, action in enumerate(actions, 1):
             flags = "; ".join(
                 f"{engine} {flag}"
-                for engine, flag in (("vLLM", action.flag_vllm), ("SGLang", action.flag_sglang))
+                for engine, flag in (
+                    ("vLLM", action.flag_vllm),
+                    ("SGLang", action.flag_sglang),
+                    ("llama.cpp", action.flag_llamacpp),
+                )
                 if flag
             )
             lines.append(f"  {n}. {action.title}" + (f"  [{flags}]" if flags else ""))
-            lines.append(f"     {action.why}")
+            lines.append(f"     {action.premise + ': ' if action.premise else ''}{action.why}")
             if action.effect:
                 lines.append(f"     effect: {action.effect}")
+    more = len(result.actions) - sum(len(a) for a in shown(result.actions).values())
+    if more > 0:
+        lines.append(_paint(f"  ({more} more with --json)", "dim", colour))
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ from kvdoctor.exporter.settings import (
     load_settings,
     options,
 )
+from kvdoctor.exporter.web_config import WebConfigError
 
 NAME = "exporter"
 HELP = "collect engine and GPU signals; serve canonical /metrics and the JSON API"
@@ -62,6 +63,14 @@ def _adapter_gaps() -> str:
             )
         )
     return "\n".join(lines) + "\n"
+
+
+def _adapter_phrase(engine: str) -> str:
+    """How the start-up line names the engine adapter and what it cannot provide."""
+    if engine == "auto":
+        return "adapter: recognised from its /metrics, then logged with what it cannot provide"
+    gaps = ", ".join(n.removeprefix("kvdoctor_") for n in ADAPTERS[engine].cannot_provide) or "nothing"
+    return f"adapter {engine}, configured; cannot provide: {gaps}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,12 +142,18 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         sock.close()
         raise UsageError(str(exc)) from None
-    app = create_app(exporter)
+    try:
+        app = create_app(exporter)
+    except WebConfigError as exc:  # changed since the settings read it
+        sock.close()
+        raise UsageError(f"--web.config.file: {exc}") from None
 
     def started(handle) -> None:
         exporter.start()
         sources = ", ".join(c.name for c in exporter.collectors) or "none"
-        engine = f"; engine {settings.engine_url} ({settings.engine})" if settings.engine_url else "; no --engine-url"
+        engine = "; no --engine-url"
+        if settings.engine_url:
+            engine = f"; engine {settings.engine_url} ({_adapter_phrase(settings.engine)})"
         print(
             f"kvdoctor exporter: serving {handle.url}/metrics every {settings.interval:g} s "
             f"(sources: {sources}{engine})",

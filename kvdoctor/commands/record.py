@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
-from kvdoctor.errors import UsageError
+from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.collectors.http import HttpExposition
 from kvdoctor.rules import collection
@@ -114,7 +114,7 @@ def _record_exporter(args: argparse.Namespace, output: Path) -> int:
             recorder = ExporterRecorder(client, recording, interval)
             recorder.first_poll()
         except SourceError as exc:
-            raise UsageError(str(exc)) from None
+            raise SourceUnreadable(str(exc)) from None
         _say(f"recording {args.seconds:g} s from {client.url} ({recorder.mode}) every {interval:g} s into {output}")
         stopped = _loop(args.seconds, interval, recording, recorder.poll)
         if recorder.uses_window_api and not stopped:
@@ -148,7 +148,7 @@ def _record_engine(args: argparse.Namespace, output: Path) -> int:
         try:
             names = family_names(capture())
         except SourceError as exc:
-            raise UsageError(str(exc)) from None
+            raise SourceUnreadable(str(exc)) from None
         except ExpositionError as exc:
             raise UsageError(f"{url} is not a Prometheus exposition: {exc}") from None
         adapter = detect(names)
@@ -195,7 +195,7 @@ def _loop(seconds: float, interval: float, recording: Recording, poll: Callable[
 def _finish(recording: Recording, stopped: bool, url: str) -> int:
     times = recording.timestamps()
     if not times:
-        raise UsageError(f"nothing was collected from {url}; no trace written")
+        raise SourceUnreadable(f"nothing was collected from {url}; no trace written")
     try:
         count = recording.write()
     except OSError as exc:

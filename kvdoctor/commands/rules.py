@@ -1,28 +1,41 @@
-"""kvdoctor rules export [-o FILE] [--thresholds FILE] [--slo-ms N] [--check]"""
+"""kvdoctor rules export: the Prometheus rules compiled from the decision tree, for a scrape interval."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 from kvdoctor.errors import UsageError
-from kvdoctor.rules.promql import render_rules_yaml
-from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.rules.promql import RUNBOOK_BASE_URL, parse_duration, render_rules_yaml
+from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
 
 NAME = "rules"
 HELP = "export the Prometheus alert rules compiled from the decision tree"
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Compile kvdoctor's decision tree into Prometheus recording and alerting rules over the canonical
 kvdoctor_* signals (engine-agnostic): KVCacheThrashing, KVCacheTierMiss, KVCacheCapacityPressure,
-DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound, KvdoctorSourceDown.
+RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound,
+KvdoctorSourceDown.
+
+Every range the rules read holds at least 4 scrapes of --scrape-interval (default
+{DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s; those rules also work at 30s). Give the interval your
+Prometheus scrapes the exporters at when it is longer. The rules compare ITL with the SLO each pod
+publishes (kvdoctor_inter_token_latency_slo_seconds, from `kvdoctor exporter --slo-ms`); --slo-ms
+here is the fallback for pods that publish none.
 
   kvdoctor rules export                      # to stdout
   kvdoctor rules export -o alerts.yaml
+  kvdoctor rules export --scrape-interval 1m -o alerts.yaml
+  kvdoctor rules export --runbook-base-url https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/
   kvdoctor rules export --thresholds my-thresholds.yaml --slo-ms 50 -o alerts.yaml
   kvdoctor rules export --check -o rules/alerts.yaml   # exit 1 if the file is out of date
+
+exit status: 0 written (or up to date), 1 out of date (--check), 2 a usage or input error,
+3 an internal error.
 """
 
 
@@ -42,11 +55,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="N",
-        help=f"inter-token latency SLO in milliseconds (default {DEFAULT_SLO_SECONDS * 1e3:g})",
+        help=f"ITL SLO in milliseconds for pods that publish none (default {DEFAULT_SLO_SECONDS * 1e3:g})",
+    )
+    export.add_argument(
+        "--scrape-interval",
+        metavar="DURATION",
+        help="how often Prometheus scrapes the exporters, e.g. 30s or 1m "
+        f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s): every range holds at least 4 scrapes",
+    )
+    export.add_argument(
+        "--runbook-base-url",
+        metavar="URL",
+        help=f"where the runbooks are: each alert's runbook_url is URL/<Alert>.md (default {RUNBOOK_BASE_URL}, "
+        "the runbooks in this repository)",
     )
     export.add_argument(
         "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
     )
+
+
+def _slo(args: argparse.Namespace) -> float:
+    if args.slo_ms is None:
+        return DEFAULT_SLO_SECONDS
+    if not (args.slo_ms > 0 and math.isfinite(args.slo_ms)):
+        raise UsageError(f"--slo-ms must be positive, got {args.slo_ms:g}")
+    return float(args.slo_ms) / 1000.0
+
+
+def _interval(args: argparse.Namespace) -> float:
+    if args.scrape_interval is None:
+        return DEFAULT_SCRAPE_INTERVAL_SECONDS
+    try:
+        seconds = parse_duration(args.scrape_interval)
+    except ValueError as exc:
+        raise UsageError(f"--scrape-interval: {exc}") from None
+    if seconds < 1:
+        raise UsageError(f"--scrape-interval must be at least 1s, got {args.scrape_interval}")
+    return seconds
+
+
+def _runbook_base(args: argparse.Namespace) -> str:
+    base = RUNBOOK_BASE_URL if args.runbook_base_url is None else args.runbook_base_url.strip()
+    if not base or any(c.isspace() for c in base):
+        raise UsageError(f"--runbook-base-url must be a URL or path without spaces, got {args.runbook_base_url!r}")
+    return base if base.endswith("/") else base + "/"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,12 +108,7 @@ def run(args: argparse.Namespace) -> int:
         thresholds = Thresholds.from_yaml(args.thresholds) if args.thresholds else Thresholds()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    slo = DEFAULT_SLO_SECONDS
-    if args.slo_ms is not None:
-        if not args.slo_ms > 0:
-            raise UsageError(f"--slo-ms must be positive, got {args.slo_ms:g}")
-        slo = args.slo_ms / 1000.0
-    text = render_rules_yaml(thresholds, slo)
+    text = render_rules_yaml(thresholds, _slo(args), _interval(args), _runbook_base(args))
 
     if args.check:
         if not args.output:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from kvdoctor.dashboard.app import create_app, serve_in_thread
-from kvdoctor.rules.ledger import GPU_CATALOGUE
+from kvdoctor.rules.gpus import gpu_spec
 from kvdoctor.rules.model import COMMON_MODELS
 from tests.support import tools
 from tests.support.browser import Page
@@ -89,7 +89,7 @@ def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_expo
     banner = p.page.locator(".banner")
     assert SCENARIOS[scenario].headline in banner.inner_text()
     assert banner.locator("table.evidence tbody tr").count() == 3
-    assert "--kv-cache-dtype fp8" in banner.locator("ol.actions").inner_text()
+    assert "--kv-cache-dtype fp8" in banner.locator(".actions").inner_text()
 
     points = _wait_for_charts(p)
     assert len(points[1]) == 16  # DRAM and SM for 8 GPUs
@@ -184,7 +184,7 @@ def test_ledger_computes_the_known_model(served, open_page, tmp_path):
     # Llama-3.1-8B (the default pick) on an H100 (the default GPU), bf16 KV:
     per_token = 2 * 32 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bytes
     total = per_token * 8192 * 16
-    floor = (COMMON_MODELS["Llama-3.1-8B"].weight_bytes + total) / GPU_CATALOGUE["H100"].peak_bandwidth
+    floor = (COMMON_MODELS["Llama-3.1-8B"].weight_bytes + total) / gpu_spec("H100").peak_bandwidth
     tools.wait_until(
         lambda: f"{total / 1e9:,.2f} GB" in _ledger_value(p, "total KV (context x batch)"),
         timeout=SLOW_MS / 1000,

@@ -28,6 +28,7 @@ class ExporterProcess(OnLoopback):
     engine_metrics_url: str
     workdir: Path
     pod: str = "e2e"
+    engine: str = "vllm"  # --engine: an adapter name, or auto
     interval: float = 1.0
     port: int = 0
     extra_args: tuple[str, ...] = ()
@@ -44,7 +45,7 @@ class ExporterProcess(OnLoopback):
             "--engine-url",
             self.engine_metrics_url,
             "--engine",
-            "vllm",
+            self.engine,
             "--interval",
             self.interval,
             "--port",

@@ -28,9 +28,10 @@ DEFAULT_PORT = 9745
 
 
 def demo_signals() -> set[str]:
-    """Sample names the demo produces: every canonical signal except what vLLM cannot provide and
-    the error counter (it appears only after an error)."""
-    absent = set(ADAPTERS["vllm"].cannot_provide) | {S.SOURCE_ERRORS}
+    """Sample names the demo produces: every canonical signal except what vLLM cannot provide, what
+    only vLLM V0 published, and the error counter (it appears only after an error)."""
+    vllm = ADAPTERS["vllm"]
+    absent = set(vllm.cannot_provide) | set(vllm.legacy_only) | {S.SOURCE_ERRORS}
     return {series for name, sig in S.SIGNALS.items() if name not in absent for series in sig.series_names}
 
 

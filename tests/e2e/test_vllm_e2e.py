@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kvdoctor.rules.promql import VERDICT_ALERT
+from kvdoctor.rules.promql import VERDICT_ALERT, condition_name, record_name, rule_thresholds
 from tests.e2e.kvdoctor_stack import ALERT_RULES, ExporterProcess, Watcher, prometheus_config, restart_engine
 from tests.e2e.vllm_server import BackgroundLoad
 from tests.support.tools import requires_prometheus, requires_vllm, wait_until
@@ -29,10 +29,12 @@ LIGHT = dict(concurrency=2, max_tokens=32)
 SATURATING = dict(concurrency=16, max_tokens=1024)
 
 # Recording rules built on counters (besides rate/increase of every counter): never negative.
+RULES = rule_thresholds(None, None)  # what rules/alerts.yaml is compiled with: names carry their ranges
+GENERATION_RATE = record_name("generation_tokens_per_second", RULES)
 RATE_RULES = (
-    "kvdoctor:generation_tokens_per_second:60s",
-    "kvdoctor:prompt_tokens_per_second:60s",
-    "kvdoctor:preemptions_per_minute:60s",
+    GENERATION_RATE,
+    record_name("prompt_tokens_per_second", RULES),
+    record_name("preemptions_per_minute", RULES),
 )
 
 
@@ -98,8 +100,8 @@ def test_light_load_is_healthy_with_no_slow_cause_alert(stack, vllm_server, run_
         # Healthy needs ITL data in the window; wait until the exporter has ~15 s of load.
         wait_until(lambda: exporter.diagnosis()["window"]["samples"] >= 15, timeout=60, what="15 s of samples")
         # Prometheus evaluated the tree on real data: the engine is active and ITL p95 is known.
-        prom.wait_for_value("kvdoctor:engine_active:60s", lambda v: v == 1, timeout=30)
-        prom.wait_for("kvdoctor:itl_p95_seconds:60s", timeout=30)
+        prom.wait_for_value(condition_name("engine_active"), lambda v: v == 1, timeout=30)
+        prom.wait_for(record_name("itl_p95_seconds", RULES), timeout=30)
         verdicts, alerts = [], []
         for _ in range(8):
             verdicts.append(exporter.diagnosis()["verdict"])
@@ -159,7 +161,7 @@ def test_exporter_restart_mid_run_keeps_rates_and_verdict(stack, vllm_server, ru
     exporter, prom = stack
     began = time.time()
     with BackgroundLoad(vllm_server.url, vllm_server.model, duration_s=180, **LIGHT), Watcher(exporter, prom) as watch:
-        prom.wait_for_value("kvdoctor:generation_tokens_per_second:60s", lambda v: v > 0, timeout=40)
+        prom.wait_for_value(GENERATION_RATE, lambda v: v > 0, timeout=40)
         port = exporter.port
         restarted = time.time()
         exporter.restart(down_seconds=3)
@@ -167,7 +169,7 @@ def test_exporter_restart_mid_run_keeps_rates_and_verdict(stack, vllm_server, ru
         # Prometheus scrapes the new process and the rates carry on.
         prom.wait_for_value("up", lambda v: v == 1, timeout=20)
         wait_until(lambda: len(watch.verdicts(since=restarted)) >= 12, timeout=60, what="12 verdicts after the restart")
-        prom.wait_for_value("kvdoctor:generation_tokens_per_second:60s", lambda v: v > 0, timeout=20)
+        prom.wait_for_value(GENERATION_RATE, lambda v: v > 0, timeout=20)
         rc, cli, _ = _diagnose_prometheus(run_cli, prom, exporter)
     ended = time.time()
 
@@ -189,7 +191,7 @@ def test_engine_restart_mid_run_gives_no_negative_rate_or_false_verdict(stack, v
     began = time.time()
     with Watcher(exporter, prom) as watch:
         with BackgroundLoad(vllm_server.url, vllm_server.model, duration_s=120, **LIGHT):
-            prom.wait_for_value("kvdoctor:generation_tokens_per_second:60s", lambda v: v > 0, timeout=40)
+            prom.wait_for_value(GENERATION_RATE, lambda v: v > 0, timeout=40)
             wait_until(lambda: "healthy" in watch.verdicts(), timeout=30, what="healthy before the restart")
         down = time.time()
         restart_seconds = restart_engine(vllm_server)

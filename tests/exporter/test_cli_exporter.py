@@ -171,7 +171,9 @@ def test_every_flag_sets_its_field(clean_env, tmp_path):
 
     config = tmp_path / "config.json"
     config.write_text("{}")
-    values = {**SAMPLE, "model_config_path": (str(config), str(config))}
+    web = tmp_path / "web.yml"
+    web.write_text("")
+    values = {**SAMPLE, "model_config_path": (str(config), str(config)), "web_config_file": (str(web), str(web))}
     argv, expected = [], {}
     for option in options():
         if option.is_collectors:

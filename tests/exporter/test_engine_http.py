@@ -80,8 +80,11 @@ def reason_of(url: str, **kwargs) -> str:
 
 
 def whole_page(text: str) -> dict:
-    """What ``normalise`` makes of the whole text at once (the reference for the streamed path)."""
-    return EngineCollector(None).normalise(text)
+    """What ``normalise`` makes of the whole text at once (the reference for the streamed path),
+    with the ``engine_info`` series every collection adds."""
+    collector = EngineCollector(None)
+    out = collector.normalise(text)
+    return {**out, collector.info_key(): 1.0}
 
 
 # -- keep-alive ------------------------------------------------------------------------------------

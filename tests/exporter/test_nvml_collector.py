@@ -192,7 +192,7 @@ def test_gpm_path_on_hopper():
     assert first == {
         S.GPU_MEMORY_USED: 60 * 1024 * MIB,
         S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
-        S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 2619e6 * 2 / 8,
+        S.GPU_DRAM_PEAK_BANDWIDTH: 3350e9,  # the catalogue's datasheet figure for the exact NVML name
     }
     clock.now += 1.0
     second = collector.collect()
@@ -219,7 +219,7 @@ def test_fallback_path_before_hopper():
     assert got == {
         S.GPU_MEMORY_USED: 60 * 1024 * MIB,
         S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
-        S.GPU_DRAM_PEAK_BANDWIDTH: 5120 * 1593e6 * 2 / 8,
+        S.GPU_DRAM_PEAK_BANDWIDTH: 2039e9,
         f"{S.GPU_DRAM_BANDWIDTH_UTILIZATION}[nvml_util]": 0.80,
         f"{S.GPU_SM_ACTIVE}[nvml_util]": 0.95,
         S.GPU_PCIE_TX: 1000 * 1024.0,
@@ -244,14 +244,39 @@ def test_peak_bandwidth_formula_matches_the_catalogue(gpu, catalogue):
     )
 
 
-def test_peak_bandwidth_override_wins_and_catalogue_fills_in():
+def test_peak_bandwidth_override_wins_then_the_catalogue_then_the_device():
     nv = FakeNvml([h100(), a100(uuid="GPU-a", errors={"nvmlDeviceGetMemoryBusWidth": pynvml.NVML_ERROR_NOT_SUPPORTED})])
     collector, _ = collector_for(nv, peak_bandwidth_override=1.5e12)
     out = collector.collect().samples
     assert by_gpu(out, 0)[S.GPU_DRAM_PEAK_BANDWIDTH] == by_gpu(out, 1)[S.GPU_DRAM_PEAK_BANDWIDTH] == 1.5e12
-    nv = FakeNvml([a100(errors={"nvmlDeviceGetMemoryBusWidth": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    # a GPU the catalogue knows: its datasheet figure, whatever NVML reports
+    nv = FakeNvml([a100(errors={"nvmlDeviceGetMemoryBusWidth": pynvml.NVML_ERROR_NOT_SUPPORTED}), h100(uuid="GPU-h")])
     collector, _ = collector_for(nv)
-    assert by_gpu(collector.collect().samples, 0)[S.GPU_DRAM_PEAK_BANDWIDTH] == lookup_gpu("A100-80GB").peak_bandwidth
+    out = collector.collect().samples
+    assert by_gpu(out, 0)[S.GPU_DRAM_PEAK_BANDWIDTH] == lookup_gpu("NVIDIA A100-SXM4-80GB").peak_bandwidth == 2039e9
+    assert by_gpu(out, 1)[S.GPU_DRAM_PEAK_BANDWIDTH] == 3350e9
+    assert [g.peak_source for g in collector.gpus] == ["catalogue", "catalogue"]
+
+
+def test_a_gpu_the_catalogue_lacks_gets_its_peak_from_bus_width_and_clock():
+    unknown = FakeGpu("NVIDIA H800", "GPU-x", 5120, 2619, gpm=False)
+    nv = FakeNvml([unknown])
+    collector, _ = collector_for(nv)
+    out = collector.collect().samples
+    assert by_gpu(out, 0)[S.GPU_DRAM_PEAK_BANDWIDTH] == 5120 * 2619e6 * 2 / 8
+    assert collector.gpus[0].peak_source == "nvml"
+    assert "nvmlDeviceGetMaxClockInfo" in nv.calls  # the fake checks it asked for NVML_CLOCK_MEM
+    # neither catalogue nor NVML: no peak series at all, never a guess
+    mute = FakeGpu(
+        "NVIDIA H800",
+        "GPU-y",
+        5120,
+        2619,
+        gpm=False,
+        errors={"nvmlDeviceGetMaxClockInfo": pynvml.NVML_ERROR_NOT_SUPPORTED},
+    )
+    collector, _ = collector_for(FakeNvml([mute]))
+    assert S.GPU_DRAM_PEAK_BANDWIDTH not in by_gpu(collector.collect().samples, 0)
 
 
 def test_one_gpu_failing_does_not_stop_the_others():
@@ -391,8 +416,18 @@ def test_check_prints_each_gpu(capsys):
     text = capsys.readouterr().out
     assert "GPU 0: NVIDIA H100 80GB HBM3 GPU-h100-0" in text and "GPM supported: yes" in text
     assert "GPM supported: no (method=nvml_util)" in text
-    assert "5120 bit x max memory clock 2619 MHz x 2 / 8 = 3352 GB/s" in text
-    assert "catalogue: 3350 GB/s" in text
+    assert "NVML: memory bus 5120 bit x max memory clock 2619 MHz x 2 / 8 = 3,352 GB/s" in text
+    assert "catalogue (H100 SXM 80GB): bus 5120 bit x 2619 MHz, datasheet peak 3,350 GB/s" in text
+    assert "NVML's peak / the datasheet's = 1.001" in text and "peak bandwidth used: 3,350 GB/s (catalogue)" in text
+
+
+def test_check_prints_the_nvml_figure_for_a_gpu_the_catalogue_lacks(capsys):
+    nv = FakeNvml([FakeGpu("NVIDIA RTX PRO 6000 Blackwell Server Edition", "u", 512, 14001, gpm=False)])
+    assert check(nv, pause=0.15) == 0
+    text = capsys.readouterr().out
+    assert "NVML: memory bus 512 bit x max memory clock 14001 MHz x 2 / 8 = 1,792 GB/s" in text
+    assert "catalogue: no row for 'NVIDIA RTX PRO 6000 Blackwell Server Edition'" in text
+    assert "peak bandwidth used: 1,792 GB/s (nvml)" in text
 
 
 def test_check_without_nvml_says_so_in_one_line(capsys):

@@ -51,6 +51,7 @@ def test_helm_lint_strict(helm, scenario):
 
 EXPECTED_KINDS = {
     "default": [
+        "ConfigMap",
         "Deployment",
         "Deployment",
         "PrometheusRule",
@@ -60,10 +61,19 @@ EXPECTED_KINDS = {
         "ServiceAccount",
         "ServiceMonitor",
     ],
-    "sidecar-only": ["Deployment", "PodMonitor", "PrometheusRule", "Service", "ServiceAccount"],
-    "dashboard-off": ["Deployment", "PrometheusRule", "Service", "Service", "ServiceAccount", "ServiceMonitor"],
+    "sidecar-only": ["ConfigMap", "Deployment", "PodMonitor", "PrometheusRule", "Service", "ServiceAccount"],
+    "dashboard-off": [
+        "ConfigMap",
+        "Deployment",
+        "PrometheusRule",
+        "Service",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
     "monitoring-off": ["Deployment", "Deployment", "Service", "Service", "ServiceAccount"],
     "custom-labels": [
+        "ConfigMap",
         "Deployment",
         "Deployment",
         "Ingress",
@@ -78,6 +88,18 @@ EXPECTED_KINDS = {
     ],
 }
 EXPECTED_KINDS["engine-processes"] = EXPECTED_KINDS["default"]  # only the GPU-visibility wiring differs
+# web-tls: the Secret is the sidecar's web config.
+EXPECTED_KINDS["web-tls"] = [
+    "ConfigMap",
+    "Deployment",
+    "PodMonitor",
+    "PrometheusRule",
+    "Secret",
+    "Service",
+    "Service",
+    "ServiceAccount",
+    "ServiceMonitor",
+]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -1,6 +1,8 @@
-"""The Dockerfile, checked without a Docker engine: multi-stage, non-root, no build tools in the
-final stage, `kvdoctor` as entrypoint, a build context that holds what it copies, hadolint clean,
-and the build stage's install step working from exactly that context."""
+"""The Dockerfile, checked without a Docker engine: multi-stage with two targets (the sidecar, the
+default, without the dashboard extra; the dashboard), non-root, no build tools in the final
+images, `kvdoctor` as entrypoint, a build context that holds what it copies, hadolint clean, and
+the build stage's install step working from exactly that context. (tests/test_image.py builds and
+runs the real images where podman is installed.)"""
 
 from __future__ import annotations
 
@@ -73,8 +75,31 @@ def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
 
 
 ARGS, STAGES = parse_dockerfile(DOCKERFILE.read_text())
-FINAL = STAGES[-1]
+NAMED = {stage.name: stage for stage in STAGES if stage.name}
 BUILD = STAGES[0]
+
+
+def lineage(stage: Stage) -> list[Stage]:
+    """``stage`` and the stages it is built FROM, the first one (on an image) first."""
+    chain = [stage]
+    while chain[0].base in NAMED:
+        chain.insert(0, NAMED[chain[0].base])
+    return chain
+
+
+def effective(stage: Stage, keyword: str) -> list[str]:
+    """The arguments of every ``keyword`` instruction the image of ``stage`` inherits and adds."""
+    return [arg for s in lineage(stage) for arg in s.all(keyword)]
+
+
+FINAL = STAGES[-1]  # the default target: the sidecar
+TARGETS = {"sidecar": FINAL, "dashboard": NAMED["dashboard"]}
+
+
+def copied_from(stage: Stage) -> list[Stage]:
+    """The stages whose files the image of ``stage`` copies (COPY --from=NAME)."""
+    found = [re.match(r"--from=(\S+) ", copy) for copy in effective(stage, "COPY")]
+    return [NAMED[match.group(1)] for match in found if match]
 
 
 def test_parser_reads_continuations_args_and_stages():
@@ -89,32 +114,47 @@ def test_parser_reads_continuations_args_and_stages():
 def test_multi_stage_on_one_base():
     assert len(STAGES) >= 2
     assert BUILD.name, "the build stage must be named, for COPY --from"
-    # The environment copied from the build stage links to the base's python: same base image.
-    assert FINAL.base == BUILD.base
-    assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", FINAL.base), FINAL.base
+    assert FINAL.name == "sidecar", "the default target (the last stage) is the sidecar"
+    base = lineage(FINAL)[0].base
+    assert re.fullmatch(r"python:3\.\d+-slim(-\w+)?", base), base
+    # The environment copied from a build stage links to the base's python: same base image.
+    for target in TARGETS.values():
+        assert lineage(target)[0].base == base == BUILD.base
+        for source in copied_from(target):
+            assert lineage(source)[0] is BUILD
     requires = PYPROJECT["project"]["requires-python"]
     minimum = tuple(int(x) for x in re.search(r">=\s*(\d+)\.(\d+)", requires).groups())
-    assert tuple(int(x) for x in re.search(r"python:(\d+)\.(\d+)", FINAL.base).groups()) >= minimum
+    assert tuple(int(x) for x in re.search(r"python:(\d+)\.(\d+)", base).groups()) >= minimum
 
 
-def test_final_stage_runs_as_the_non_root_user_the_chart_expects():
-    users = FINAL.all("USER")
-    assert users, "the final stage sets no USER"
+def test_the_sidecar_carries_no_dashboard_dependency_and_the_dashboard_does():
+    def installs(target: str) -> str:
+        return " ".join(run for source in copied_from(TARGETS[target]) for run in effective(source, "RUN"))
+
+    assert "pip install" in installs("sidecar") and "[dashboard]" not in installs("sidecar")
+    assert ".[dashboard]" in installs("dashboard")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_final_stage_runs_as_the_non_root_user_the_chart_expects(target):
+    users = effective(TARGETS[target], "USER")
+    assert users, f"the {target} image sets no USER"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root UID lets Kubernetes check runAsNonRoot"
     assert gid.isdigit() and int(gid) != 0
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    for part in ("sidecar", "dashboard"):
-        assert values[part]["securityContext"]["runAsUser"] == int(uid)
-        assert values[part]["securityContext"]["runAsGroup"] == int(gid)
+    assert values[target]["securityContext"]["runAsUser"] == int(uid)
+    assert values[target]["securityContext"]["runAsGroup"] == int(gid)
 
 
-def test_entrypoint_is_the_kvdoctor_console_script():
-    (entrypoint,) = FINAL.all("ENTRYPOINT")
+@pytest.mark.parametrize("target, port", [("sidecar", "9745"), ("dashboard", "8050")])
+def test_entrypoint_is_the_kvdoctor_console_script(target, port):
+    (entrypoint,) = effective(TARGETS[target], "ENTRYPOINT")
     assert json.loads(entrypoint) == ["kvdoctor"]
     assert "kvdoctor" in PYPROJECT["project"]["scripts"]
-    # The exporter's default port and the dashboard's (values.yaml sidecar.port, dashboard.port).
-    assert {"9745", "8050"} <= set(" ".join(FINAL.all("EXPOSE")).split())
+    # The exporter's default port, the dashboard's (values.yaml sidecar.port, dashboard.port).
+    assert port in " ".join(effective(TARGETS[target], "EXPOSE")).split()
+    assert not effective(TARGETS[target], "HEALTHCHECK"), "Kubernetes probes /healthz and /readyz"
 
 
 BUILD_TOOLS = re.compile(
@@ -123,18 +163,21 @@ BUILD_TOOLS = re.compile(
 )
 
 
-def test_final_stage_has_no_build_tools():
-    for run in FINAL.all("RUN"):
+@pytest.mark.parametrize("target", TARGETS)
+def test_final_stage_has_no_build_tools(target):
+    image = TARGETS[target]
+    for run in effective(image, "RUN"):
         assert not BUILD_TOOLS.search(run), run
-    assert any(re.search(r"pip uninstall --yes pip", run) for run in FINAL.all("RUN")), (
+    assert any(re.search(r"pip uninstall --yes pip", run) for run in effective(image, "RUN")), (
         "the base image's pip must leave the final stage"
     )
-    assert any("pip uninstall --yes pip" in run for run in BUILD.all("RUN")), (
-        "the environment copied from the build stage must not carry pip"
-    )
-    for copy in FINAL.all("COPY"):
-        assert copy.startswith(f"--from={BUILD.name} "), f"the final stage copies only the built environment: {copy}"
-    assert not FINAL.all("ADD")
+    sources = copied_from(image)
+    assert sources and len(sources) == len(effective(image, "COPY")), "the image copies only built environments"
+    for source in sources:
+        assert any("pip uninstall --yes pip" in run for run in source.all("RUN")), (
+            f"the environment copied from {source.name} must not carry pip"
+        )
+    assert not effective(image, "ADD")
 
 
 def dockerignore_patterns() -> list[str]:

@@ -8,6 +8,10 @@ For each scenario, at the end of its series:
 - ``promql_expr_test`` on ``ALERTS`` for the verdict alerts: exactly the expected one is pending or
   firing -- *pending* for scenarios that do not settle (a latency trend holds only at the end, so
   the alert's ``for`` cannot elapse; the tree's answer must still be the same).
+
+``thresholds`` are those the rule file was compiled with (``promql.rule_thresholds``): the Python
+half judges each scenario's window with them, so the rules for a 1 m scrape interval are checked
+on scenarios sampled every minute and judged on the 12-minute window those rules read.
 """
 
 from __future__ import annotations
@@ -67,9 +71,16 @@ def _alerts_series(scenario: Scenario, verdict: str) -> list[dict]:
     return [{"labels": f"ALERTS{{{inner}}}", "value": 1}]
 
 
-def scenario_group(scenario: Scenario, rules: dict[str, dict], thresholds: Thresholds, slo_seconds: float) -> dict:
+def python_diagnosis(scenario: Scenario, thresholds: Thresholds, slo_seconds: float | None = None) -> Diagnosis:
+    """The Python half's diagnosis of the scenario: the SLO given, else the one it publishes, else the default."""
+    return diagnose(scenario.window(), Context(slo_seconds=slo_seconds), thresholds)
+
+
+def scenario_group(
+    scenario: Scenario, rules: dict[str, dict], thresholds: Thresholds, slo_seconds: float | None = None
+) -> dict:
     """One promtool test group for ``scenario`` (its verdict from the Python evaluator)."""
-    diagnosis = diagnose(scenario.window(), Context(slo_seconds=slo_seconds), thresholds)
+    diagnosis = python_diagnosis(scenario, thresholds, slo_seconds)
     verdict = diagnosis.verdict
     at = f"{scenario.eval_seconds}s"
     verdict_alerts = "|".join(promql.VERDICT_ALERT_NAMES)
@@ -97,13 +108,16 @@ def write_test_file(
     scenarios: list[Scenario],
     thresholds: Thresholds | None = None,
     slo_seconds: float = DEFAULT_SLO_SECONDS,
+    runbook_base_url: str = promql.RUNBOOK_BASE_URL,
 ) -> Path:
-    t = thresholds or Thresholds()
-    rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds)}
+    """The test file for ``rule_file``, compiled with ``thresholds`` (default: the default export's)
+    and ``slo_seconds`` as the fallback SLO of pods that publish none."""
+    t = thresholds or promql.rule_thresholds(None, None)
+    rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds, runbook_base_url)}
     doc = {
         "rule_files": [str(rule_file)],
         "evaluation_interval": EVALUATION_INTERVAL,
-        "tests": [scenario_group(s, rules, t, slo_seconds) for s in scenarios],
+        "tests": [scenario_group(s, rules, t, None if s.published_slo else slo_seconds) for s in scenarios],
     }
     path.write_text(json.dumps(doc, indent=1))  # JSON is YAML, and much faster to write
     return path

@@ -21,6 +21,7 @@ from kvdoctor.cli import main as kvdoctor_main
 from kvdoctor.exporter.replay import AdapterNormaliser
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.thresholds import Thresholds, sized_for_interval
 from kvdoctor.rules.trace import format_raw_captures, format_window
 from kvdoctor.rules.window import Snapshot, Window
 from kvdoctor.sources.prometheus import PrometheusSource
@@ -99,6 +100,25 @@ def test_replay_gives_the_expected_verdict_and_the_evaluators_numbers(tmp_path, 
     direct = diagnose(scenario.window()).to_json()
     assert_same_features(payload["features"], direct["features"])
     assert payload["window"]["samples"] == direct["window"]["samples"]
+
+
+TIMELESS = [s.name for s in SCENARIOS if s.timeless]
+
+
+@pytest.mark.parametrize("interval", [15, 30, 60])
+@pytest.mark.parametrize("name", TIMELESS[::3])
+def test_replay_of_sparse_samples_reads_the_window_the_rules_read(tmp_path, name, interval):
+    """A trace scraped every 15 s, 30 s or 1 m replays on the window the rules for that interval read
+    (12 intervals, its state the last 4) and gives the scenario's verdict, as promtool does."""
+    sized = sized_for_interval(Thresholds(), interval)
+    scenario = next(s for s in SCENARIOS if s.name == name).at_interval(interval)
+    assert scenario.window_seconds == sized.window_seconds
+    path = tmp_path / f"{name}-{interval}s.om"
+    write_window(scenario_trace_window(scenario), path)
+    rc, payload = replay_json("--replay", path)
+    assert payload["verdict"] == scenario.expected, f"{name} at {interval} s: {payload['headline']}"
+    assert payload["window"]["seconds"] == sized.window_seconds
+    assert rc == (0 if scenario.expected in ("idle", "healthy") else 1)
 
 
 @pytest.mark.slow

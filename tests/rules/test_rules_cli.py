@@ -31,7 +31,29 @@ def test_thresholds_and_slo_change_the_rules(tmp_path, capsys):
     th.write_text("kv_ceiling_ratio: 0.95\n")
     assert main(["rules", "export", "--thresholds", str(th), "--slo-ms", "50"]) == 0
     text = capsys.readouterr().out
-    assert "kvdoctor:kv_usage:60s >= 0.95" in text and "kvdoctor:itl_p95_seconds:60s >= 0.05" in text
+    assert "kvdoctor:kv_usage:60s >= 0.95" in text and "kvdoctor:itl_p95_seconds:60s >= 0.05 unless" in text
+
+
+def test_scrape_interval_sizes_every_range(capsys):
+    assert main(["rules", "export", "--scrape-interval", "1m"]) == 0
+    text = capsys.readouterr().out
+    assert "# for a scrape interval of 60s or less (ranges of at least 240s): window 720s, state 240s" in text
+    assert "[240s]" in text and "[720s]" in text and "[60s]" not in text and "[15s]" not in text
+
+
+def test_runbook_base_url_is_the_prefix_of_every_runbook_url(capsys):
+    assert main(["rules", "export", "--runbook-base-url", "https://git.example.org/kvdoctor/docs/runbooks"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for r in doc["groups"][0]["rules"] if "alert" in r}
+    assert urls["RequestsQueueing"] == "https://git.example.org/kvdoctor/docs/runbooks/RequestsQueueing.md"
+    assert all(u.startswith("https://git.example.org/kvdoctor/docs/runbooks/") for u in urls.values())
+
+
+def test_help_names_the_flags_and_the_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        main(["rules", "export", "--help"])
+    text = capsys.readouterr().out
+    assert "--scrape-interval" in text and "--runbook-base-url" in text and "exit status" in text
 
 
 def test_check_mode(tmp_path, capsys):
@@ -50,6 +72,9 @@ def test_check_mode(tmp_path, capsys):
         (["rules", "export", "-o", "/nonexistent-dir/alerts.yaml"], "does not exist"),
         (["rules", "export", "--thresholds", "/nonexistent.yaml"], "cannot read thresholds file"),
         (["rules", "export", "--check"], "--check needs -o FILE"),
+        (["rules", "export", "--scrape-interval", "often"], "--scrape-interval: not a duration"),
+        (["rules", "export", "--scrape-interval", "500ms"], "--scrape-interval must be at least 1s"),
+        (["rules", "export", "--runbook-base-url", " "], "--runbook-base-url must be a URL"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):

@@ -253,16 +253,21 @@ def test_the_view_hands_out_what_the_reference_does(name, window):
     assert repr(diagnosis._knee(view, t)) == repr(diagnosis._knee(ref, t))
     assert repr(diagnosis._prefix_hit_ratio(view)) == repr(diagnosis._prefix_hit_ratio(ref))
     context = diagnosis.Context()
-    assert repr(diagnosis._ledger_facts(view, context)) == repr(reference_ledger_facts(ref, context))
+    values = features.compute_features(view, t)
+    got = diagnosis._ledger_facts(view, context, values, t)
+    want = reference_ledger_facts(ref, context)
+    for field in ("peak_bandwidth", "gpus", "live_tokens", "capacity_tokens", "pcie_bandwidth"):
+        assert repr(getattr(got, field)) == repr(getattr(want, field)), field
 
 
 def reference_ledger_facts(view, ctx):
     """``_ledger_facts`` with plain NaN filtering and ``mean``."""
-    spec = diagnosis._gpu_spec(view)
+    spec = diagnosis._gpu_spec(view, ctx)
     peak = ctx.gpu_peak_bandwidth
     if not peak:
         measured = view.quantiles(Selector(GPU_DRAM_PEAK_BANDWIDTH), 0.5)
         measured = measured[~np.isnan(measured)]
+        measured = measured[measured > 0]  # a broken gauge is no fact
         peak = float(measured.max()) if len(measured) else (spec.peak_bandwidth if spec else None)
     capacity = view.quantiles(Selector(KV_CACHE_CAPACITY), 0.5)
     capacity = capacity[~np.isnan(capacity)]

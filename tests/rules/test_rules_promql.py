@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "KVCacheThrashing",
     "KVCacheTierMiss",
     "KVCacheCapacityPressure",
+    "RequestsQueueing",
     "DecodeMemoryBandwidthBound",
     "DecodeComputeBound",
     "DecodeHostOverheadBound",
@@ -55,6 +56,7 @@ def test_the_alerts_are_exactly_the_specified_ones():
         "kv_thrashing",
         "kv_tier_miss",
         "kv_capacity_pressure",
+        "request_queueing",
         "memory_bandwidth_bound",
         "compute_bound",
         "host_overhead_bound",
@@ -71,7 +73,8 @@ def test_every_alert_is_complete_and_has_a_runbook(name):
     assert "$labels." in notes["summary"] and "$labels." in notes["description"]
     if name != "KvdoctorSourceDown":
         assert "$value" in notes["description"]
-    assert notes["runbook_url"] == f"{promql.RUNBOOK_BASE_URL}{name}.md"
+    assert notes["runbook_url"] == f"docs/runbooks/{name}.md"  # the runbooks shipped in this repository
+    assert (ROOT / notes["runbook_url"]).is_file()
     runbook = (RUNBOOKS / f"{name}.md").read_text()
     assert runbook.startswith(f"# {name}")
     for section in ("## What it means", "## Confirm it", "## What to do"):
@@ -82,11 +85,45 @@ def test_every_alert_is_complete_and_has_a_runbook(name):
 
 def test_recording_rules_cover_every_feature_and_named_condition():
     records = {r["record"]: r["expr"] for r in _rules() if "record" in r}
-    for name in list(FEATURES) + [c.name for c in tree.NAMED_CONDITIONS]:
-        assert f"kvdoctor:{name}:60s" in records
+    t = promql.rule_thresholds(None, None)
+    for name in FEATURES:
+        assert promql.record_name(name, t) in records
+    for condition in tree.NAMED_CONDITIONS:
+        assert f"kvdoctor:{condition.name}" in records
+    assert records["kvdoctor:itl_slo_seconds"] == "max by (namespace, pod) (kvdoctor_inter_token_latency_slo_seconds)"
     # recording rules come before the alerts that read them (one group, evaluated in order)
     kinds = ["record" if "record" in r else "alert" for r in _rules()]
     assert kinds == sorted(kinds, key=lambda k: k == "alert")
+
+
+def _ranges(expr: str) -> list[str]:
+    """The range selectors of an expression (``[60s]``), offsets left out."""
+    return re.findall(r"\[(\d+m?s)\]", expr)
+
+
+@pytest.mark.parametrize("interval, seconds", [(None, 15), ("30s", 30), ("1m", 60), ("2m", 120), ("90s", 90)])
+def test_every_range_holds_four_scrapes_and_names_say_their_range(interval, seconds):
+    t = promql.rule_thresholds(None, promql.parse_duration(interval) if interval else None)
+    doc = yaml.safe_load(promql.render_rules_yaml(t, scrape_interval_seconds=seconds))
+    rules = doc["groups"][0]["rules"]
+    for rule in rules:
+        for rng in _ranges(rule["expr"]):
+            assert promql.parse_duration(rng) >= 4 * seconds, (rule.get("record") or rule["alert"], rng)
+        name = rule.get("record", "")
+        if name.count(":") == 2 and name.split(":")[1] in FEATURES:  # a feature: named after its range
+            assert set(_ranges(rule["expr"])) == {name.split(":")[2]}, name
+
+
+def test_the_default_file_works_at_15_and_30_second_scrapes():
+    text = COMMITTED.read_text()
+    assert "# for a scrape interval of 15s or less (ranges of at least 60s)" in text
+    assert min(promql.parse_duration(r) for r in _ranges(text)) >= 60  # two samples even at 30 s
+
+
+def test_alerts_compare_itl_with_each_pods_published_slo():
+    expr = next(r["expr"] for r in _rules() if r.get("record") == "kvdoctor:itl_slow")
+    assert "kvdoctor:itl_p95_seconds:60s >= on(namespace, pod) group_left() (kvdoctor:itl_slo_seconds)" in expr
+    assert "kvdoctor:itl_p95_seconds:60s >= 0.1 unless on(namespace, pod) kvdoctor:itl_slo_seconds" in expr
 
 
 def test_alerts_read_only_canonical_signals_and_recorded_features():
@@ -101,21 +138,42 @@ def test_alerts_read_only_canonical_signals_and_recorded_features():
 
 
 def test_each_verdict_alert_excludes_every_earlier_branch():
-    # the last branch's alert must subtract all ten earlier branches' conditions
+    # the bandwidth alert subtracts every branch before its own
     expr = _alerts()["DecodeMemoryBandwidthBound"]["expr"]
     assert expr.count("unless") >= 8
-    assert "kvdoctor:engine_active:60s" in expr and "kvdoctor:itl_slow:60s" in expr
+    assert "kvdoctor:engine_active" in expr and "kvdoctor:itl_slow" in expr
 
 
 def test_window_and_thresholds_flow_into_the_expressions():
-    doc = yaml.safe_load(
-        promql.render_rules_yaml(Thresholds(window_seconds=120, kv_ceiling_ratio=0.95), slo_seconds=0.05)
-    )
+    t = Thresholds(window_seconds=120, kv_ceiling_ratio=0.95)
+    doc = yaml.safe_load(promql.render_rules_yaml(t, slo_seconds=0.05, scrape_interval_seconds=1))
     text = "\n".join(str(rule) for rule in doc["groups"][0]["rules"])
     assert "[120s]" in text and "[40s] offset 80s" in text
-    assert "kvdoctor:kv_usage:120s >= 0.95" in text
-    assert "kvdoctor:itl_p95_seconds:120s >= 0.05" in text
-    assert "SLO 50 ms" in text
+    assert "kvdoctor:kv_usage:15s >= 0.95" in text
+    assert "kvdoctor:itl_p95_seconds:15s >= 0.05 unless" in text
+    assert "0.05 s" not in text and "50 ms where it publishes none" in text
+
+
+def test_runbook_base_url_sets_every_runbook_url():
+    doc = yaml.safe_load(promql.render_rules_yaml(runbook_base_url="https://example.org/runbooks/"))
+    urls = [r["annotations"]["runbook_url"] for r in doc["groups"][0]["rules"] if "alert" in r]
+    assert urls and all(u == f"https://example.org/runbooks/{u.rsplit('/', 1)[1]}" for u in urls)
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("15s", 15), ("1m", 60), ("1m30s", 90), ("500ms", 0.5), ("30", 30), ("2h", 7200)]
+)
+def test_durations_parse_as_prometheus_reads_them(text, seconds):
+    assert promql.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "15", "1x", "m1", "-5s", "0s", "1.5m"])
+def test_bad_durations_are_refused(text):
+    if text == "15":
+        assert promql.parse_duration(text) == 15  # plain seconds are fine
+        return
+    with pytest.raises(ValueError):
+        promql.parse_duration(text)
 
 
 def test_durations_render_as_promql():
@@ -147,3 +205,18 @@ def test_render_template():
     assert out == "vllm-0: 95.3% ()"
     with pytest.raises(ValueError, match="not supported"):
         promql.render_template("{{ $value | humanizeDuration }}", {}, 1.0)
+
+
+CHART_FILES = ROOT / "helm" / "kvdoctor" / "files"
+CHART_INTERVALS = {"30s": 30, "1m": 60, "2m": 120}
+
+
+@pytest.mark.parametrize("interval", sorted(CHART_INTERVALS))
+def test_the_charts_rule_files_per_scrape_interval_are_regenerated_unchanged(interval):
+    shipped = (CHART_FILES / f"alerts-{interval}.yaml").read_text()
+    fresh = promql.render_rules_yaml(scrape_interval_seconds=CHART_INTERVALS[interval])
+    assert shipped == fresh, (
+        f"helm/kvdoctor/files/alerts-{interval}.yaml is stale: run "
+        f"`kvdoctor rules export --scrape-interval {interval} -o helm/kvdoctor/files/alerts-{interval}.yaml`"
+    )
+    assert (CHART_FILES / "alerts.yaml").resolve() == COMMITTED.resolve()  # 15 s: the committed file itself

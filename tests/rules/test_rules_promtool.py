@@ -1,5 +1,8 @@
 """Agreement, promtool half: the generated rules pass ``promtool check rules`` and, on every
-scenario's series, fire exactly the alert the Python evaluator's verdict names."""
+scenario's series, fire exactly the alert the Python evaluator's verdict names -- at the exporter's
+1 s (rules compiled for 1 s: the exporter's own window), and, for the scenarios whose verdict does
+not hang on seconds (``timeless``), scraped every 15 s and 30 s (the committed default file) and
+every minute (``--scrape-interval 1m``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 
 from kvdoctor.rules import promql
 from kvdoctor.rules.thresholds import Thresholds
-from tests.rules.promtool_suite import write_test_file
+from tests.rules.promtool_suite import python_diagnosis, write_test_file
 from tests.support.scenarios import SCENARIO_BY_NAME, SCENARIOS
 from tests.support.tools import promtool, requires_promtool
 
@@ -30,9 +33,39 @@ def test_promtool_check_rules_passes_on_the_committed_file():
     assert "SUCCESS" in result.stdout
 
 
+def _rules_for(tmp_path: Path, interval: float) -> tuple[Path, Thresholds]:
+    path = tmp_path / f"rules-{interval:g}s.yaml"
+    path.write_text(promql.render_rules_yaml(scrape_interval_seconds=interval))
+    return path, promql.rule_thresholds(None, interval)
+
+
 @pytest.mark.slow
 def test_every_scenario_fires_the_matching_alert_and_no_other(tmp_path):
-    test_file = write_test_file(tmp_path / "scenarios.test.yaml", COMMITTED, list(SCENARIOS))
+    rules, thresholds = _rules_for(tmp_path, 1)
+    assert thresholds == Thresholds()  # at 1 s, the exporter's own window
+    test_file = write_test_file(tmp_path / "scenarios.test.yaml", rules, list(SCENARIOS), thresholds)
+    result = _promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+
+
+def _at_interval(step: float, thresholds: Thresholds) -> list:
+    return [
+        s.at_interval(step, Thresholds()).but(window_seconds=thresholds.window_seconds) for s in SCENARIOS if s.timeless
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scrape, rules_for", [(15, 15), (30, 15), (60, 60)], ids=["15s", "30s-default-file", "1m"])
+def test_the_scenarios_fire_their_alert_at_common_scrape_intervals(tmp_path, scrape, rules_for):
+    """The default file (sized for 15 s) at 15 s and 30 s scrapes, the 1 m export at 1 m scrapes."""
+    if rules_for == 15:
+        rules, thresholds = COMMITTED, promql.rule_thresholds(None, None)
+    else:
+        rules, thresholds = _rules_for(tmp_path, rules_for)
+    scenarios = _at_interval(scrape, thresholds)
+    wrong = [s.name for s in scenarios if python_diagnosis(s, thresholds).verdict != s.expected]
+    assert not wrong, f"the Python verdict moved at a {scrape} s scrape interval: {wrong}"
+    test_file = write_test_file(tmp_path / f"scenarios-{scrape}.test.yaml", rules, scenarios, thresholds)
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
 
@@ -40,9 +73,9 @@ def test_every_scenario_fires_the_matching_alert_and_no_other(tmp_path):
 def test_the_agreement_test_catches_drift(tmp_path):
     """Rules compiled with a different ceiling disagree with the Python verdicts: promtool must fail."""
     drifted = tmp_path / "drifted.yaml"
-    drifted.write_text(promql.render_rules_yaml(Thresholds(kv_ceiling_ratio=0.97)))
+    drifted.write_text(promql.render_rules_yaml(Thresholds(kv_ceiling_ratio=0.97), scrape_interval_seconds=1))
     scenarios = [SCENARIO_BY_NAME["kv_ceiling_just_over"]]
-    test_file = write_test_file(tmp_path / "drift.test.yaml", drifted, scenarios)
+    test_file = write_test_file(tmp_path / "drift.test.yaml", drifted, scenarios, Thresholds())
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode != 0
     assert "KVCacheCapacityPressure" in result.stdout + result.stderr

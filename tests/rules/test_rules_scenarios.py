@@ -33,10 +33,24 @@ def test_suite_covers_every_verdict_and_the_required_cases():
         "gpu_source_down",
         "thrashing_kv_oscillates_under_preemption",
         "high_hit_ratio_bandwidth_bound",
+        # issue #14's "Why": one SLO, fast engines are not slow, actions that fit, engine versions
+        "published_slo_15ms",
+        "pcie_tier_traffic_fast_decode",
+        "full_pool_empty_queue",
+        "busy_bus_fast_decode",
+        "capacity_pressure_400_waiting",
+        "compute_bound_with_prefix_hits",
+        "vllm_v0_swapping",
+        "lmcache_hits_count_with_the_engines_own",
+        # issue #15's queue and long-request cases
+        "llamacpp_slots_full_queue",
+        "vllm_max_num_seqs_queue",
+        "long_request_is_not_idle",
     ):
         assert required in names
     boundaries = [n for n in names if n.endswith("_just_under") or n.endswith("_just_over")]
     assert len(boundaries) >= 14
+    assert sum(s.timeless for s in SCENARIOS) >= 30  # run at 15 s, 30 s and 1 m scrape intervals too
 
 
 @pytest.mark.parametrize(
@@ -48,7 +62,7 @@ def test_suite_covers_every_verdict_and_the_required_cases():
         ("slow_tier_hits_just_under", "slow_tier_hits_just_over"),
         ("kv_ceiling_just_under", "kv_ceiling_just_over"),
         ("slo_just_under", "slo_just_over"),
-        ("trend_just_under", "trend_just_over"),
+        ("published_slo_default_would_pass", "published_slo_15ms"),
         ("bandwidth_just_under", "bandwidth_just_over"),
         ("sm_just_under", "sm_just_over"),
         ("host_overhead_just_under", "host_overhead_just_over"),
@@ -113,3 +127,94 @@ def test_scenario_windows_end_on_the_evaluation_instant():
     assert window.end == scenario.eval_seconds
     assert len(window) == int(scenario.window_seconds / scenario.step) + 1
     assert not any(math.isnan(v) for v in window.timestamps)
+
+
+# ------------------------------------------------------------------ what on-call reads (issue #14, #15)
+
+
+def test_a_fast_engine_with_tier_traffic_is_healthy_with_a_note():
+    d = diagnose(SCENARIO_BY_NAME["pcie_tier_traffic_fast_decode"].window())
+    assert d.verdict == "healthy" and d.features["itl_p95_seconds"] < 0.05
+    assert any(n.startswith("tier traffic (PCIe receive 12.0 GB/s") for n in d.notes), d.notes
+    assert "Note: tier traffic" in d.headline
+
+
+def test_a_full_pool_without_a_queue_is_healthy_and_says_headroom_is_low():
+    d = diagnose(SCENARIO_BY_NAME["full_pool_empty_queue"].window())
+    assert d.verdict == "healthy"
+    assert "KV pool 97% full, no queue: headroom is low" in d.notes
+
+
+def test_the_published_slo_decides_unless_one_is_given():
+    scenario = SCENARIO_BY_NAME["published_slo_15ms"]
+    d = diagnose(scenario.window())
+    assert d.verdict == "memory_bandwidth_bound" and d.context.slo == 0.015
+    assert d.context.slo_source == "published by the exporter" and "(SLO 15 ms)" in d.headline
+    from kvdoctor.rules.diagnosis import Context
+
+    given = diagnose(scenario.window(), Context(slo_seconds=0.1))
+    assert given.verdict == "healthy" and given.context.slo_source == "given"
+
+
+def test_the_llamacpp_queue_says_what_it_could_not_check():
+    d = diagnose(SCENARIO_BY_NAME["llamacpp_slots_full_queue"].window())
+    assert d.verdict == "request_queueing"
+    assert "12 requests waiting while 4 run" in d.headline and "KV usage is not reported" in d.headline
+    assert "llama.cpp --parallel" in d.headline
+    ids = [a.id for a in d.actions]
+    assert ids[:3] == ["route_away", "shed_load", "raise_sequence_limit"]
+    raise_limit = d.actions[2]
+    assert raise_limit.premise == "if the KV cache has room (its usage is not reported)"
+    assert raise_limit.flag_llamacpp.startswith("--parallel")
+
+
+def test_the_vllm_queue_on_max_num_seqs_says_how_much_room_the_pool_has():
+    d = diagnose(SCENARIO_BY_NAME["vllm_max_num_seqs_queue"].window())
+    assert d.verdict == "request_queueing" and "KV usage 40%" in d.headline
+    ttft = next(e for e in d.evidence if e.feature == "ttft_p95_seconds")
+    assert ttft.measured and ttft.value > 0.9  # the queue's cost, as evidence
+    raise_limit = next(a for a in d.actions if a.id == "raise_sequence_limit")
+    assert raise_limit.effect == (
+        "KV usage 40% with 32 running: room for about 40 more sequences of this length before the 90% ceiling"
+    )
+
+
+def test_a_request_longer_than_the_window_is_not_idle():
+    scenario = SCENARIO_BY_NAME["long_request_is_not_idle"]
+    window = scenario.window()
+    d = diagnose(window)
+    assert d.features["generation_tokens_per_second"] == 0  # counted only when the request ends
+    assert d.verdict == "healthy" and d.branch == "unmeasured"
+    assert d.headline.startswith("No sign of slowness, but speed is not measured: no ITL histogram")
+    assert "no KV usage signal" in d.headline and d.confidence <= 0.3
+
+
+def test_no_latency_and_no_kv_never_claims_healthy_speed():
+    d = diagnose(SCENARIO_BY_NAME["long_request_is_not_idle"].window())
+    assert "Healthy" not in d.headline and "fast" not in d.headline
+
+
+def test_a_mean_time_per_token_is_labelled_and_less_sure_than_a_p95():
+    mean = diagnose(SCENARIO_BY_NAME["llamacpp_mean_time_per_token_fast"].window())
+    assert mean.verdict == "healthy" and "mean time per token 1.6 ms" in mean.headline
+    assert "a mean: no ITL histogram" in mean.headline
+    p95 = diagnose(SCENARIO_BY_NAME["baseline"].window())
+    assert mean.confidence < p95.confidence
+    slow = diagnose(SCENARIO_BY_NAME["llamacpp_mean_time_per_token_slow"].window())
+    assert slow.verdict == "memory_bandwidth_bound" and "mean time per token 150 ms" in slow.headline
+
+
+def test_vllm_v0_swapping_is_thrashing_with_the_swap_as_evidence():
+    d = diagnose(SCENARIO_BY_NAME["vllm_v0_swapping"].window())
+    assert d.verdict == "kv_thrashing" and d.branch == "thrashing_swapping"
+    rows = {e.feature: e for e in d.evidence}
+    assert rows["requests_swapped"].value == 3 and rows["requests_swapped"].holds
+    assert rows["kv_host_usage"].value == 0.4 and rows["kv_host_usage"].measured
+    assert "3 requests swapped out to host memory (host KV pool 40%)" in d.headline
+
+
+def test_gpu_side_verdicts_without_gpu_counters_are_at_most_half_sure_and_say_how_to_get_them():
+    for name in ("gpu_source_down", "prefill_ratio_just_over_no_gpu", "cpu_engine_latency_rises_with_kv"):
+        d = diagnose(SCENARIO_BY_NAME[name].window())
+        assert d.confidence <= 0.5, name
+        assert "NVML" in d.headline and "dcgm-exporter" in d.headline, name

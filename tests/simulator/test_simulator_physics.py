@@ -7,6 +7,7 @@ simulated seconds in a fraction of a real one) and is deterministic.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -76,9 +77,9 @@ def counter(stats, name: str) -> float:
 def test_the_pool_is_the_ledgers_pool():
     cfg = EngineConfig()
     assert cfg.kv_bytes_per_token == kv_bytes_per_token(cfg.shape) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B, fp16
-    pool = 80e9 * 0.9 - cfg.shape.weight_bytes - cfg.activation_reserve_bytes
+    pool = math.ceil(80 * 2**30 * 0.9) - cfg.shape.weight_bytes - cfg.activation_reserve_bytes  # 80 GiB H100
     assert cfg.num_gpu_blocks == int(pool // (cfg.kv_bytes_per_token * 16))
-    assert 100_000 < cfg.capacity_tokens < 110_000
+    assert 110_000 < cfg.capacity_tokens < 120_000
 
 
 def test_decode_steps_never_beat_the_ledgers_floor():
@@ -306,12 +307,12 @@ def test_cycle_walks_every_scenario_in_order():
 
 
 def test_a_model_that_does_not_fit_is_refused():
-    from kvdoctor.rules.ledger import GPU_CATALOGUE
+    from kvdoctor.rules.gpus import gpu_spec
     from kvdoctor.rules.model import COMMON_MODELS
 
     with pytest.raises(ValueError, match="no room for a KV cache"):
         Simulation(
-            config=EngineConfig(shape=COMMON_MODELS["Llama-3.1-70B"], gpu=GPU_CATALOGUE["H100"]),
+            config=EngineConfig(shape=COMMON_MODELS["Llama-3.1-70B"], gpu=gpu_spec("H100")),
             clock=Clock(),
             warmup=0,
         )

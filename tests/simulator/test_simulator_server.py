@@ -196,7 +196,7 @@ def test_gpu_endpoint_reports_cumulative_counters(server):
     with httpx.Client(base_url=server.url, timeout=10) as client:
         first = client.get("/gpu").json()
         assert first["name"] == "NVIDIA H100 80GB HBM3"
-        assert first["memory_total_bytes"] == 80e9 and 0 < first["memory_used_bytes"] < 80e9
+        assert first["memory_total_bytes"] == 80 * 2**30 and 0 < first["memory_used_bytes"] < 80 * 2**30
         assert first["dram_bytes"] > 0 and first["sm_active_seconds"] > 0
 
 

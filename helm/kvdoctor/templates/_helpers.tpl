@@ -94,10 +94,17 @@ The ServiceAccount name.
 {{- end }}
 
 {{/*
-The kvdoctor image reference.
+The kvdoctor sidecar image reference.
 */}}
 {{- define "kvdoctor.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The dashboard image reference (the Dockerfile's `dashboard` target).
+*/}}
+{{- define "kvdoctor.dashboardImage" -}}
+{{- printf "%s:%s" .Values.dashboard.image.repository (default .Chart.AppVersion .Values.dashboard.image.tag) }}
 {{- end }}
 
 {{/*
@@ -116,5 +123,38 @@ kvdoctor as a dependency builds the same dict from its own values, e.g.
 {{- define "kvdoctor.sidecarContext" -}}
 {{- $ctx := dict "sidecar" .Values.sidecar "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag) }}
 {{- $_ := set $ctx "engineUrl" (default (printf "http://127.0.0.1:%d/metrics" (int .Values.engine.port)) .Values.sidecar.engineUrl) }}
+{{- $_ := set $ctx "webConfigSecret" (include "kvdoctor.componentName" (list . "web-config")) }}
 {{- toYaml $ctx }}
+{{- end }}
+
+{{/*
+How the ServiceMonitor/PodMonitor endpoints connect to the sidecars when sidecar.web is on
+(scheme, tlsConfig, basicAuth), with the defaults and checks of values.yaml. Empty otherwise.
+*/}}
+{{- define "kvdoctor.scrapeClient" -}}
+{{- $w := .Values.sidecar.web }}
+{{- $c := .Values.monitoring.scrapeClient }}
+{{- if $w.tls.enabled }}
+{{- $tlsConfig := deepCopy ($c.tlsConfig | default dict) }}
+{{- if not $tlsConfig }}
+{{- if not $w.tls.secretName }}
+{{- fail "monitoring.scrapeClient.tlsConfig: sidecar.web.tls is on without secretName: say how Prometheus checks the sidecar's certificate (ca, serverName)" }}
+{{- end }}
+{{- $serverName := printf "%s.%s.svc" (include "kvdoctor.componentName" (list . "metrics")) .Release.Namespace }}
+{{- $tlsConfig = dict "ca" (dict "secret" (dict "name" $w.tls.secretName "key" "ca.crt")) "serverName" $serverName }}
+{{- end }}
+{{- if and (eq $w.tls.clientAuthType "RequireAndVerifyClientCert") (not (and $tlsConfig.cert $tlsConfig.keySecret)) }}
+{{- fail "monitoring.scrapeClient.tlsConfig: sidecar.web.tls.clientAuthType RequireAndVerifyClientCert needs Prometheus's client certificate (cert and keySecret)" }}
+{{- end }}
+scheme: https
+tlsConfig:
+  {{- toYaml $tlsConfig | nindent 2 }}
+{{- end }}
+{{- if and $w.basicAuthUsers (not $c.basicAuth) }}
+{{- fail "monitoring.scrapeClient.basicAuth: sidecar.web.basicAuthUsers is set: give the Secret keys of Prometheus's username and password" }}
+{{- end }}
+{{- with $c.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}

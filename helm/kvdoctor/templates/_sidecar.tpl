@@ -7,6 +7,8 @@ Every template takes one dict:
   image      the `image` values of this chart (required)
   tag        image tag when image.tag is empty (this chart passes its appVersion)
   engineUrl  the engine's /metrics URL when sidecar.engineUrl is empty (default http://127.0.0.1:8000/metrics)
+  webConfigSecret  the Secret with the sidecar's web config when sidecar.web is on and has no
+             existingSecret (this chart passes the one it makes; a parent chart sets sidecar.web.existingSecret)
 
 In a parent chart with kvdoctor as a dependency:
   {{- $kv := dict "sidecar" .Values.kvdoctor.sidecar "image" .Values.kvdoctor.image }}
@@ -45,6 +47,67 @@ The --gpu-filter value for sidecar.gpuVisibility.
 {{- end }}
 
 {{/*
+Whether sidecar.web asks for a web config (TLS, basic auth or a whole file): "true" or empty.
+*/}}
+{{- define "kvdoctor.web.enabled" -}}
+{{- $w := .sidecar.web | default dict }}
+{{- if or (dig "tls" "enabled" false $w) $w.basicAuthUsers $w.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/*
+The Secret holding web-config.yml: sidecar.web.existingSecret, else the one this chart makes.
+*/}}
+{{- define "kvdoctor.web.secretName" -}}
+{{- $w := .sidecar.web | default dict }}
+{{- $name := $w.existingSecret | default .webConfigSecret }}
+{{- if not $name }}
+{{- fail "sidecar.web.existingSecret: the sidecar template needs a Secret with web-config.yml (outside this chart)" }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/*
+The exporter-toolkit web config the chart writes from sidecar.web (paths of the mounted TLS Secret).
+*/}}
+{{- define "kvdoctor.web.config" -}}
+{{- $w := .web }}
+{{- $cfg := dict }}
+{{- if $w.tls.enabled }}
+{{- if not $w.tls.secretName }}
+{{- fail "sidecar.web.tls.secretName: TLS needs a kubernetes.io/tls Secret (tls.crt, tls.key), or sidecar.web.existingSecret" }}
+{{- end }}
+{{- $tls := dict "cert_file" "/etc/kvdoctor/tls/tls.crt" "key_file" "/etc/kvdoctor/tls/tls.key" "min_version" $w.tls.minVersion "client_auth_type" $w.tls.clientAuthType }}
+{{- if ne $w.tls.clientAuthType "NoClientCert" }}
+{{- $_ := set $tls "client_ca_file" "/etc/kvdoctor/tls/ca.crt" }}
+{{- end }}
+{{- $_ := set $cfg "tls_server_config" $tls }}
+{{- end }}
+{{- with $w.basicAuthUsers }}
+{{- $_ := set $cfg "basic_auth_users" . }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+One probe of the sidecar: GET path (HTTPS with TLS), or a TCP check when client certificates are
+required (the kubelet presents none). The probe paths need no basic auth.
+*/}}
+{{- define "kvdoctor.sidecar.probe" -}}
+{{- $tls := dig "web" "tls" dict .sidecar }}
+{{- if and $tls.enabled (eq $tls.clientAuthType "RequireAndVerifyClientCert") }}
+tcpSocket:
+  port: kvdoctor-metrics
+{{- else }}
+httpGet:
+  path: {{ .path }}
+  port: kvdoctor-metrics
+  {{- if $tls.enabled }}
+  scheme: HTTPS
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The sidecar container (one item of a pod's `containers` list).
 */}}
 {{- define "kvdoctor.sidecar.container" -}}
@@ -65,6 +128,9 @@ The sidecar container (one item of a pod's `containers` list).
     - {{ printf "--interval=%d" (int $s.interval) | quote }}
     - {{ printf "--gpu-filter=%s" (include "kvdoctor.gpuFilter" .) | quote }}
     - {{ printf "--log-level=%s" $s.logLevel | quote }}
+    {{- if include "kvdoctor.web.enabled" . }}
+    - "--web.config.file=/etc/kvdoctor/web/web-config.yml"
+    {{- end }}
     {{- with $s.dcgmUrl }}
     - {{ printf "--dcgm-url=%s" . | quote }}
     {{- end }}
@@ -99,16 +165,12 @@ The sidecar container (one item of a pod's `containers` list).
       containerPort: {{ int $s.port }}
       protocol: TCP
   livenessProbe:
-    httpGet:
-      path: /healthz
-      port: kvdoctor-metrics
+    {{- include "kvdoctor.sidecar.probe" (merge (dict "path" "/healthz") .) | nindent 4 }}
     periodSeconds: 10
     timeoutSeconds: 3
     failureThreshold: 3
   readinessProbe:
-    httpGet:
-      path: /readyz
-      port: kvdoctor-metrics
+    {{- include "kvdoctor.sidecar.probe" (merge (dict "path" "/readyz") .) | nindent 4 }}
     periodSeconds: 5
     timeoutSeconds: 3
     failureThreshold: 3
@@ -119,6 +181,16 @@ The sidecar container (one item of a pod's `containers` list).
   volumeMounts:
     - name: kvdoctor-tmp
       mountPath: /tmp
+    {{- if include "kvdoctor.web.enabled" . }}
+    - name: kvdoctor-web
+      mountPath: /etc/kvdoctor/web
+      readOnly: true
+    {{- if dig "web" "tls" "secretName" "" $s }}
+    - name: kvdoctor-tls
+      mountPath: /etc/kvdoctor/tls
+      readOnly: true
+    {{- end }}
+    {{- end }}
     {{- if eq $s.gpuVisibility.mode "engineFile" }}
     - name: kvdoctor-run
       mountPath: {{ include "kvdoctor.gpuListDir" . }}
@@ -133,6 +205,16 @@ The pod volumes the sidecar needs (items of the pod's `volumes` list).
 - name: kvdoctor-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- if include "kvdoctor.web.enabled" . }}
+- name: kvdoctor-web
+  secret:
+    secretName: {{ include "kvdoctor.web.secretName" . }}
+{{- with dig "web" "tls" "secretName" "" .sidecar }}
+- name: kvdoctor-tls
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- end }}
 {{- if eq .sidecar.gpuVisibility.mode "engineFile" }}
 - name: kvdoctor-run
   emptyDir:

@@ -1,0 +1,221 @@
+"""How sure a verdict is: its branch's base confidence, capped by every verdict the missing signals
+could not rule out.
+
+A branch that fires cleanly has a base (``BASE``), lowered where the measurement behind it is
+thinner (no token counter, no GPU counters, a mean instead of a p95). It then loses
+``UNCERTAIN_PENALTY`` where it holds only for want of a signal (KV usage unknown, no SM counter)
+and where a value within 5% of a threshold decides it, and it is capped below every *competitor*:
+an earlier branch of another verdict that could have held had its missing signals been measured,
+and -- where the branch rests on an absence -- what the tree says once that absence is filled in
+(each candidate value of the missing features it reads, recursively). So a signal fewer never
+makes a verdict more confident (tests/rules/test_rules_properties.py checks it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+
+from . import tree
+from .conditions import Cmp, CmpFeatures, could_hold, must_hold
+from .knee import JUMP, RISES_WITH_KV
+from .tree import Branch
+
+# How sure each branch is when it fires cleanly.
+BASE = {
+    "idle": 0.95,
+    "thrashing_preemptions": 0.9,
+    "thrashing_swapping": 0.85,
+    "thrashing_reload": 0.8,
+    "tier_miss": 0.8,
+    "capacity_pressure": 0.8,
+    "request_queueing": 0.8,
+    "healthy": 0.85,
+    "bandwidth_high": 0.85,
+    "sm_high": 0.8,
+    "gpu_idle": 0.75,
+    "prefill_heavy_no_gpu": 0.45,
+    "decode_default": 0.55,
+    "unmeasured": 0.3,
+}
+COMPETITOR_PENALTY = 0.05  # below a competitor's own confidence (at least the two penalties below together)
+UNCERTAIN_PENALTY = 0.025  # the branch rests on an absence; a value near its threshold decides it
+MEAN_PENALTY = 0.15  # the latency measure is a mean time per token, not a p95
+GPU_BLIND_CAP = 0.5  # a GPU-side verdict made without GPU counters
+NEAR = 0.05  # "near a threshold": within 5% of it
+
+
+def _missing(values: Mapping[str, float], name: str) -> bool:
+    return math.isnan(values.get(name, math.nan))
+
+
+def dynamic_base(branch: Branch, values: Mapping[str, float], knee_kind: str | None = None) -> float:
+    """A branch's confidence from what is measured; never higher with fewer signals."""
+    c = BASE[branch.id]
+    gpu_missing = _missing(values, "gpu_busy_ratio")
+    if branch.id == "decode_default":
+        c = 0.4 if gpu_missing else c
+        if knee_kind == RISES_WITH_KV:
+            c += 0.15  # ITL rising with resident KV points at bandwidth
+    if branch.id == "gpu_idle" and _missing(values, "dram_bandwidth_ratio") and _missing(values, "sm_active_ratio"):
+        c -= 0.1  # only NVML duty cycles
+    if branch.id == "thrashing_preemptions" and knee_kind == JUMP:
+        c += 0.05
+    if branch.id == "idle" and _missing(values, "generation_tokens_per_second"):
+        c = 0.6  # judged without a token counter
+    if _missing(values, "itl_p95_seconds") and branch.id in _LATENCY_JUDGED:
+        c -= MEAN_PENALTY  # judged on a mean time per token (or on no latency at all)
+    if branch.gpu_side and gpu_missing:
+        c = min(c, GPU_BLIND_CAP)
+    return c
+
+
+# Branches whose verdict rests on the latency measure (a mean costs confidence there).
+_LATENCY_JUDGED = frozenset(b.id for b in tree.BRANCHES if b.step in (3, 4) and b.id != "unmeasured")
+
+
+# Per feature, the thresholds the tree compares it with and the features it is compared against.
+_THRESHOLDS: dict[str, list[Cmp]] = {}
+_PARTNERS: dict[str, set[str]] = {}
+for _atom in (a for b in tree.BRANCHES for a in tree.BRANCH_ATOMS[b.id]):
+    if isinstance(_atom, Cmp):
+        _THRESHOLDS.setdefault(_atom.feature, []).append(_atom)
+    elif isinstance(_atom, CmpFeatures):
+        _PARTNERS.setdefault(_atom.left, set()).add(_atom.right)
+        _PARTNERS.setdefault(_atom.right, set()).add(_atom.left)
+# Per branch, the features its condition reads.
+_READS = {
+    b.id: sorted(
+        {
+            n
+            for a in tree.BRANCH_ATOMS[b.id]
+            for n in ((a.left, a.right) if isinstance(a, CmpFeatures) else (a.feature,))
+        }
+    )
+    for b in tree.BRANCHES
+}
+
+
+def _candidates(feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> list[float]:
+    """Values of a missing feature on either side of every threshold the tree compares it with."""
+    out: set[float] = set()
+    for atom in _THRESHOLDS.get(feature, ()):
+        thr = atom.threshold.value(params)
+        step = max(abs(thr) * NEAR, 1e-3)
+        out.update((thr - step, thr + step))
+    for partner in _PARTNERS.get(feature, ()):
+        other = values.get(partner, math.nan)
+        if not math.isnan(other):
+            out.update((other * (1 - NEAR), other * (1 + NEAR), other + 0.2, max(0.0, other - 0.2)))
+    return sorted(v for v in out if v >= 0) or [1.0]
+
+
+def _filled_in(branch: Branch, values: Mapping[str, float], params: Mapping[str, float]) -> Iterator[dict[str, float]]:
+    """``values`` with the missing features ``branch``'s condition reads filled in, every way."""
+    free = [name for name in _READS[branch.id] if _missing(values, name)]
+    choices = [_candidates(name, values, params) for name in free]
+    for combination in itertools.product(*choices):
+        yield {**values, **dict(zip(free, combination, strict=True))}
+
+
+def near_decisive(branch: Branch, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
+    """Whether moving one measured value within 5% of a threshold to its other side changes the verdict."""
+    for atom in (a for b in tree.BRANCHES for a in tree.BRANCH_ATOMS[b.id]):
+        if not isinstance(atom, Cmp):
+            continue
+        v = values.get(atom.feature, math.nan)
+        thr = atom.threshold.value(params)
+        if math.isnan(v) or not thr or abs(v - thr) / abs(thr) >= NEAR:
+            continue
+        for moved in (thr * (1 - NEAR), thr * (1 + NEAR)):
+            if tree.choose_branch({**values, atom.feature: moved}, params).verdict != branch.verdict:
+                return True
+    return False
+
+
+class _Assessment:
+    """``as_if`` for the branches of one window: earlier competitors cap at their base, filled-in
+    absences at their full assessment (each (branch, values) assessed once)."""
+
+    def __init__(self, params: Mapping[str, float], knee_kind: str | None):
+        self.params = params
+        self.knee_kind = knee_kind
+        self.done: dict[tuple[str, Key], float] = {}
+        self.busy: set[tuple[str, Key]] = set()
+        self.chosen: dict[Key, Branch] = {}
+
+    def branch_of(self, values: Mapping[str, float]) -> Branch:
+        key = _measured(values)
+        hit = self.chosen.get(key)
+        if hit is None:
+            hit = self.chosen[key] = tree.choose_branch(values, self.params)
+        return hit
+
+    def as_if(self, branch: Branch, values: Mapping[str, float], top: bool = False) -> tuple[float, list[str]]:
+        """(how sure ``branch``'s verdict would be on ``values``, the verdicts it could not rule out):
+        its own confidence, capped below each competitor's, assessed the same way."""
+        params = self.params
+        own = dynamic_base(branch, values, self.knee_kind)
+        rests_on_absence = not must_hold(branch.condition, values, params)
+        if rests_on_absence:
+            own -= UNCERTAIN_PENALTY
+        if top and near_decisive(branch, values, params):
+            own -= UNCERTAIN_PENALTY
+        caps = [own]
+        unresolved: dict[str, None] = {}
+        key = (branch.id, _measured(values))
+        self.busy.add(key)
+
+        def compete(other: Branch, where: Mapping[str, float]) -> None:
+            their = (other.id, _measured(where))
+            if other.verdict == branch.verdict or their in self.busy:
+                return
+            unresolved[other.verdict] = None
+            if their not in self.done:
+                self.as_if(other, where)
+            caps.append(self.done[their] - COMPETITOR_PENALTY)
+
+        # an earlier branch that could have held: as sure as it would be where its absences are filled in
+        for earlier in tree.BRANCHES[: tree.BRANCHES.index(branch)]:
+            if earlier.verdict != branch.verdict and could_hold(earlier.condition, values, params):
+                for filled in _filled_in(earlier, values, params):
+                    if self.branch_of(filled) is earlier:
+                        compete(earlier, filled)
+                caps.append(dynamic_base(earlier, values, self.knee_kind) - COMPETITOR_PENALTY)
+                unresolved[earlier.verdict] = None
+        if rests_on_absence:  # what the tree says once the absence is filled in
+            for filled in _filled_in(branch, values, params):
+                compete(self.branch_of(filled), filled)
+        self.busy.discard(key)
+        self.done[key] = min(caps)
+        return min(caps), list(unresolved)
+
+
+_FEATURE_ORDER = tuple(sorted({n for reads in _READS.values() for n in reads}))
+Key = tuple[float | None, ...]
+
+
+def _measured(values: Mapping[str, float]) -> Key:
+    """The tree's features as a key (None where missing: NaN never equals itself)."""
+    return tuple(None if (v := values.get(n, math.nan)) != v else v for n in _FEATURE_ORDER)
+
+
+def assess(
+    values: Mapping[str, float], params: Mapping[str, float], knee_kind: str | None = None
+) -> tuple[float, list[str]]:
+    """(the confidence of the tree's verdict on ``values``, the verdicts it could not rule out)."""
+    return _Assessment(params, knee_kind).as_if(tree.choose_branch(values, params), values, top=True)
+
+
+def confidence(
+    values: Mapping[str, float], params: Mapping[str, float], knee_kind: str | None, few_samples: bool
+) -> tuple[float, list[str]]:
+    """``assess``, scaled down for a window of few samples and kept within [0.05, 0.99]."""
+    c, unresolved = assess(values, params, knee_kind)
+    if few_samples:
+        c *= 0.6
+    return float(min(0.99, max(0.05, c))), unresolved
+
+
+__all__ = ["BASE", "GPU_BLIND_CAP", "assess", "confidence", "dynamic_base", "near_decisive"]

@@ -1,0 +1,57 @@
+"""The chart's PrometheusRule for a scrape interval and a runbook base, rendered by the real helm."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvdoctor.rules import promql
+from tests.support.tools import require, requires_helm
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "kvdoctor"
+
+pytestmark = requires_helm
+
+
+def render(*values: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [require("helm"), "template", "t", str(CHART), *(a for v in values for a in ("--set", v))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def rule_groups(*values: str) -> list[dict]:
+    result = render(*values)
+    assert result.returncode == 0, result.stderr
+    rule = next(d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "PrometheusRule")
+    return rule["spec"]["groups"]
+
+
+@pytest.mark.parametrize("interval, seconds", [("15s", 15), ("30s", 30), ("1m", 60), ("2m", 120)])
+def test_the_scrape_interval_value_picks_rules_whose_ranges_hold_four_scrapes(interval, seconds):
+    groups = rule_groups(f"monitoring.prometheusRule.scrapeInterval={interval}")
+    text = yaml.safe_dump(groups)
+    ranges = [promql.parse_duration(r) for r in re.findall(r"\[(\d+m?s)\]", text)]
+    assert ranges and min(ranges) >= 4 * seconds
+    assert {r["alert"] for g in groups for r in g["rules"] if "alert" in r} >= {"RequestsQueueing", "KVCacheThrashing"}
+
+
+def test_the_runbook_base_url_value_sets_every_runbook_url():
+    default = rule_groups()
+    urls = [r["annotations"]["runbook_url"] for g in default for r in g["rules"] if "alert" in r]
+    assert urls and all(re.fullmatch(r"docs/runbooks/\w+\.md", u) for u in urls)
+    based = rule_groups("monitoring.prometheusRule.runbookBaseUrl=https://git.example.org/kvdoctor/runbooks")
+    for group in based:
+        for rule in (r for r in group["rules"] if "alert" in r):
+            assert rule["annotations"]["runbook_url"] == f"https://git.example.org/kvdoctor/runbooks/{rule['alert']}.md"
+
+
+def test_an_interval_the_chart_does_not_ship_is_refused_naming_the_export_command():
+    result = render("monitoring.prometheusRule.scrapeInterval=5m")
+    assert result.returncode != 0 and "scrapeInterval" in result.stderr

@@ -1,0 +1,156 @@
+"""Invariants of the diagnosis, checked by hypothesis on windows it builds from the scenario model:
+
+- a window with ITL under the SLO, no preemption, no swapping and no request delayed (nothing
+  waiting, TTFT under its SLO) is never a slow verdict;
+- raising the preemption rate never moves a window from kv_thrashing to healthy;
+- sample order, label order and counter resets never change the verdict, nor yield a negative rate;
+- dropping any one signal never raises an exception, and never raises the confidence.
+
+The same cases go through the PromQL rules and replay in the scenario suite
+(tests/rules/test_rules_promtool.py, tests/rules/test_replay_agreement.py): ``CASES`` below are
+scenarios of that suite.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from kvdoctor.rules.diagnosis import SLOW_VERDICTS, diagnose
+from kvdoctor.rules.signals import SIGNALS, signal_for_series
+from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.rules.window import Window
+from tests.support.scenarios import BASE, Gpu, Latency, Scenario
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+T = Thresholds()
+
+ratios = st.floats(0.0, 1.0, allow_nan=False)
+latencies = st.floats(0.002, 0.4, allow_nan=False)
+
+
+@st.composite
+def gpus(draw) -> tuple[Gpu, ...]:
+    if not draw(st.booleans()):
+        return ()
+    return (Gpu(dram=draw(ratios), sm=draw(ratios), pcie_rx=draw(st.sampled_from([1e6, 5e8, 3e9, 2e10]))),)
+
+
+@st.composite
+def scenarios(draw, **fixed: object) -> Scenario:
+    """A window of one engine as the scenario model writes it: every family present or absent,
+    its level drawn. ``fixed`` pins fields."""
+    fields: dict[str, object] = dict(
+        name="drawn",
+        expected="",
+        why="drawn by hypothesis",
+        generation_tokens_per_second=draw(st.sampled_from([0, 5, 300, 2000])),
+        prompt_tokens_per_second=draw(st.sampled_from([0, 500, 5000, 40000])),
+        running=draw(st.integers(0, 64)),
+        waiting=draw(st.sampled_from([0, 0, 2, 30])),
+        kv_usage=draw(ratios),
+        preemptions_per_minute=draw(st.sampled_from([0.0, 0.0, 2.0, 20.0])),
+        kv_to_gpu_bytes_per_second=draw(st.sampled_from([None, 1e8, 3e9])),
+        hits_by_tier=draw(st.sampled_from([None, (("device", 800), ("host", 600)), (("lmcache", 400),)])),
+        latency=Latency(base=draw(latencies), mix=((0.9, 1.0), (0.1, draw(st.floats(1.0, 2.5))))),
+        ttft=draw(st.sampled_from([None, Latency(base=0.2), Latency(base=3.0)])),
+        itl_histogram=draw(st.booleans()),
+        mean_time_per_token=draw(st.booleans()),
+        swapped=draw(st.sampled_from([None, 0, 3])),
+        kv_usage_reported=draw(st.booleans()),
+        waiting_reported=draw(st.booleans()),
+        gpus=draw(gpus()),
+        duration=90.0,
+    )
+    fields.update(fixed)
+    note(f"scenario fields: {fields}")
+    return BASE.but(**fields)
+
+
+def _families(window: Window) -> set[str]:
+    return {s.name for name, _ in window.series if (s := signal_for_series(name)) is not None}
+
+
+def _without(window: Window, family: str) -> Window:
+    names = set(SIGNALS[family].series_names)
+    return Window(window.timestamps, {k: v for k, v in window.series.items() if k[0] not in names})
+
+
+# ------------------------------------------------------------------------------ properties
+
+
+@FAST
+@given(
+    scenarios(
+        waiting=0,
+        preemptions_per_minute=0.0,
+        swapped=None,
+        ttft=Latency(base=0.2),
+        itl_histogram=True,
+    )
+)
+def test_on_time_and_nothing_waiting_is_never_a_slow_verdict(scenario):
+    window = scenario.window()
+    d = diagnose(window)
+    p95 = d.features["itl_p95_seconds"]
+    if math.isnan(p95) or p95 >= DEFAULT_SLO_SECONDS:
+        return  # the drawn latency is over the SLO: not this property's window
+    assert d.verdict not in SLOW_VERDICTS, d.headline
+
+
+@FAST
+@given(scenarios(preemptions_per_minute=2.0), st.sampled_from([4.0, 10.0, 60.0]))
+def test_more_preemptions_never_turn_thrashing_into_healthy(scenario, more):
+    before = diagnose(scenario.window())
+    if before.verdict != "kv_thrashing":
+        return
+    after = diagnose(scenario.but(preemptions_per_minute=more).window())
+    assert after.verdict != "healthy", after.headline
+    assert after.verdict == "kv_thrashing", after.headline
+
+
+@FAST
+@given(scenarios(), st.randoms(use_true_random=False))
+def test_sample_and_label_order_change_nothing(scenario, rnd: random.Random):
+    window = scenario.window()
+    keys = list(window.series)
+    rnd.shuffle(keys)
+    order = np.arange(len(window))
+    rnd.shuffle(order)  # a Window is columns: sorting happens where it is built from snapshots
+    shuffled = Window.from_snapshots(list(window.snapshots())[i] for i in order)
+    relabelled = Window(window.timestamps, {(n, tuple(reversed(lb))): window.series[(n, lb)] for n, lb in keys})
+    want = diagnose(window)
+    for other in (shuffled, relabelled):
+        got = diagnose(other)
+        assert got.verdict == want.verdict
+        assert got.features.keys() == want.features.keys()
+        for name, value in want.features.items():
+            assert (math.isnan(value) and math.isnan(got.features[name])) or got.features[name] == value, name
+
+
+@FAST
+@given(scenarios(), st.floats(5.0, 50.0))
+def test_a_counter_reset_changes_no_verdict_and_no_rate_goes_negative(scenario, before_end):
+    steady = diagnose(scenario.window())
+    reset = diagnose(scenario.but(counter_reset_before_end=before_end).window())
+    for name in ("generation_tokens_per_second", "prompt_tokens_per_second", "preemptions_per_minute"):
+        value = reset.features[name]
+        assert math.isnan(value) or value >= 0, (name, value)
+    assert reset.verdict == steady.verdict, (reset.headline, steady.headline)
+
+
+@FAST
+@given(scenarios())
+def test_dropping_any_one_signal_never_raises_and_never_adds_confidence(scenario):
+    window = scenario.window()
+    full = diagnose(window)
+    for family in sorted(_families(window)):
+        fewer = diagnose(_without(window, family))  # never raises
+        assert fewer.confidence <= full.confidence + 1e-9, (
+            f"without {family}: {fewer.verdict} {fewer.confidence:.3f} > {full.verdict} {full.confidence:.3f}\n"
+            f"{full.headline}\n{fewer.headline}"
+        )
