@@ -190,9 +190,10 @@ def _raise_limit(facts: LedgerFacts) -> Checked:
     if usage >= facts.kv_ceiling:
         return False, None, None  # memory does not allow it
     running = facts.requests_running
-    if not running or usage <= 0:
+    room = running * (facts.kv_ceiling / usage - 1) if running and usage > 0 else math.inf
+    if not math.isfinite(room):  # nothing running, or a usage too small to divide by
         return True, None, f"KV usage {fmt_pct(usage)}: the pool has room"
-    more = math.floor(running * (facts.kv_ceiling / usage - 1))
+    more = math.floor(room)
     return (
         True,
         None,

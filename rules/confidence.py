@@ -13,6 +13,7 @@ makes a verdict more confident (tests/rules/test_rules_properties.py checks it).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping
@@ -58,8 +59,12 @@ def dynamic_base(branch: Branch, values: Mapping[str, float], knee_kind: str | N
         c = 0.4 if gpu_missing else c
         if knee_kind == RISES_WITH_KV:
             c += 0.15  # ITL rising with resident KV points at bandwidth
-    if branch.id == "gpu_idle" and _missing(values, "dram_bandwidth_ratio") and _missing(values, "sm_active_ratio"):
-        c -= 0.1  # only NVML duty cycles
+    if branch.id == "gpu_idle":
+        dram_missing, sm_missing = _missing(values, "dram_bandwidth_ratio"), _missing(values, "sm_active_ratio")
+        if dram_missing and sm_missing:
+            c -= 0.1  # only NVML duty cycles
+        elif dram_missing or sm_missing:
+            c = min(c, GPU_BLIND_CAP)  # idle on one counter: the one not read could be busy
     if branch.id == "thrashing_preemptions" and knee_kind == JUMP:
         c += 0.05
     if branch.id == "idle" and _missing(values, "generation_tokens_per_second"):
@@ -205,7 +210,21 @@ def assess(
     values: Mapping[str, float], params: Mapping[str, float], knee_kind: str | None = None
 ) -> tuple[float, list[str]]:
     """(the confidence of the tree's verdict on ``values``, the verdicts it could not rule out)."""
-    return _Assessment(params, knee_kind).as_if(tree.choose_branch(values, params), values, top=True)
+    frozen_values = tuple(sorted((name, None if v != v else v) for name, v in values.items()))  # NaN != NaN
+    c, unresolved = _assess_frozen(frozen_values, tuple(sorted(params.items())), knee_kind)
+    return c, list(unresolved)
+
+
+# The search over a window with many features missing takes ~0.1 s, and a down or idle engine
+# repeats the same values every cycle: the answer depends on its arguments alone, so it is kept.
+@functools.lru_cache(maxsize=16)
+def _assess_frozen(
+    values: tuple[tuple[str, float | None], ...], params: tuple[tuple[str, float], ...], knee_kind: str | None
+) -> tuple[float, tuple[str, ...]]:
+    window = {name: math.nan if v is None else v for name, v in values}
+    parameters = dict(params)
+    c, unresolved = _Assessment(parameters, knee_kind).as_if(tree.choose_branch(window, parameters), window, top=True)
+    return c, tuple(unresolved)
 
 
 def confidence(

@@ -101,3 +101,9 @@ def test_the_page_and_the_cli_show_three_per_group_and_json_has_all():
     assert set(groups) == {MITIGATE, FIX} and all(len(a) <= SHOWN_PER_GROUP for a in groups.values())
     assert len(d.to_json()["actions"]) == len(d.actions) > sum(len(a) for a in groups.values())
     assert {"group", "cost", "premise", "flag_llamacpp"} <= set(d.to_json()["actions"][0])
+
+
+def test_a_kv_usage_too_small_to_divide_by_says_the_pool_has_room():
+    tiny = LedgerFacts(kv_usage=2e-311, kv_ceiling=0.9, requests_running=64)
+    room = next(a for a in plan_actions("request_queueing", tiny) if a.id == "raise_sequence_limit")
+    assert room.effect.endswith("the pool has room")

@@ -4,7 +4,8 @@
   waiting, TTFT under its SLO) is never a slow verdict;
 - raising the preemption rate never moves a window from kv_thrashing to healthy;
 - sample order, label order and counter resets never change the verdict, nor yield a negative rate;
-- dropping any one signal never raises an exception, and never raises the confidence.
+- dropping any one signal never raises an exception, and never raises the confidence;
+- the confidence (memoised across calls) is the same whatever was assessed before.
 
 The same cases go through the PromQL rules and replay in the scenario suite
 (tests/rules/test_rules_promtool.py, tests/rules/test_replay_agreement.py): ``CASES`` below are
@@ -20,7 +21,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from kvdoctor.rules import confidence, tree
+from kvdoctor.rules.conditions import Cmp, CmpFeatures, features_of
 from kvdoctor.rules.diagnosis import SLOW_VERDICTS, diagnose
+from kvdoctor.rules.knee import JUMP, RISES_WITH_KV
 from kvdoctor.rules.signals import SIGNALS, signal_for_series
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.window import Window
@@ -154,3 +158,51 @@ def test_dropping_any_one_signal_never_raises_and_never_adds_confidence(scenario
             f"without {family}: {fewer.verdict} {fewer.confidence:.3f} > {full.verdict} {full.confidence:.3f}\n"
             f"{full.headline}\n{fewer.headline}"
         )
+
+
+# --------------------------------------------------------------- the memoised search
+
+_CMPS = list(dict.fromkeys(a for b in tree.BRANCHES for a in tree.BRANCH_ATOMS[b.id] if isinstance(a, Cmp)))
+_PAIRS = list(dict.fromkeys(a for b in tree.BRANCHES for a in tree.BRANCH_ATOMS[b.id] if isinstance(a, CmpFeatures)))
+_FEATURES = sorted({n for b in tree.BRANCHES for n in features_of(b.condition)})
+
+
+def _partner(name: str) -> str | None:
+    return next((p.right if name == p.left else p.left for p in _PAIRS if name in (p.left, p.right)), None)
+
+
+@st.composite
+def feature_values(draw) -> tuple[dict[str, float], dict[str, float], str | None]:
+    """Feature values on either side of, near and at the tree's thresholds and of the feature each is
+    compared with, some missing; the SLO and the knee."""
+    params = tree.parameters(T, draw(st.sampled_from([0.02, DEFAULT_SLO_SECONDS])))
+    values: dict[str, float] = {}
+    for name in _FEATURES:
+        thresholds = [a.threshold.value(params) for a in _CMPS if a.feature == name] or [1.0]
+        choices = [
+            st.just(math.nan),
+            st.sampled_from(thresholds).flatmap(
+                lambda thr: st.sampled_from([0.0, 0.5, 0.97, 1.0, 1.03, 1.5, 12.0]).map(lambda k: thr * k)
+            ),
+            st.floats(0.0, 1e4, allow_nan=False),
+        ]
+        other = values.get(_partner(name) or "", math.nan)
+        if not math.isnan(other):  # around the feature it is compared with (scaled, offset)
+            scaled = st.sampled_from([0.95, 1.0, 1.05, 9.5, 10.0, 10.5]).map(lambda k, o=other: o * k)
+            choices.append(
+                scaled.flatmap(lambda v: st.sampled_from([0.0, 0.15, 0.2, -0.15]).map(lambda d: max(0.0, v + d)))
+            )
+        values[name] = draw(st.one_of(choices))
+    return values, params, draw(st.sampled_from([None, RISES_WITH_KV, JUMP]))
+
+
+@FAST
+@given(feature_values(), st.lists(feature_values(), max_size=3))
+def test_the_confidence_is_the_same_whatever_was_assessed_before(case, before):
+    values, params, knee = case
+    confidence._assess_frozen.cache_clear()
+    alone = confidence.assess(values, params, knee)
+    for other_values, other_params, other_knee in before:  # other windows first: the memo must not matter
+        confidence.assess(other_values, other_params, other_knee)
+    assert confidence.assess(dict(values), params, knee) == alone
+    assert confidence.assess({**values, "not_a_feature": math.nan}, params, knee)[0] == alone[0]
