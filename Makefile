@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Extra arguments for the demo, e.g. make demo ARGS="--scenario kv_thrashing"
 ARGS ?=
 
-.PHONY: help setup dev test-deps demo lint test test-fast bench bench-quick
+.PHONY: help setup dev test-deps demo lint test test-fast bench bench-quick bench-fleet
 
 help:
 	@echo "make setup      create .venv with kvdoctor (editable)"
@@ -21,6 +21,7 @@ help:
 	@echo "make test-fast  lint, then the fast tests only (-m 'not slow and not needs_tools'); needs no test-deps"
 	@echo "make bench      run every benchmark (bench/run; the soak takes 30 minutes)"
 	@echo "make bench-quick  the same at CI sizes (a few minutes)"
+	@echo "make bench-fleet ENGINES=N  one Prometheus, N fake engines x 8 GPUs, the rules, the Fleet page (bench/bench_fleet.py)"
 
 # Stamps: re-run setup only when pyproject.toml changed since the last one.
 $(VENV)/.kvdoctor-setup: pyproject.toml scripts/setup.sh
@@ -64,3 +65,8 @@ bench: $(VENV)/.kvdoctor-dev
 
 bench-quick: $(VENV)/.kvdoctor-dev
 	$(PY) -m bench --quick $(BENCH_ARGS)
+
+# The fleet benchmark at one size (README, "Fleet benchmark"): ENGINES engines x 8 GPUs on one Prometheus.
+ENGINES ?= 100
+bench-fleet: $(VENV)/.kvdoctor-dev
+	$(PY) -m bench.bench_fleet --engines $(ENGINES) --markdown-row $(BENCH_ARGS)

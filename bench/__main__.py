@@ -19,6 +19,7 @@ tests; ``--fail-on-missed`` makes a missed target fail), 1 when one could not ru
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -26,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.table import Row, markdown, missed, print_table, read_json
 from tests.support.processes import Process
@@ -120,6 +122,21 @@ def parse_diagnose(output: str) -> list[Row]:
         rows.append(
             Row("diagnose", f"  floor {name}", f"{float(cpu_ms):.2f} ms", "", f"diagnose {cpu / float(cpu_ms):.2f}x")
         )
+    sparse_budget = re.search(rf"^signals missing: .*budget ({n}) ms", output, re.M)
+    for name, _wall, cpu_ms, first in re.findall(
+        rf"^diagnose, sparse: (.+?)\s+({n})\s+({n})\s+first call ({n}) ms", output, re.M
+    ):
+        bound = float(sparse_budget.group(1)) if sparse_budget else 2.0
+        rows.append(
+            Row(
+                "diagnose",
+                f"  the last 60 s, signals missing: {name}",
+                f"{float(cpu_ms):.2f} ms",
+                target=f"<= {bound:g} ms",
+                ok=float(cpu_ms) <= bound,
+                note=f"first call {first} ms (the confidence search's memo cold for that window)",
+            )
+        )
     return rows
 
 
@@ -128,8 +145,14 @@ def _floor(match: re.Match[str] | None, what: str) -> dict[str, str]:
     return {"floor": f"{match.group(1)} ms ({what})", "ratio": f"{match.group(2)}x"} if match else {}
 
 
+def _at_most(value: float, bound: float, shown: str) -> dict[str, Any]:
+    """The target and ok columns of a figure that must stay at or below ``bound`` (``shown``)."""
+    return {"target": f"<= {shown}", "ok": value <= bound}
+
+
 def parse_dashboard(output: str) -> list[Row]:
     rows = []
+    row = functools.partial(Row, "dashboard")
     n = _NUMBER
     live = re.search(rf"server time median ({n}) ms, p95 ({n}) ms; payload median ({n}) KB, max ({n}) KB", output)
     live_floor = re.search(rf"no-op Dash round trip ({n}) ms -> ({n})x", output)
@@ -138,23 +161,19 @@ def parse_dashboard(output: str) -> list[Row]:
         t_med, size_max = float(live.group(1).replace(",", "")), float(live.group(4).replace(",", ""))
         kb_t, ms_t = (float(live_target.group(1)), float(live_target.group(2))) if live_target else (50.0, 50.0)
         rows.append(
-            Row(
-                "dashboard",
+            row(
                 "live update: server time (median)",
                 f"{t_med:.1f} ms",
                 **_floor(live_floor, "no-op Dash round trip"),
-                target=f"<= {ms_t:g} ms",
-                ok=t_med <= ms_t,
+                **_at_most(t_med, ms_t, f"{ms_t:g} ms"),
                 note=f"p95 {live.group(2)} ms",
             )
         )
         rows.append(
-            Row(
-                "dashboard",
+            row(
                 "live update: payload (max)",
                 f"{size_max:.1f} KB",
-                target=f"<= {kb_t:g} KB",
-                ok=size_max <= kb_t,
+                **_at_most(size_max, kb_t, f"{kb_t:g} KB"),
                 note=f"median {live.group(3)} KB",
             )
         )
@@ -162,17 +181,14 @@ def parse_dashboard(output: str) -> list[Row]:
     load_floor = re.search(rf"raw \d+ s window: ({n}) ms -> ({n})x", output)
     if load:
         page_load = f"{load.group(1)} ms, {load.group(2)} KB"
-        rows.append(
-            Row("dashboard", "initial page load (15 min of data)", page_load, **_floor(load_floor, "raw window fetch"))
-        )
+        rows.append(row("initial page load (15 min of data)", page_load, **_floor(load_floor, "raw window fetch")))
     hist = re.search(rf"history.*?server time ({n}) ms.*?payload ({n}) KB", output, re.S)
     hist_floor = re.search(rf"raw range queries alone ({n}) ms -> ({n})x", output)
     render = re.search(rf"Plotly\.newPlot\): ({n}) ms", output)
     total = re.search(rf"server \+ render ({n}) ms; target <= ({n}) ms", output)
     if hist:
         rows.append(
-            Row(
-                "dashboard",
+            row(
                 "24 h history: server time",
                 f"{hist.group(1)} ms",
                 **_floor(hist_floor, "raw range queries"),
@@ -182,12 +198,10 @@ def parse_dashboard(output: str) -> list[Row]:
     if total:
         t, bound = float(total.group(1).replace(",", "")), float(total.group(2).replace(",", ""))
         rows.append(
-            Row(
-                "dashboard",
+            row(
                 "24 h history: server + browser render",
                 f"{t:,.0f} ms",
-                target=f"<= {bound:,.0f} ms",
-                ok=t <= bound,
+                **_at_most(t, bound, f"{bound:,.0f} ms"),
                 note=f"render {render.group(1)} ms in headless Chromium" if render else "no browser render",
             )
         )
@@ -219,6 +233,7 @@ BENCHES = [
     Bench("dashboard", "bench.bench_dashboard", [], ["--updates", "5"], parse=parse_dashboard),
     Bench("onset", "bench.bench_onset", [], ["--quick"], json_rows=True),
     Bench("soak", "bench.bench_soak", [], ["--quick"], json_rows=True),
+    Bench("fleet", "bench.bench_fleet", [], ["--quick"], json_rows=True),
 ]
 
 

@@ -403,17 +403,14 @@ def _browser_render(base_url: str, history: dict) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--minutes", type=int, default=15)
-    parser.add_argument("--updates", type=int, default=20)
-    parser.add_argument("--history-hours", type=int, default=24)
-    parser.add_argument("--no-browser", action="store_true", help="skip the Chromium render timing")
-    parser.add_argument(
-        "--fake-prometheus",
-        action="store_true",
-        help="history from the fake Prometheus even when a real one is installed",
-    )
-    parser.add_argument("--history-only", action="store_true", help="skip the live-update and page-load figures")
+    for flag, default in (("--gpus", 8), ("--minutes", 15), ("--updates", 20), ("--history-hours", 24)):
+        parser.add_argument(flag, type=int, default=default)
+    for flag, text in (
+        ("--no-browser", "skip the Chromium render timing"),
+        ("--fake-prometheus", "history from the fake Prometheus even when a real one is installed"),
+        ("--history-only", "skip the live-update and page-load figures"),
+    ):
+        parser.add_argument(flag, action="store_true", help=text)
     args = parser.parse_args()
     live_ok = None if args.history_only else bench_live(args)
     history_ok = bench_history(args)

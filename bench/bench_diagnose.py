@@ -5,6 +5,12 @@ does every cycle: target about 1 ms), and, measured in the same run, floors: ``R
 (what the exporter does each cycle before diagnosing) and ``Window.from_snapshots`` (building the
 same window from snapshot dicts). Target: diagnose <= 20 ms.
 
+Then the last 60 s of the windows with most signals missing, where the confidence search has the most
+to fill in (target <= 2 ms each): an empty window (the engine down, the exporter just started), a
+llama.cpp window (its real busy page through the adapters, every second for 60 s: no histogram, no
+GPU counters) and this vLLM engine without GPU counters. Their first call (the search's memo cold
+for that window; measured first, in this process) is printed beside the steady median.
+
 Both wall-clock and CPU time (``time.process_time``) medians are printed: on a shared machine the
 wall clock includes waiting for a core, so the budget is checked against CPU time.
 
@@ -17,17 +23,22 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+from kvdoctor.exporter.replay import AdapterNormaliser
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import Context, diagnose
 from kvdoctor.rules.model import COMMON_MODELS
+from kvdoctor.rules.trace import format_raw_captures, parse_trace
 from kvdoctor.rules.window import Snapshot, Window
 from kvdoctor.simulator.vllm_metrics import TTFT_BUCKETS
 
 SECONDS = 900
 GPUS = 8
+LLAMACPP_PAGE = Path(__file__).resolve().parents[1] / "tests/fixtures/llamacpp-11434/metrics-busy.txt"
+SPARSE_BUDGET_MS = 2.0
 
 
 def snapshots(seconds: int = SECONDS, gpus: int = GPUS, seed: int = 1) -> list[Snapshot]:
@@ -98,6 +109,30 @@ def snapshots(seconds: int = SECONDS, gpus: int = GPUS, seed: int = 1) -> list[S
     return out
 
 
+def sparse_windows(last_minute: Window) -> dict[str, Window]:
+    """The last 60 s of the windows with most signals missing (see the module's docstring)."""
+    page = LLAMACPP_PAGE.read_text()
+    captures = [(1_700_000_000.0 + t, page) for t in range(61)]
+    gpu_series = {
+        name for signal in S.SIGNALS.values() if signal.name.startswith("kvdoctor_gpu_") for name in signal.series_names
+    }
+    return {
+        "empty": Window.empty(),
+        "llama.cpp": parse_trace(format_raw_captures(captures), AdapterNormaliser()).window,
+        "vLLM, no GPU counters": Window(
+            last_minute.timestamps, {k: v for k, v in last_minute.series.items() if k[0] not in gpu_series}
+        ),
+    }
+
+
+def first_and_median(fn, repeat: int) -> tuple[float, float, float]:
+    """(the first call's CPU seconds, then the wall and CPU medians)."""
+    c0 = time.process_time()
+    fn()
+    first = time.process_time() - c0
+    return (first, *median_seconds(fn, repeat))
+
+
 def median_seconds(fn, repeat: int) -> tuple[float, float]:
     """(wall, cpu) medians in seconds."""
     fn()  # warm-up
@@ -119,10 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     snaps = snapshots()
     window = Window.from_snapshots(snaps)
     context = Context(model=COMMON_MODELS["Llama-3.1-70B"])
+    last_minute = window.slice(window.end - 60, window.end)  # what the exporter diagnoses each cycle
+    sparse = {  # measured first: their first call finds the search's memo cold
+        name: first_and_median(lambda w=w: diagnose(w), args.repeat) for name, w in sparse_windows(last_minute).items()
+    }
     diagnosis = diagnose(window, context)
 
     t_diag = median_seconds(lambda: diagnose(window, context), args.repeat)
-    last_minute = window.slice(window.end - 60, window.end)  # what the exporter diagnoses each cycle
     t_minute = median_seconds(lambda: diagnose(last_minute, context), args.repeat)
     t_build = median_seconds(lambda: Window.from_snapshots(snaps), max(5, args.repeat // 3))
     floors = [("Window.from_snapshots", t_build)]
@@ -150,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'diagnose, last 60 s only':26} {t_minute[0] * 1000:9.2f} {t_minute[1] * 1000:9.2f}{minute_floor}")
     for name, t in floors:
         print(f"{'floor ' + name:26} {t[0] * 1000:9.2f} {t[1] * 1000:9.2f}   {t_diag[1] / t[1]:5.2f}x")
-    return 0 if t_diag[1] * 1000 <= args.budget_ms else 1
+    print(f"\nsignals missing: the last 60 s at 1 Hz, budget {SPARSE_BUDGET_MS:g} ms each (cpu)")
+    for name, (first, wall, cpu) in sparse.items():
+        label = "diagnose, sparse: " + name
+        print(f"{label:40} {wall * 1000:9.2f} {cpu * 1000:9.2f}   first call {first * 1000:.2f} ms cpu")
+    sparse_ok = all(cpu * 1000 <= SPARSE_BUDGET_MS for _, _, cpu in sparse.values())
+    return 0 if t_diag[1] * 1000 <= args.budget_ms and sparse_ok else 1
 
 
 if __name__ == "__main__":

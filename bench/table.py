@@ -22,9 +22,9 @@ class Row:
 
     bench: str
     measure: str
-    ours: str
-    floor: str = ""
-    ratio: str = ""
+    ours: str  # the figure measured
+    floor: str = ""  # what it is compared with (a hardware or reference floor)
+    ratio: str = ""  # how ours compares with it, e.g. "3.2x"
     target: str = ""
     ok: bool | None = None
     note: str = ""

@@ -3,13 +3,20 @@
 ``ChartData``::
 
     {"traces": [{"name": str, "kind": str, "group": str, "x": [...], "y": [...]}, ...],
-     "extras": {...}}   # knee, decode-floor line: whatever is drawn but not appended to
+     "extras": {...}}   # knee, decode-floor line, SLO: whatever is drawn but not appended to;
+                        # "axes": each y axis' top, so dual axes share their ticks
 
 ``live_charts(frame, diagnosis)`` makes it from a ``LiveFrame``; ``figures.build(chart, data)``
 turns it into a figure, ``extension(data, cap)`` into a ``dcc.Graph.extendData`` payload that
 appends the same traces in the same order. ``signature(data)`` says what a figure is made of
 (trace names and extras): when it changes the page rebuilds the figure instead of appending to it.
+``axis_tops`` says how high each chart's y axes reach: a point above needs a rebuild, not an append.
 ``downsample`` and ``thin_scatter`` cut what a browser is sent to what it can show.
+
+Every y axis of a live chart has ``TICKS`` intervals from zero to a round top (``nice_top``), so the
+two axes of a dual-axis chart share their gridlines; tops have floors (``PCIE_AXIS_FLOOR``, ...) so
+a few bytes of noise never fill a chart as a cliff would. The ITL charts carry the SLO the verdict
+was made against (the diagnosis' context: the exporter's published SLO).
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ LIVE_CHARTS = (KV_LATENCY, BANDWIDTH, TRANSFERS, ITL_KV)
 
 BANDWIDTH_BOUND_LINE = 80.0  # percent: the guide's "DRAM >= 80%" line
 KNEE_STEP = 0.02
+TICKS = 5  # intervals on every y axis, so the two axes of a chart line up
+# Axis floors: the least an axis shows, so noise stays near zero instead of filling the chart.
+PCIE_AXIS_FLOOR = 1e9  # bytes/s: a small fraction of any PCIe link (Gen3 x16 moves ~16 GB/s)
+PREEMPTION_AXIS_FLOOR = 1.0  # per second
+LATENCY_AXIS_FLOOR_MS = 1.0
+SLO_HEADROOM = 1.25  # the latency axis reaches at least this far above the SLO line
 SCATTER_KINDS = frozenset({"itl_points"})
 
 ChartData = dict[str, Any]
@@ -86,6 +99,46 @@ def knee_extras(diagnosis: Mapping | None) -> dict | None:
     return {"kind": str(knee.get("kind") or ""), "kv_level": round(round(level / KNEE_STEP) * KNEE_STEP, 4)}
 
 
+def slo_ms(diagnosis: Mapping | None) -> float | None:
+    """The ITL SLO (ms) the diagnosis was made against (its context: the exporter's published SLO)."""
+    context = (diagnosis or {}).get("context")
+    try:
+        seconds = float(context.get("slo_seconds")) if isinstance(context, Mapping) else math.nan
+    except (TypeError, ValueError):
+        return None
+    return round_significant(seconds * 1000.0) if math.isfinite(seconds) and seconds > 0 else None
+
+
+def nice_top(peak: float, floor: float, intervals: int = TICKS) -> float:
+    """The top of a y axis from zero: ``intervals`` steps of a round size (1, 2, 2.5 or 5 x 10^k),
+    the smallest that reaches ``peak`` and ``floor``."""
+    need = max(peak if math.isfinite(peak) else 0.0, floor, 1e-12)
+    raw = need / intervals
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * magnitude >= raw * (1 - 1e-9))
+    return round_significant(step * intervals, 6)
+
+
+def _peak(*arrays: np.ndarray) -> float:
+    values = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays]) if arrays else np.empty(0)
+    values = values[np.isfinite(values)]
+    return float(values.max()) if values.size else 0.0
+
+
+def axis_tops(data_by_chart: Mapping[str, ChartData]) -> dict[str, dict[str, float]]:
+    """Each chart's y-axis tops (``extras["axes"]``)."""
+    return {chart: dict((data.get("extras") or {}).get("axes") or {}) for chart, data in data_by_chart.items()}
+
+
+def exceeds(new: Mapping[str, Mapping[str, float]], drawn: Mapping[str, Mapping[str, float]] | None) -> bool:
+    """Whether new points reach above an axis the browser has drawn (they would be cut off)."""
+    return any(
+        top > (drawn or {}).get(chart, {}).get(axis, math.inf)
+        for chart, axes in new.items()
+        for axis, top in axes.items()
+    )
+
+
 def floor_line(x: np.ndarray, floor_seconds: np.ndarray, x_max: float) -> dict | None:
     """The decode-floor line in ms over ``[0, x_max]`` fitted on (x, floor) pairs, or the points
     themselves when x has not moved enough to fit a slope; None without floor data."""
@@ -111,6 +164,8 @@ def live_charts(
     """
     t = epoch_ms(frame.ts)
     knee = knee_extras(diagnosis)
+    slo = slo_ms(diagnosis)
+    latency_floor = max(LATENCY_AXIS_FLOOR_MS, (slo or 0.0) * SLO_HEADROOM)
 
     kv_latency = {
         "traces": [
@@ -118,7 +173,11 @@ def live_charts(
             _trace("ITL p50 (ms)", "p50", t, frame.itl_p50 * 1000.0),
             _trace("ITL p95 (ms)", "p95", t, frame.itl_p95 * 1000.0),
         ],
-        "extras": {"knee": knee},
+        "extras": {
+            "knee": knee,
+            "slo_ms": slo,
+            "axes": {"y2": nice_top(_peak(frame.itl_p50, frame.itl_p95) * 1000.0, latency_floor)},
+        },
     }
 
     bw_traces = []
@@ -130,7 +189,7 @@ def live_charts(
             )
         else:
             bw_traces.append(_trace(f"{label} DRAM bandwidth (%)", "dram", t, g.dram * 100, g.gpu))
-        bw_traces.append(_trace(f"{label} SM active (%)", "sm", t, g.sm * 100, g.gpu))
+        bw_traces.append(_trace(f"{label} SM activity (%)", "sm", t, g.sm * 100, g.gpu))
     bandwidth = {"traces": bw_traces, "extras": {"line": BANDWIDTH_BOUND_LINE}}
 
     transfers = {
@@ -141,7 +200,14 @@ def live_charts(
             _trace("PCIe receive (B/s)", "pcie_rx", t, frame.pcie_rx),
             _trace("PCIe transmit (B/s)", "pcie_tx", t, frame.pcie_tx),
         ],
-        "extras": {},
+        "extras": {
+            "axes": {
+                "y": nice_top(
+                    _peak(frame.kv_to_gpu_rate, frame.kv_from_gpu_rate, frame.pcie_rx, frame.pcie_tx), PCIE_AXIS_FLOOR
+                ),
+                "y2": nice_top(_peak(frame.preemption_rate), PREEMPTION_AXIS_FLOOR),
+            }
+        },
     }
 
     by_tokens = math.isfinite(frame.kv_capacity_tokens)
@@ -169,6 +235,7 @@ def live_charts(
             "x_max": round_significant(x_max, 6),
             "floor": floor,
             "knee": dict(knee, x=knee_x) if knee else None,
+            "slo_ms": slo,
         },
     }
     return {KV_LATENCY: kv_latency, BANDWIDTH: bandwidth, TRANSFERS: transfers, ITL_KV: itl_kv}
@@ -176,8 +243,10 @@ def live_charts(
 
 def signature(data: ChartData) -> str:
     """What the figure is made of; a change means rebuild instead of append. The decode-floor
-    line counts only by its presence: it is refitted on rebuilds, not on every update."""
+    line counts only by its presence: it is refitted on rebuilds, not on every update; the axes'
+    tops are compared by ``exceeds`` (new points are often lower than the whole window's)."""
     extras = dict(data.get("extras") or {})
+    extras.pop("axes", None)
     if "floor" in extras:
         extras["floor"] = bool(extras["floor"])
     return json.dumps([[t["name"] for t in data["traces"]], extras], sort_keys=True)

@@ -16,6 +16,7 @@ from dash import dcc, html
 from kvdoctor.dashboard import figures
 from kvdoctor.dashboard.derive import severity
 from kvdoctor.rules.actions import FIX, GROUP_TITLES, MITIGATE, SHOWN_PER_GROUP
+from kvdoctor.rules.render import feature_label
 
 VERDICT_TITLES: dict[str, str] = {
     "kv_thrashing": "KV thrashing",
@@ -89,8 +90,8 @@ def format_with_unit(value: Any, unit: str) -> str:
         return format_number(v)
     if unit == "ratio":
         return f"{v * 100:.3g}%"
-    if unit == "seconds":
-        return f"{v * 1000:.3g} ms" if abs(v) < 10 else f"{v:.3g} s"
+    if unit == "seconds":  # ms under a second, else seconds: never "2e+03 ms"
+        return f"{v * 1000:.3g} ms" if abs(v) < 1 else f"{v:.3g} s"
     if unit == "bytes/s":
         return format_number(v, "B/s")
     return format_number(v, unit)
@@ -106,16 +107,13 @@ def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
         against = f"{comparison} {format_with_unit(threshold, unit)}" if threshold is not None else ""
         signal = str(item.get("signal", ""))
         feature = str(item.get("feature") or "")
+        label = str(item.get("label") or (feature_label(feature) if feature else signal))
+        names = " · ".join(dict.fromkeys(n for n in (feature, signal) if n))  # the internal names
         rows.append(
             html.Tr(
                 [
                     html.Td(
-                        [feature or signal]
-                        + (
-                            [html.Br(), html.Span(signal, className="evidence-series")]
-                            if feature and feature != signal
-                            else []
-                        ),
+                        html.Span(label, title=names, className="evidence-label"),
                         className="evidence-signal",
                     ),
                     html.Td(format_with_unit(item.get("value"), unit), className="evidence-value"),

@@ -386,31 +386,3 @@ def source_health(window: Window, status: Mapping | None = None) -> list[SourceH
         if name not in out and isinstance(info, Mapping) and "up" in info:
             out[name] = SourceHealth(str(name), bool(info["up"]), errors.get(str(name), ""))
     return [out[k] for k in sorted(out)]
-
-
-# --------------------------------------------------------------------------------------- fleet
-
-
-@dataclass
-class FleetRow:
-    instance: str
-    pod: str = ""
-    engine: str = ""
-    model_name: str = ""
-    verdict: str = ""  # at the end of the range
-    worst_verdict: str = ""  # the worst verdict seen during the range
-    kv_usage: float = math.nan
-    itl_p95: float = math.nan  # seconds
-    preemption_rate: float = math.nan
-
-
-def rank_fleet(rows: Iterable[FleetRow]) -> list[FleetRow]:
-    """Worst first: by verdict severity, then the worst verdict in the range, ITL p95, preemptions."""
-
-    def key(r: FleetRow):
-        def neg(v: float) -> float:
-            return -v if math.isfinite(v) else math.inf
-
-        return (-severity(r.verdict), -severity(r.worst_verdict), neg(r.itl_p95), neg(r.preemption_rate), r.instance)
-
-    return sorted(rows, key=key)

@@ -46,8 +46,15 @@ LEDGER_ERROR = "ledger-error"
 
 # Fleet page
 FLEET_RANGE = "fleet-range"
+FLEET_END = "fleet-end"
 FLEET_REFRESH = "fleet-refresh"
-FLEET_TABLE = "fleet-table"
+FLEET_STATE = "fleet-state"  # the summary's token on the server, the page shown, what the browser has
 FLEET_STATUS = "fleet-status"
-FLEET_GRAPH_ITL = "fleet-graph-itl"
-FLEET_GRAPH_KV = "fleet-graph-kv"
+FLEET_NAMESPACE = "fleet-namespace"
+FLEET_VERDICT = "fleet-verdict"  # the counts by verdict, which are the verdict filter
+FLEET_SEARCH = "fleet-search"
+FLEET_NOTES = "fleet-notes"
+FLEET_TABLE = "fleet-table"
+FLEET_PAGER = "fleet-pager"
+FLEET_PREV = "fleet-prev"
+FLEET_NEXT = "fleet-next"

@@ -1,4 +1,7 @@
-"""PromQL for the Prometheus-backed views (Live history, Fleet): pure string building, no I/O.
+"""PromQL for the Prometheus-backed views (Live history, the Fleet page's rows): pure string building, no I/O.
+
+The Fleet page's summary is ``kvdoctor.sources.fleet.read_fleet``'s (its queries are in
+``kvdoctor.rules.fleet``); here are only the two queries for the rows a page shows.
 
 Every label value that reaches a query goes through ``quote`` (a PromQL string literal), so a
 value taken from a page URL can only ever select series, never change the query.
@@ -7,9 +10,11 @@ value taken from a page URL can only ever select series, never change the query.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.promql import record_pattern
 
 # Prometheus refuses range queries of more than 11,000 points per series.
 MAX_POINTS_PER_SERIES = 11_000
@@ -108,26 +113,27 @@ def recent_window_selector(instance: str) -> str:
     return f"{{__name__=~{quote('|'.join(names))}, {TARGET_LABEL}={quote(instance)}}}"
 
 
-def _per_target(itl_window: str) -> dict[str, str]:
-    """KV usage and ITL p95 of each target, the ITL's rate over ``itl_window`` (a PromQL duration)."""
-    itl_bucket = f"sum by ({TARGET_LABEL}, le) (rate({S.INTER_TOKEN_LATENCY}_bucket[{itl_window}]))"
-    return {
-        "kv_usage": f"max by ({TARGET_LABEL}) ({S.KV_CACHE_USAGE})",
-        "itl_p95": f"histogram_quantile(0.95, {itl_bucket})",
-    }
+def _alternatives(values: Iterable[str]) -> str:
+    """A regex matching exactly ``values`` (each escaped), as a quoted PromQL string."""
+    return quote("|".join(re.escape(v) for v in sorted(set(values))))
 
 
-def fleet_queries(window: str) -> dict[str, str]:
-    """Instant queries for the Fleet table, each by target (``window``: a PromQL duration)."""
-    return {
-        "verdict": f"{S.DIAGNOSIS_VERDICT} == 1",
-        "worst": f"max_over_time({S.DIAGNOSIS_VERDICT}[{window}]) == 1",
-        **_per_target("1m"),
-        "preemption_rate": f"sum by ({TARGET_LABEL}) (rate({S.PREEMPTIONS}[1m]))",
-        "info": f"group by ({TARGET_LABEL}, pod, engine, model_name) ({S.KV_CACHE_USAGE})",
-    }
+def fleet_sparkline_query(features: Iterable[str], pods: Iterable[tuple[str, str]]) -> str:
+    """The recorded ``features`` of the shown pods ((namespace, pod), ...), at whatever sizing the
+    rule file has, one series per pod and record (its engines' highest): one range query draws every
+    sparkline of a page, and reads records only, never the raw series."""
+    shown = list(pods)
+    names = quote("|".join(record_pattern(f) for f in sorted(set(features))))
+    return (
+        f"max by (__name__, namespace, pod) ({{__name__=~{names}, "
+        f"namespace=~{_alternatives(ns for ns, _ in shown)}, pod=~{_alternatives(p for _, p in shown)}}})"
+    )
 
 
-def fleet_history_queries(step: float, base_rate_window: float) -> dict[str, str]:
-    """Range queries for the Fleet charts: ITL p95 and KV usage per target."""
-    return _per_target(rate_window(step, base_rate_window))
+def fleet_instances_query(pods: Iterable[tuple[str, str]]) -> str:
+    """The scrape target (``instance``) of each shown pod, for its link to the Live page."""
+    shown = list(pods)
+    return (
+        f"group by (namespace, pod, {TARGET_LABEL}) ({S.SOURCE_UP}{{namespace=~{_alternatives(ns for ns, _ in shown)}, "
+        f"pod=~{_alternatives(p for _, p in shown)}}})"
+    )

@@ -12,36 +12,45 @@ through module state, so several apps can live in one process.
 from __future__ import annotations
 
 import math
+import secrets
+import threading
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 from flask import current_app
 
-from kvdoctor.dashboard import charts, derive, promql
+from kvdoctor.dashboard import derive, promql
 from kvdoctor.dashboard.derive import GpuSeries, LiveFrame, SourceHealth, TargetOption
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.fleet import FleetRow, FleetSummary
+from kvdoctor.rules.promql import record_range_seconds
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.rules.window import Window, labels_of
 from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.prometheus import PrometheusClient, RangeSeries
 
 __all__ = [
     "EXTENSION_KEY",
+    "FLEET_PAGE_ROWS",
     "PARALLEL_QUERIES",
     "Backend",
-    "FleetFetch",
+    "FleetCache",
+    "FleetPage",
     "LiveFetch",
     "SourceError",
     "backend",
-    "fetch_fleet",
     "fetch_live_from_exporter",
     "fetch_live_from_prometheus",
+    "fleet_page",
+    "fleet_summary",
     "now",
     "prometheus_diagnosis",
     "prometheus_frame",
@@ -51,9 +60,37 @@ EXTENSION_KEY = "kvdoctor_dashboard"
 PROMETHEUS_TIMEOUT_SECONDS = 15.0
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a bigger answer is not one the dashboard can draw
 PARALLEL_QUERIES = 4  # range queries in flight at once against Prometheus
+FLEET_CACHE_SIZE = 32  # Fleet summaries an app keeps (a few per open Fleet page)
 
 
 # ------------------------------------------------------------------------------------- backend
+
+
+class FleetCache:
+    """Fleet summaries kept on the server under short random tokens: a browser holds the token
+    (and its filters and page), never the rows, so no callback posts the fleet back."""
+
+    def __init__(self, size: int = FLEET_CACHE_SIZE):
+        self._size = size
+        self._items: OrderedDict[str, FleetSummary] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, summary: FleetSummary, token: str | None = None) -> str:
+        """Keeps ``summary`` under ``token`` (a page's refresh replaces its own), else a new one."""
+        token = token or secrets.token_urlsafe(9)
+        with self._lock:
+            self._items[token] = summary
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return token
+
+    def get(self, token: str | None) -> FleetSummary | None:
+        """The summary kept under ``token``; None when it is unknown (evicted, another process)."""
+        with self._lock:
+            summary = self._items.get(token or "")
+            if summary is not None:
+                self._items.move_to_end(token or "")
+            return summary
 
 
 @dataclass
@@ -63,6 +100,7 @@ class Backend:
     settings: DashboardSettings
     exporter: ExporterClient | None = None
     prometheus: PrometheusClient | None = None
+    fleet: FleetCache = field(default_factory=FleetCache)  # the Fleet page's summaries, by token
 
     @classmethod
     def from_settings(cls, settings: DashboardSettings) -> Backend:
@@ -289,73 +327,93 @@ def now() -> float:
 
 # --------------------------------------------------------------------------------------- fleet
 
+FLEET_PAGE_ROWS = 50  # rows the Fleet page shows at a time
+SPARK_POINTS = 40  # points per sparkline
+SPARK_FEATURES = ("itl_p95_seconds", "kv_usage")  # the recorded features a row draws
+
 
 @dataclass
-class FleetFetch:
-    rows: list[derive.FleetRow]
-    history: dict[str, list[dict]]  # chart key -> [{"name", "x" (ms), "y"}], downsampled
+class FleetPage:
+    """One page of a fleet summary's rows, filtered, with what only the shown rows need."""
+
+    rows: tuple[FleetRow, ...]
+    matching: int  # rows passing the filters, on every page
+    page: int  # 0-based, within [0, pages)
+    pages: int
+    grid: np.ndarray  # the sparklines' timestamps
+    sparks: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict)  # (ns, pod, feature) -> values
+    instances: dict[tuple[str, str], str] = field(default_factory=dict)  # (ns, pod) -> scrape target
+    notes: list[str] = field(default_factory=list)
 
 
-def fetch_fleet(
+def fleet_summary(client: PrometheusClient, at: float) -> FleetSummary:
+    """Every pod, worst first, at ``at``: ``read_fleet``'s few instant queries over the whole fleet."""
+    return read_fleet(client, at=at)
+
+
+def fleet_page(
     client: PrometheusClient,
+    summary: FleetSummary,
+    *,
+    namespace: str | None,
+    verdicts: Iterable[str] | None,
+    search: str | None,
+    page: int,
+    start: float,
     end: float,
-    range_seconds: float,
-    max_points: int,
-    rate_window: float,
-    oversampling: int = 1,
-) -> FleetFetch:
-    """Every exporter target with its verdict, KV usage, ITL p95 and preemption rate at ``end``,
-    worst first, and ITL p95 / KV usage per target over [end - range, end]."""
-    queries = promql.fleet_queries(f"{int(range_seconds)}s")
-    rows: dict[str, derive.FleetRow] = {}
+    per_page: int = FLEET_PAGE_ROWS,
+    points: int = SPARK_POINTS,
+) -> FleetPage:
+    """The ``page``-th ``per_page`` rows of ``summary`` passing the filters, with the sparklines of
+    their recorded ITL p95 and KV usage over [start, end] (one range query for the shown pods) and
+    their scrape targets (one instant query). Either failing leaves a note, not an error: the rows
+    are what on-call came for."""
+    matching = summary.select(namespace, verdicts, search)
+    pages = max(1, math.ceil(len(matching) / per_page))
+    page = min(max(0, int(page)), pages - 1)
+    rows = matching[page * per_page : (page + 1) * per_page]
+    step = promql.range_step(end - start, points)
+    grid = _grid(start, end, step)
+    out = FleetPage(rows, len(matching), page, pages, grid)
+    if not rows:
+        return out
+    shown = [(r.namespace, r.pod) for r in rows]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        sparks = pool.submit(
+            client.query_range, promql.fleet_sparkline_query(SPARK_FEATURES, shown), grid[0], grid[-1], step
+        )
+        targets = pool.submit(client.query, promql.fleet_instances_query(shown), end)
+        try:
+            out.sparks = _sparks(sparks.result(), rows, grid, step)
+        except SourceError as exc:
+            out.notes.append(f"no sparklines: {exc}")
+        try:
+            out.instances = {
+                (m.get("namespace", ""), m.get("pod", "")): m[promql.TARGET_LABEL]
+                for m, _ in targets.result()
+                if m.get(promql.TARGET_LABEL)
+            }
+        except SourceError as exc:
+            out.notes.append(f"no links to the Live page: {exc}")
+    return out
 
-    def row(metric: dict) -> derive.FleetRow | None:
-        instance = metric.get(promql.TARGET_LABEL)
-        if not instance:
-            return None
-        return rows.setdefault(instance, derive.FleetRow(instance))
 
-    for m, _ in client.query(queries["info"], at=end):
-        r = row(m)
-        if r:
-            r.pod, r.engine, r.model_name = (
-                m.get("pod", r.pod),
-                m.get("engine", r.engine),
-                m.get("model_name", r.model_name),
-            )
-    for m, _ in client.query(queries["verdict"], at=end):
-        r = row(m)
-        if r:
-            r.verdict = m.get("verdict", "")
-            r.pod = r.pod or m.get("pod", "")
-    for m, _ in client.query(queries["worst"], at=end):
-        r, verdict = row(m), m.get("verdict", "")
-        if r and (not r.worst_verdict or derive.severity(verdict) > derive.severity(r.worst_verdict)):
-            r.worst_verdict = verdict
-    for key in ("kv_usage", "itl_p95", "preemption_rate"):
-        for m, value in client.query(queries[key], at=end):
-            r = row(m)
-            if r:
-                setattr(r, key, value)
-
-    start = end - range_seconds
-    step = promql.range_step(range_seconds, oversampling * max_points)
-    history: dict[str, list[dict]] = {}
-    for key, expr in promql.fleet_history_queries(step, rate_window).items():
-        scale = 1000.0 if key == "itl_p95" else 100.0
-        traces = []
-        for s in sorted(
-            client.query_range(expr, start, end, step), key=lambda s: s.labels.get(promql.TARGET_LABEL, "")
-        ):
-            name = s.labels.get(promql.TARGET_LABEL, "?")
-            traces.append(
-                {
-                    "name": name,
-                    "kind": key,
-                    "group": name,
-                    "x": charts.epoch_ms(s.ts),
-                    "y": charts.compact(s.values * scale),
-                }
-            )
-        history[key] = charts.downsample({"traces": traces, "extras": {}}, max_points)["traces"]
-    return FleetFetch(derive.rank_fleet(rows.values()), history)
+def _sparks(
+    series: list[RangeSeries], rows: Iterable[FleetRow], grid: np.ndarray, step: float
+) -> dict[tuple[str, str, str], np.ndarray]:
+    """(ns, pod, feature) -> values on ``grid``: ITL p95 from the record the row's number came from,
+    else (and KV usage always) the record of the shortest range, as ``read_fleet`` picks them."""
+    itl_record = {(r.namespace, r.pod): r.itl_record for r in rows}
+    chosen: dict[tuple[str, str, str], tuple[tuple[bool, float], RangeSeries]] = {}
+    for s in series:
+        name = s.labels.get("__name__", "")
+        feature = name.rsplit(":", 2)[1] if name.count(":") == 2 else ""
+        seconds = record_range_seconds(name)
+        if feature not in SPARK_FEATURES or seconds is None:
+            continue
+        pod = (s.labels.get("namespace", ""), s.labels.get("pod", ""))
+        rank = (name != itl_record.get(pod) if feature == "itl_p95_seconds" else True, seconds)
+        key = (*pod, feature)
+        if key not in chosen or rank < chosen[key][0]:
+            chosen[key] = (rank, s)
+    return {key: _on_grid(grid, step, s) for key, (_, s) in chosen.items()}

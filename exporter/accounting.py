@@ -33,6 +33,7 @@ from typing import Any
 import kvdoctor
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected
+from kvdoctor.rules.records import attributes
 from kvdoctor.rules.window import Labels, SeriesKey
 
 log = logging.getLogger("kvdoctor.exporter")
@@ -77,16 +78,11 @@ class SourceStatus:
 
     def to_json(self) -> dict:
         return {
-            "name": self.name,
-            "applicable": self.applicable,
-            "up": self.up,
-            "last_scrape": self.last_scrape,
-            "last_success": self.last_success,
-            "duration_seconds": self.duration_seconds,
-            "series": self.series,
-            "last_error": self.last_error,
-            "last_error_reason": self.last_error_reason,
-            "last_error_at": self.last_error_at,
+            **attributes(
+                self,
+                "name applicable up last_scrape last_success duration_seconds series "
+                "last_error last_error_reason last_error_at",
+            ),
             "errors": dict(self.errors),
         }
 

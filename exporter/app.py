@@ -61,7 +61,7 @@ class WindowOut(BaseModel):
 class ContextOut(BaseModel):
     model_config = {"extra": "allow"}
     slo_seconds: float = Field(description="The ITL SLO (p95, seconds) the exporter diagnoses against.")
-    model: dict[str, Any] | None = Field(description="The model's shape (--model-config), null if unknown.")
+    model: dict[str, Any] | None = Field(description="The model's shape (--model), null if unknown.")
     kv_dtype: str | None
     gpu_model: str | None = Field(description="The GPU's name, from the GPU collectors.")
     gpu_peak_bandwidth_bytes_per_second: float | None

@@ -7,9 +7,12 @@ flag and the variable, and tests/helm/ checks the chart's flags against it.
 
 Every field's environment variable is ``KVDOCTOR_<FIELD>`` (``KVDOCTOR_ENGINE_URL``,
 ``KVDOCTOR_INTERVAL``, ...), unless the field declares its names as a ``validation_alias``
-(``KVDOCTOR_MODEL_CONFIG``). Collector switches come from the collector registry
+(``KVDOCTOR_MODEL``, then its deprecated names). Collector switches come from the collector registry
 (``exporter/collectors/base.py``): ``--collector.NAME`` / ``--no-collector.NAME`` on the command
-line, ``KVDOCTOR_COLLECTOR_NAME=true|false`` in the environment. Flags win over the environment.
+line, ``KVDOCTOR_COLLECTOR_NAME=true|false`` in the environment (``exporter/collector_switches.py``
+reads them). Flags win over the environment; an empty variable counts as unset. A field's old flag
+spellings (``deprecated=``) still work for one release (the CLI warns): ``--model-config`` is
+``--model``; ``--nvml`` / ``--no-nvml`` (and ``KVDOCTOR_NVML``) are the nvml collector's switch.
 
 A bad value is a ``pydantic.ValidationError``; ``error_line`` turns it into the one line the CLI
 prints (naming the flag and the variable) before exiting with status 2.
@@ -17,7 +20,6 @@ prints (naming the flag and the variable) before exiting with status 2.
 
 from __future__ import annotations
 
-import os
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,18 +27,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvdoctor.exporter.adapters import ADAPTERS
+from kvdoctor.exporter.collector_switches import COLLECTOR_ENV_PREFIX, ENV_PREFIX, CollectorSwitchesFromEnv
 from kvdoctor.exporter.collectors import REGISTRY, CollectorSpec
 from kvdoctor.exporter.gpu_filter import HELP as GPU_FILTER_HELP
 from kvdoctor.exporter.gpu_filter import parse_gpu_filter
 from kvdoctor.exporter.web_config import WebConfigError, load_web_config
 from kvdoctor.rules.model_sources import locate_model, read_config
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
-
-ENV_PREFIX = "KVDOCTOR_"
-COLLECTOR_ENV_PREFIX = ENV_PREFIX + "COLLECTOR_"
 
 # Help groups, in the order `kvdoctor exporter --help` shows them.
 SOURCES = "sources"
@@ -70,29 +70,23 @@ def normalise_url(value: str, default_path: str = "/metrics") -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def setting(default: Any, help: str, *, flag: str, group: str, metavar: str | None = None, **field: Any) -> Any:
-    """A settings field with its flag, metavar, help and help group.
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str,
+    group: str,
+    metavar: str | None = None,
+    deprecated: tuple[str, ...] = (),
+    **field: Any,
+) -> Any:
+    """A settings field with its flag, metavar, help, help group and old flag spellings.
 
     ``help`` says what the value does; ``(default: X; KVDOCTOR_Y)`` is added where it is shown,
     unless the help already explains its default (a default computed from other settings).
     """
-    extra = {"flag": flag, "group": group, "metavar": metavar}
+    extra = {"flag": flag, "group": group, "metavar": metavar, "deprecated": list(deprecated)}
     return Field(default, description=help, json_schema_extra=extra, **field)
-
-
-class _CollectorSwitchesFromEnv(PydanticBaseSettingsSource):
-    """``KVDOCTOR_COLLECTOR_NAME=true|false`` -> ``collectors={"name": ...}``."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        switches = {
-            key[len(COLLECTOR_ENV_PREFIX) :].lower(): raw
-            for key, raw in os.environ.items()
-            if key.upper().startswith(COLLECTOR_ENV_PREFIX) and len(key) > len(COLLECTOR_ENV_PREFIX)
-        }
-        return {"collectors": switches} if switches else {}
 
 
 class ExporterSettings(BaseSettings):
@@ -103,6 +97,7 @@ class ExporterSettings(BaseSettings):
         extra="forbid",
         validate_default=True,
         populate_by_name=True,  # a field with env aliases is still set by its own name
+        env_ignore_empty=True,  # KVDOCTOR_X= (set but empty) is unset, as for every verb's variables
     )
 
     # --------------------------------------------------------------------------- sources
@@ -122,9 +117,6 @@ class ExporterSettings(BaseSettings):
     )
     dcgm_url: str | None = setting(
         None, "an existing dcgm-exporter's /metrics, for GPU counters", flag="--dcgm-url", metavar="URL", group=SOURCES
-    )
-    nvml: bool = setting(
-        True, "read GPU counters through NVML (--no-nvml turns the nvml collector off)", flag="--nvml", group=SOURCES
     )
     collectors: dict[str, bool] = Field(
         default_factory=dict,
@@ -153,10 +145,11 @@ class ExporterSettings(BaseSettings):
         None,
         "the served model: its config.json, its folder, its Hugging Face id in the local cache, or a built-in "
         "name (enables kvdoctor_decode_step_floor_seconds)",
-        flag="--model-config",
-        metavar="PATH|ID",
+        flag="--model",
+        metavar="MODEL",
         group=CONTEXT,
-        validation_alias=AliasChoices("kvdoctor_model_config", "kvdoctor_model_config_path"),
+        deprecated=("--model-config",),
+        validation_alias=AliasChoices("kvdoctor_model", "kvdoctor_model_config", "kvdoctor_model_config_path"),
     )
     gpu_peak_bandwidth: float | None = setting(
         None,
@@ -191,9 +184,9 @@ class ExporterSettings(BaseSettings):
 
     # --------------------------------------------------------------------------- serving
     interval: float = setting(1.0, "seconds between collections", flag="--interval", metavar="S", group=SERVING, gt=0)
-    host: str = setting("127.0.0.1", "address to bind", flag="--host", metavar="H", group=SERVING, min_length=1)
+    host: str = setting("127.0.0.1", "address to bind", flag="--host", metavar="HOST", group=SERVING, min_length=1)
     port: int = setting(
-        9745, "port to bind; 0: any free port", flag="--port", metavar="P", group=SERVING, ge=0, le=65535
+        9745, "port to bind; 0: any free port", flag="--port", metavar="PORT", group=SERVING, ge=0, le=65535
     )
     retention_seconds: float = setting(
         900.0, "seconds of samples kept in memory", flag="--retention", metavar="S", group=SERVING, gt=0
@@ -237,7 +230,17 @@ class ExporterSettings(BaseSettings):
     def settings_customise_sources(
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
     ):
-        return (init_settings, env_settings, _CollectorSwitchesFromEnv(settings_cls))
+        return (init_settings, env_settings, CollectorSwitchesFromEnv(settings_cls))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nvml_shorthand(cls, data: Any) -> Any:
+        """``nvml=False``, the old field (deprecated with ``--nvml``): the nvml collector's switch."""
+        if isinstance(data, dict) and "nvml" in data:
+            data = dict(data)
+            enabled = data.pop("nvml")
+            data["collectors"] = {"nvml": enabled, **dict(data.get("collectors") or {})}
+        return data
 
     @field_validator("engine_url", "dcgm_url")
     @classmethod
@@ -310,9 +313,7 @@ class ExporterSettings(BaseSettings):
         return self
 
     def collector_enabled(self, name: str) -> bool:
-        """Whether collector ``name`` runs: its switch, else its registry default (``nvml`` also needs ``nvml``)."""
-        if name == "nvml" and not self.nvml:
-            return False
+        """Whether collector ``name`` runs: its switch, else its registry default."""
         if name in self.collectors:
             return self.collectors[name]
         spec = collector_registry().get(name)
@@ -338,6 +339,7 @@ class Option:
     default: Any
     kind: type  # bool, int, float, str (the argparse type), or dict for the collector switches
     choices: tuple[str, ...] | None = None
+    deprecated: tuple[str, ...] = ()  # old spellings of the flag, working for one release
 
     @property
     def is_switch(self) -> bool:
@@ -417,6 +419,7 @@ def options() -> list[Option]:
                 default=None if info.default_factory is not None else info.default,
                 kind=kind,
                 choices=choices,
+                deprecated=tuple(extra.get("deprecated") or ()),
             )
         )
     return found

@@ -11,8 +11,8 @@ prefix-cache hits by tier.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
@@ -31,6 +31,9 @@ from kvdoctor.rules.units import RATIO
 
 from . import queries as q
 from .queries import Query
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 UID = "kvdoctor"
 TITLE = "kvdoctor: KV cache and decode latency"
@@ -375,24 +378,35 @@ def build_dashboard(
     return model
 
 
-def dashboard_dict(
-    thresholds: Thresholds | None = None,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-    scrape_interval_seconds: float | None = None,
-    runbook_base_url: str = RUNBOOK_BASE_URL,
-) -> dict[str, Any]:
-    """The dashboard as plain JSON data (the arguments of ``build_dashboard``)."""
-    model = build_dashboard(thresholds, slo_seconds, scrape_interval_seconds, runbook_base_url)
+def _of_the_built(
+    build: Callable[P, dm.Dashboard],
+) -> Callable[[Callable[[dm.Dashboard], R]], Callable[P, R]]:
+    """A conversion of the dashboard as a function of ``build``'s arguments: built, then converted."""
+
+    def decorate(convert: Callable[[dm.Dashboard], R]) -> Callable[P, R]:
+        def converted(*args: P.args, **kwargs: P.kwargs) -> R:
+            return convert(build(*args, **kwargs))
+
+        converted.__name__ = converted.__qualname__ = convert.__name__
+        converted.__doc__ = convert.__doc__
+        return converted
+
+    return decorate
+
+
+@_of_the_built(build_dashboard)
+def dashboard_dict(model: dm.Dashboard) -> dict[str, Any]:
+    """The dashboard as plain JSON data (takes the arguments of ``build_dashboard``)."""
+    return _plain(model)
+
+
+def _plain(model: dm.Dashboard) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(json.dumps(model, cls=JSONEncoder))
     return data
 
 
-def render_dashboard(
-    thresholds: Thresholds | None = None,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-    scrape_interval_seconds: float | None = None,
-    runbook_base_url: str = RUNBOOK_BASE_URL,
-) -> str:
-    """The dashboard's JSON text, as ``kvdoctor grafana export`` writes it (stable: keys sorted)."""
-    data = dashboard_dict(thresholds, slo_seconds, scrape_interval_seconds, runbook_base_url)
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+@_of_the_built(build_dashboard)
+def render_dashboard(model: dm.Dashboard) -> str:
+    """The dashboard's JSON text, as ``kvdoctor grafana export`` writes it (stable: keys sorted); takes
+    the arguments of ``build_dashboard``."""
+    return json.dumps(_plain(model), indent=2, sort_keys=True) + "\n"

@@ -60,6 +60,11 @@ def feature_query(feature: str, legend: str, thresholds: Thresholds, threshold: 
     return Query(recorded(feature, thresholds), legend, FEATURES[feature].unit, threshold)
 
 
+def per_pod(feature: str, legend: str, thresholds: Thresholds, threshold: float | None = None) -> Query:
+    """``feature_query`` with one line per pod: ``legend`` after the pod's name."""
+    return feature_query(feature, f"{BY_POD} {legend}", thresholds, threshold)
+
+
 # ---------------------------------------------------------------------------------- verdicts
 
 
@@ -97,11 +102,11 @@ def itl_legend(thresholds: Thresholds) -> str:
 
 
 def kv_usage(thresholds: Thresholds) -> Query:
-    return feature_query("kv_usage", f"{BY_POD} KV usage", thresholds, thresholds.kv_ceiling_ratio)
+    return per_pod("kv_usage", "KV usage", thresholds, thresholds.kv_ceiling_ratio)
 
 
 def itl(thresholds: Thresholds) -> Query:
-    return feature_query("itl_p95_seconds", f"{BY_POD} {itl_legend(thresholds)}", thresholds)
+    return per_pod("itl_p95_seconds", itl_legend(thresholds), thresholds)
 
 
 def itl_slo(slo_seconds: float = DEFAULT_SLO_SECONDS) -> Query:
@@ -115,48 +120,36 @@ def itl_slo(slo_seconds: float = DEFAULT_SLO_SECONDS) -> Query:
 
 
 def dram_bandwidth(thresholds: Thresholds) -> Query:
-    return feature_query(
-        "dram_bandwidth_ratio", f"{BY_POD} DRAM bandwidth", thresholds, thresholds.bandwidth_high_ratio
-    )
+    return per_pod("dram_bandwidth_ratio", "DRAM bandwidth", thresholds, thresholds.bandwidth_high_ratio)
 
 
 def sm_active(thresholds: Thresholds) -> Query:
-    return feature_query("sm_active_ratio", f"{BY_POD} SM active", thresholds, thresholds.sm_high_ratio)
+    return per_pod("sm_active_ratio", "SM active", thresholds, thresholds.sm_high_ratio)
 
 
 def preemptions(thresholds: Thresholds) -> Query:
-    return feature_query(
-        "preemptions_per_minute", f"{BY_POD} preemptions", thresholds, thresholds.preemptions_per_minute
-    )
+    return per_pod("preemptions_per_minute", "preemptions", thresholds, thresholds.preemptions_per_minute)
 
 
 def pcie_receive(thresholds: Thresholds) -> Query:
-    return feature_query(
-        "pcie_receive_bytes_per_second",
-        f"{BY_POD} PCIe receive",
-        thresholds,
-        thresholds.pcie_receive_bytes_per_second_min,
+    return per_pod(
+        "pcie_receive_bytes_per_second", "PCIe receive", thresholds, thresholds.pcie_receive_bytes_per_second_min
     )
 
 
 def kv_into_gpu(thresholds: Thresholds) -> Query:
-    return feature_query(
-        "kv_to_gpu_bytes_per_second",
-        f"{BY_POD} KV into GPU",
-        thresholds,
-        thresholds.kv_to_gpu_bytes_per_second_min,
-    )
+    return per_pod("kv_to_gpu_bytes_per_second", "KV into GPU", thresholds, thresholds.kv_to_gpu_bytes_per_second_min)
 
 
 # ------------------------------------------------------------------------- queue and cache
 
 
 def requests_running(thresholds: Thresholds) -> Query:
-    return feature_query("requests_running", f"{BY_POD} running", thresholds)
+    return per_pod("requests_running", "running", thresholds)
 
 
 def requests_waiting(thresholds: Thresholds) -> Query:
-    return feature_query("requests_waiting", f"{BY_POD} waiting", thresholds, thresholds.queue_waiting_min)
+    return per_pod("requests_waiting", "waiting", thresholds, thresholds.queue_waiting_min)
 
 
 def prefix_hits_by_tier() -> Query:
@@ -166,9 +159,7 @@ def prefix_hits_by_tier() -> Query:
 
 
 def slow_tier_share(thresholds: Thresholds) -> Query:
-    return feature_query(
-        "slow_tier_hit_fraction", f"{BY_POD} hits off GPU", thresholds, thresholds.slow_tier_hit_fraction_min
-    )
+    return per_pod("slow_tier_hit_fraction", "hits off GPU", thresholds, thresholds.slow_tier_hit_fraction_min)
 
 
 # The feature units the panels show, in Grafana's unit ids.

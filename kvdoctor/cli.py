@@ -1,6 +1,9 @@
 """The ``kvdoctor`` console script: a thin dispatcher over ``kvdoctor.commands.*``.
 
-Each command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
+Each command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``
+(and may define ``DESCRIPTION``, with its examples, and ``WITHOUT_VARIABLE``, its flags no
+environment variable stands for). The grammar every verb shares (flag names, variables, old
+spellings) is ``kvdoctor/flags.py``'s.
 Exit status, in every command: 0 healthy or idle (or done), 1 a slow verdict, 2 bad usage or input
 (argparse's errors and a ``UsageError``), 3 a source that could not be read (a ``SourceUnreadable``)
 or an internal error: any other exception is a bug, reported as one ``internal error`` line (the
@@ -14,6 +17,7 @@ import os
 import sys
 import traceback
 
+from kvdoctor import flags
 from kvdoctor.commands import dashboard, demo, diagnose, exporter, grafana, ledger, record, rules, stress, version
 from kvdoctor.errors import EXIT_STATUS_HELP, EXIT_UNREADABLE, EXIT_USAGE, SourceUnreadable, UsageError
 from kvdoctor.sources.http import SourceError
@@ -22,14 +26,15 @@ from kvdoctor.sources.http import SourceError
 COMMANDS = (demo, exporter, dashboard, diagnose, record, ledger, rules, grafana, stress, version)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one clear line, not a usage dump
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvdoctor", description="Says why LLM decode is slow.", epilog=EXIT_STATUS_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = flags.Parser(
+        prog="kvdoctor",
+        description="Says why LLM decode is slow.\n\nexamples:\n  kvdoctor demo\n  kvdoctor diagnose --exporter "
+        "http://127.0.0.1:9745",
+        epilog=f"{EXIT_STATUS_HELP}\n\nEvery flag also reads an environment variable, named in each command's --help.",
+    )
+    parser.add_argument("--version", action="version", version=version.version_line(), help="print the version")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         description = getattr(module, "DESCRIPTION", module.HELP)
         p = sub.add_parser(
@@ -37,23 +42,41 @@ def build_parser() -> argparse.ArgumentParser:
             help=module.HELP,
             description=description,
             epilog=None if "exit status" in description else EXIT_STATUS_HELP,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+        actions = _action_parsers(p)
+        for each in (p, *actions.values()):
+            flags.bind(module.NAME, each, getattr(module, "WITHOUT_VARIABLE", ()))
+        for name, child in actions.items():  # `kvdoctor rules --help` shows what `rules export` takes
+            p.epilog = f"{p.epilog or ''}\n\n--- {p.prog} {name} ---\n{child.format_help()}".lstrip()
     return parser
 
 
+def _action_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of a verb's actions (``rules export``), by name."""
+    return {
+        name: child
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, child in action.choices.items()
+    }
+
+
+def parse_arguments(argv: list[str] | None = None, environ=None) -> argparse.Namespace:
+    """The namespace ``kvdoctor ARGV`` runs with: the flags, over their environment variables."""
+    return flags.parse(build_parser(), sys.argv[1:] if argv is None else argv, environ)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     if not getattr(args, "_run", None):
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         return int(args._run(args) or 0)
     except UsageError as exc:
-        print(f"kvdoctor {args.command}: error: {exc}", file=sys.stderr)
+        print(f"kvdoctor {args.command}: error: {flags.blame(str(exc), args)}", file=sys.stderr)
         return EXIT_USAGE
     except (SourceUnreadable, SourceError) as exc:  # an exporter, Prometheus or engine that cannot be read
         print(f"kvdoctor {args.command}: error: {exc}", file=sys.stderr)

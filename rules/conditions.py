@@ -132,31 +132,28 @@ def _missing(atom: Atom, values: Mapping[str, float]) -> bool:
 def could_hold(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
     """Whether some measurement of the missing features could make ``cond`` hold (each comparison
     on a missing feature taken as free)."""
-    if isinstance(cond, (Cmp, CmpFeatures, Present)):
-        return _missing(cond, values) or evaluate(cond, values, params)
-    if isinstance(cond, All):
-        return all(could_hold(t, values, params) for t in cond.terms)
-    if isinstance(cond, Any):
-        return any(could_hold(t, values, params) for t in cond.terms)
-    if isinstance(cond, Not):
-        return not must_hold(cond.term, values, params)
-    if isinstance(cond, Named):
-        return could_hold(cond.condition, values, params)
-    raise TypeError(f"not a condition: {cond!r}")
+    return _holds(cond, values, params, must=False)
 
 
 def must_hold(cond: Condition, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
     """Whether ``cond`` holds whatever the missing features would measure."""
+    return _holds(cond, values, params, must=True)
+
+
+def _holds(cond: Condition, values: Mapping[str, float], params: Mapping[str, float], must: bool) -> bool:
+    """``must_hold`` (``must``) or ``could_hold``: each is the other under a ``Not``."""
     if isinstance(cond, (Cmp, CmpFeatures, Present)):
-        return not _missing(cond, values) and evaluate(cond, values, params)
+        if _missing(cond, values):
+            return not must
+        return evaluate(cond, values, params)
     if isinstance(cond, All):
-        return all(must_hold(t, values, params) for t in cond.terms)
+        return all(_holds(t, values, params, must) for t in cond.terms)
     if isinstance(cond, Any):
-        return any(must_hold(t, values, params) for t in cond.terms)
+        return any(_holds(t, values, params, must) for t in cond.terms)
     if isinstance(cond, Not):
-        return not could_hold(cond.term, values, params)
+        return not _holds(cond.term, values, params, not must)
     if isinstance(cond, Named):
-        return must_hold(cond.condition, values, params)
+        return _holds(cond.condition, values, params, must)
     raise TypeError(f"not a condition: {cond!r}")
 
 

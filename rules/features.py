@@ -18,6 +18,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .feature_promql import ENGINE_KEYS as ENGINE_KEYS
+from .feature_promql import GPU_KEYS as GPU_KEYS
+from .feature_promql import TIER_ALL as _TIER_ALL
+from .feature_promql import TIER_DEVICE as _TIER_DEVICE
+from .feature_promql import TIER_SLOW as _TIER_SLOW
+from .feature_promql import PromContext as PromContext
+from .feature_promql import (
+    gpu_busy_promql,
+    gpu_median_max_promql,
+    gpu_precise_promql,
+    itl_quantile_promql,
+    mean_time_per_token_promql,
+    quantile_promql,
+    slow_tier_fraction_promql,
+)
+from .feature_promql import prom_number as prom_number
+from .feature_promql import recent_range as _recent
 from .signals import (
     GENERATION_SECONDS,
     GENERATION_TOKENS,
@@ -47,37 +64,7 @@ from .view import Part, Selector, WindowView, nanmax, nansum
 ENGINE = "engine"
 GPU = "gpu"
 
-# Labels that identify an engine / a pod's GPUs in PromQL aggregations and joins.
-ENGINE_KEYS = ("namespace", "pod", "model_name", "engine")
-GPU_KEYS = ("namespace", "pod")
-
 PythonFeature = Callable[[WindowView, Thresholds], float]
-
-
-def prom_number(value: float) -> str:
-    """A float as PromQL reads it back exactly (repr), without a trailing ``.0``."""
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
-
-
-@dataclass(frozen=True)
-class PromContext:
-    """What feature expressions need to render: the window as PromQL durations and the keys."""
-
-    window: str  # e.g. "60s"
-    third: str  # window / 3
-    two_thirds: str  # 2 x window / 3, the offset of the first third
-    recent: str = ""  # the state sub-window (Thresholds.state_window_seconds); "" means the window
-    engine_keys: str = ", ".join(ENGINE_KEYS)
-    gpu_keys: str = ", ".join(GPU_KEYS)
-
-    def range_of(self, part: Part) -> str:
-        """The duration a feature over ``part`` reads: its recording rule is named after it."""
-        if part == "recent":
-            return self.recent or self.window
-        return self.third if part in ("early", "late") else self.window
 
 
 @dataclass(frozen=True)
@@ -98,29 +85,14 @@ class Feature:
         return self.signals[0]
 
 
-def _recent(c: PromContext) -> str:
-    return c.recent or c.window
-
-
 def _gpu_median_max(sel: Selector, part: Part = "all") -> PythonFeature:
     return lambda v, t: nanmax(v.quantiles(sel, t.gpu_quantile, part))
-
-
-def _gpu_median_max_promql(sel: Selector, part: Part = "all") -> Callable[[PromContext, Thresholds], str]:
-    return lambda c, t: (
-        f"max by ({c.gpu_keys}) "
-        f"(quantile_over_time({prom_number(t.gpu_quantile)}, "
-        f"{sel.promql()}[{_recent(c) if part == 'recent' else c.window}]))"
-    )
 
 
 _PRECISE = (("method", "!=", METHOD_NVML_UTIL),)  # not duty cycles
 _TO_GPU = Selector(KV_TRANSFER_BYTES, (("direction", "=", "to_gpu"),))
 _DRAM_PRECISE = Selector(GPU_DRAM_BANDWIDTH_UTILIZATION, _PRECISE)
 _SM_PRECISE = Selector(GPU_SM_ACTIVE, _PRECISE)
-_TIER_ALL = Selector(PREFIX_CACHE_HITS_BY_TIER)
-_TIER_SLOW = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "!=", "device"),))
-_TIER_DEVICE = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "=", "device"),))
 
 
 def total_hit_tokens(v: WindowView) -> float:
@@ -134,17 +106,6 @@ def total_hit_tokens(v: WindowView) -> float:
             return by_tier
         return engine + by_tier
     return engine
-
-
-def _total_hits_promql(c: PromContext) -> str:
-    """``total_hit_tokens`` in PromQL (each alternative only where the ones before it are absent)."""
-    k = c.engine_keys
-
-    def inc(sel: Selector) -> str:
-        return f"sum by ({k}) (increase({sel.promql()}[{c.window}]))"
-
-    tiers, device, engine = inc(_TIER_ALL), inc(_TIER_DEVICE), inc(Selector(PREFIX_CACHE_HITS))
-    return f"(({tiers} and on({k}) {device}) or ({engine} + on({k}) {tiers}) or {tiers} or {engine})"
 
 
 def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
@@ -176,41 +137,8 @@ def _gpu_busy(v: WindowView, t: Thresholds) -> float:
     return nanmax(values)
 
 
-def _gpu_busy_promql(c: PromContext, t: Thresholds) -> str:
-    parts = [
-        f"label_replace(quantile_over_time({prom_number(t.gpu_quantile)}, {name}[{_recent(c)}]), "
-        f'"gpu_signal", "{tag}", "", "")'
-        for name, tag in ((GPU_DRAM_BANDWIDTH_UTILIZATION, "dram"), (GPU_SM_ACTIVE, "sm"))
-    ]
-    return f"max by ({c.gpu_keys}) ({parts[0]} or {parts[1]})"
-
-
 def _quantile(q: Callable[[Thresholds], float], part: Part, histogram: str = INTER_TOKEN_LATENCY) -> PythonFeature:
     return lambda v, t: v.histogram_quantile(histogram, q(t), part)
-
-
-def _quantile_promql(
-    q: Callable[[Thresholds], float], part: Part, histogram: str = INTER_TOKEN_LATENCY
-) -> Callable[[PromContext, Thresholds], str]:
-    def render(c: PromContext, t: Thresholds) -> str:
-        rng = {
-            "all": f"[{c.window}]",
-            "recent": f"[{_recent(c)}]",
-            "late": f"[{c.third}]",
-            "early": f"[{c.third}] offset {c.two_thirds}",
-        }[part]
-        return (
-            f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) (increase({histogram}_bucket{rng})))"
-        )
-
-    return render
-
-
-def _ratio_of_increases_promql(numerator: str, denominator: str) -> Callable[[PromContext, Thresholds], str]:
-    return lambda c, t: (
-        f"sum by ({c.engine_keys}) (increase({numerator}[{c.window}])) "
-        f"/ on({c.engine_keys}) sum by ({c.engine_keys}) (increase({denominator}[{c.window}]))"
-    )
 
 
 def _engine_median(signal: str) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
@@ -231,6 +159,29 @@ def _engine_high(signal: str) -> tuple[PythonFeature, Callable[[PromContext, Thr
     )
 
 
+def _engine_rate(sel: Selector, scale: int = 1) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
+    """The per-second rate of counter ``sel`` over the window (times ``scale``), summed over the engine's ranks."""
+    times = f" * {scale}" if scale != 1 else ""
+    return (
+        lambda v, t: v.sum_rate(sel) * scale,
+        lambda c, t: f"sum by ({c.engine_keys}) (rate({sel.promql()}[{c.window}])){times}",
+    )
+
+
+def _itl_median_of_third(part: Part, which: str) -> Feature:
+    """``itl_<part>_median_seconds``: the median inter-token latency in the window's ``which`` third."""
+    return Feature(
+        f"itl_{part}_median_seconds",
+        ENGINE,
+        SECONDS,
+        (INTER_TOKEN_LATENCY,),
+        f"median inter-token latency in the window's {which} third",
+        _quantile(lambda t: 0.5, part),
+        itl_quantile_promql(lambda t: 0.5, part),
+        part=part,
+    )
+
+
 _STATE = "over the state sub-window (the window's last state_window_seconds)"
 
 FEATURES: dict[str, Feature] = {
@@ -242,8 +193,7 @@ FEATURES: dict[str, Feature] = {
             TOKENS_PER_SECOND,
             (GENERATION_TOKENS,),
             "output tokens per second over the window (counter resets handled)",
-            lambda v, t: v.sum_rate(Selector(GENERATION_TOKENS)),
-            lambda c, t: f"sum by ({c.engine_keys}) (rate({GENERATION_TOKENS}[{c.window}]))",
+            *_engine_rate(Selector(GENERATION_TOKENS)),
         ),
         Feature(
             "prompt_tokens_per_second",
@@ -251,8 +201,7 @@ FEATURES: dict[str, Feature] = {
             TOKENS_PER_SECOND,
             (PROMPT_TOKENS,),
             "prompt tokens per second over the window",
-            lambda v, t: v.sum_rate(Selector(PROMPT_TOKENS)),
-            lambda c, t: f"sum by ({c.engine_keys}) (rate({PROMPT_TOKENS}[{c.window}]))",
+            *_engine_rate(Selector(PROMPT_TOKENS)),
         ),
         Feature(
             "requests_running",
@@ -287,8 +236,7 @@ FEATURES: dict[str, Feature] = {
             PER_MINUTE,
             (PREEMPTIONS,),
             "preemptions (or retractions) per minute over the window (counter history and resets handled)",
-            lambda v, t: v.sum_rate(Selector(PREEMPTIONS)) * 60,
-            lambda c, t: f"sum by ({c.engine_keys}) (rate({PREEMPTIONS}[{c.window}])) * 60",
+            *_engine_rate(Selector(PREEMPTIONS), 60),
         ),
         Feature(
             "kv_usage",
@@ -314,8 +262,7 @@ FEATURES: dict[str, Feature] = {
             BYTES_PER_SECOND,
             (KV_TRANSFER_BYTES,),
             "KV bytes per second moved into the GPU from another tier",
-            lambda v, t: v.sum_rate(_TO_GPU),
-            lambda c, t: f"sum by ({c.engine_keys}) (rate({_TO_GPU.promql()}[{c.window}]))",
+            *_engine_rate(_TO_GPU),
         ),
         Feature(
             "slow_tier_hit_fraction",
@@ -324,11 +271,7 @@ FEATURES: dict[str, Feature] = {
             (PREFIX_CACHE_HITS_BY_TIER, PREFIX_CACHE_HITS),
             "share of prefix-cache hit tokens (every tier counted once) served from a tier other than the GPU",
             _slow_tier_fraction,
-            lambda c, t: (
-                f"(sum by ({c.engine_keys}) (increase({_TIER_SLOW.promql()}[{c.window}])) "
-                f"or on({c.engine_keys}) {_total_hits_promql(c)} * 0) "
-                f"/ on({c.engine_keys}) {_total_hits_promql(c)}"
-            ),
+            slow_tier_fraction_promql,
         ),
         Feature(
             "itl_p95_seconds",
@@ -337,29 +280,11 @@ FEATURES: dict[str, Feature] = {
             (INTER_TOKEN_LATENCY,),
             f"inter-token latency quantile (itl_quantile) from the histogram's bucket increases {_STATE}",
             _quantile(lambda t: t.itl_quantile, "recent"),
-            _quantile_promql(lambda t: t.itl_quantile, "recent"),
+            itl_quantile_promql(lambda t: t.itl_quantile, "recent"),
             part="recent",
         ),
-        Feature(
-            "itl_early_median_seconds",
-            ENGINE,
-            SECONDS,
-            (INTER_TOKEN_LATENCY,),
-            "median inter-token latency in the window's first third",
-            _quantile(lambda t: 0.5, "early"),
-            _quantile_promql(lambda t: 0.5, "early"),
-            part="early",
-        ),
-        Feature(
-            "itl_late_median_seconds",
-            ENGINE,
-            SECONDS,
-            (INTER_TOKEN_LATENCY,),
-            "median inter-token latency in the window's last third",
-            _quantile(lambda t: 0.5, "late"),
-            _quantile_promql(lambda t: 0.5, "late"),
-            part="late",
-        ),
+        _itl_median_of_third("early", "first"),
+        _itl_median_of_third("late", "last"),
         Feature(
             "time_per_token_mean_seconds",
             ENGINE,
@@ -368,7 +293,7 @@ FEATURES: dict[str, Feature] = {
             "MEAN time per output token over the window (generation seconds / tokens of the requests "
             "that ended): the latency measure of engines without an ITL histogram",
             _mean_time_per_token,
-            _ratio_of_increases_promql(GENERATION_SECONDS, GENERATION_TOKENS),
+            mean_time_per_token_promql,
         ),
         Feature(
             "ttft_p95_seconds",
@@ -377,7 +302,7 @@ FEATURES: dict[str, Feature] = {
             (TIME_TO_FIRST_TOKEN,),
             "time-to-first-token quantile (ttft_quantile) from the histogram's bucket increases over the window",
             _quantile(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
-            _quantile_promql(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
+            quantile_promql(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
         ),
         Feature(
             "pcie_receive_bytes_per_second",
@@ -386,7 +311,7 @@ FEATURES: dict[str, Feature] = {
             (GPU_PCIE_RX,),
             "PCIe receive bandwidth, median over the window, busiest GPU",
             _gpu_median_max(Selector(GPU_PCIE_RX)),
-            _gpu_median_max_promql(Selector(GPU_PCIE_RX)),
+            gpu_median_max_promql(Selector(GPU_PCIE_RX)),
         ),
         Feature(
             "dram_bandwidth_ratio",
@@ -395,7 +320,7 @@ FEATURES: dict[str, Feature] = {
             (GPU_DRAM_BANDWIDTH_UTILIZATION,),
             f"DRAM bandwidth utilisation (GPM or DCGM; not NVML's duty cycle), median {_STATE}, busiest GPU",
             _gpu_median_max(_DRAM_PRECISE, "recent"),
-            _gpu_median_max_promql(_DRAM_PRECISE, "recent"),
+            gpu_precise_promql(GPU_DRAM_BANDWIDTH_UTILIZATION),
             part="recent",
         ),
         Feature(
@@ -405,7 +330,7 @@ FEATURES: dict[str, Feature] = {
             (GPU_SM_ACTIVE,),
             f"SM activity (GPM or DCGM; not NVML's duty cycle), median {_STATE}, busiest GPU",
             _gpu_median_max(_SM_PRECISE, "recent"),
-            _gpu_median_max_promql(_SM_PRECISE, "recent"),
+            gpu_precise_promql(GPU_SM_ACTIVE),
             part="recent",
         ),
         Feature(
@@ -416,7 +341,7 @@ FEATURES: dict[str, Feature] = {
             f"the larger of DRAM bandwidth and SM activity (any method, duty cycles included), median {_STATE}, "
             "busiest GPU",
             _gpu_busy,
-            _gpu_busy_promql,
+            gpu_busy_promql,
             part="recent",
         ),
     )

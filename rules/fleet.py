@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
 from .features import GPU_KEYS
 from .promql import record_pattern, record_range_seconds
+from .records import attributes
 from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
 from .thresholds import DEFAULT_SLO_SECONDS
 from .tree import SLOW_VERDICTS, VERDICTS
@@ -134,20 +135,14 @@ class FleetRow:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "verdict": self.verdict,
-            "slow": self.slow,
+            **attributes(self, "namespace pod verdict slow"),
             "itl_p95_seconds": _finite(self.itl_p95_seconds),
             "slo_seconds": _finite(self.slo_seconds),
             "slo_ratio": _finite(self.slo_ratio),
             "kv_usage": _finite(self.kv_usage),
             "requests_waiting": _finite(self.waiting),
             "requests_running": _finite(self.running),
-            "model_name": self.model_name,
-            "engine": self.engine,
-            "first_action": self.first_action,
-            "first_fix": self.first_fix,
+            **attributes(self, "model_name engine first_action first_fix"),
         }
 
 

@@ -1,4 +1,4 @@
-"""Where a model's shape comes from: the one loader behind ``--model`` and ``--model-config``.
+"""Where a model's shape comes from: the one loader behind every ``--model``.
 
 ``load_model(spec)`` takes what people have:
 

@@ -11,7 +11,7 @@ still know ("KV pool 97% full, no queue: headroom is low").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .actions import LedgerFacts
@@ -41,6 +41,41 @@ _CONTEXT_CHECKS: dict[str, tuple[str, Param]] = {
 }
 
 
+# Each windowed quantity in words, for people (the dashboard's evidence rows, --json's "label"); the
+# feature's own name stays the key, shown beside it (the dashboard's tooltip).
+FEATURE_LABELS: dict[str, str] = {
+    "generation_tokens_per_second": "output tokens per second",
+    "prompt_tokens_per_second": "prompt tokens per second",
+    "requests_running": "requests running",
+    "requests_waiting": "requests waiting",
+    "requests_swapped": "requests swapped out to host memory",
+    "preemptions_per_minute": "preemptions per minute",
+    "kv_usage": "KV cache usage",
+    "kv_host_usage": "host KV cache usage",
+    "kv_to_gpu_bytes_per_second": "KV moved into the GPU",
+    "slow_tier_hit_fraction": "prefix hits served from a slower tier",
+    "itl_p95_seconds": "per-token latency (ITL p95)",
+    "itl_early_median_seconds": "per-token latency, first third of the window",
+    "itl_late_median_seconds": "per-token latency, last third of the window",
+    "time_per_token_mean_seconds": "mean time per output token",
+    "ttft_p95_seconds": "time to first token (p95)",
+    "pcie_receive_bytes_per_second": "PCIe receive bandwidth",
+    "dram_bandwidth_ratio": "GPU DRAM bandwidth",
+    "sm_active_ratio": "GPU SM activity",
+    "gpu_busy_ratio": "GPU busy (DRAM or SM, the larger)",
+    "prefix_hit_ratio": "prefix-cache hit ratio",
+}
+
+
+def feature_label(name: str) -> str:
+    """``name`` (a feature, or two compared: ``a / b``, ``a - b``) in words; the name if unknown."""
+    for sep, word in ((" / ", " / "), (" - ", " minus ")):
+        if sep in name:
+            left, right = name.split(sep, 1)
+            return f"{feature_label(left)}{word}{feature_label(right)}"
+    return FEATURE_LABELS.get(name, name)
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One quantity the verdict rests on: its windowed value and what it was compared with."""
@@ -56,10 +91,16 @@ class Evidence:
     note: str = ""
     context: bool = False  # explains the verdict rather than deciding it
 
+    @property
+    def label(self) -> str:
+        """The quantity in words (``feature`` is its name)."""
+        return feature_label(self.feature)
+
     def to_json(self) -> dict[str, str | float | bool | None]:
         return {
             "signal": self.signal,
             "feature": self.feature,
+            "label": self.label,
             "value": json_number(self.value),
             "threshold": json_number(self.threshold),
             "comparison": self.comparison,
@@ -234,12 +275,22 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
     transfers = _transfer_text(v, t).lstrip("; ")
     if transfers:
         out.append(f"tier traffic ({transfers}) with decode on time: the transfer is hidden")
-    if _ge(v, "dram_bandwidth_ratio", t.bandwidth_high_ratio):
-        out.append(f"DRAM bandwidth {fmt_pct(v['dram_bandwidth_ratio'])} busy with decode on time: little headroom")
-    if _ge(v, "preemptions_per_minute", t.preemptions_per_minute):
-        out.append(f"{v['preemptions_per_minute']:.1f} preemptions/min: the KV pool ran out briefly")
-    if _ge(v, "requests_swapped", t.requests_swapped_min):
-        out.append(f"{v['requests_swapped']:.0f} requests swapped out to host memory")
+    out += _crossed(
+        v,
+        (
+            "dram_bandwidth_ratio",
+            t.bandwidth_high_ratio,
+            fmt_pct,
+            "DRAM bandwidth {} busy with decode on time: little headroom",
+        ),
+        (
+            "preemptions_per_minute",
+            t.preemptions_per_minute,
+            "{:.1f}".format,
+            "{} preemptions/min: the KV pool ran out briefly",
+        ),
+        ("requests_swapped", t.requests_swapped_min, "{:.0f}".format, "{} requests swapped out to host memory"),
+    )
     early, late = v.get("itl_early_median_seconds", math.nan), v.get("itl_late_median_seconds", math.nan)
     if late >= early * t.trend_ratio and late >= t.trend_min_slo_fraction * slo_seconds:
         out.append(
@@ -257,6 +308,12 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
 def _ge(v: Mapping[str, float], name: str, threshold: float) -> bool:
     value = v.get(name, math.nan)
     return not math.isnan(value) and value >= threshold
+
+
+def _crossed(v: Mapping[str, float], *notes: tuple[str, float, Callable[[float], str], str]) -> list[str]:
+    """The notes ``(feature, threshold, how its value is shown, text)`` whose feature is at or above
+    its threshold: each text with the value shown in its ``{}``."""
+    return [text.format(shown(v[name])) for name, threshold, shown, text in notes if _ge(v, name, threshold)]
 
 
 # --------------------------------------------------------------------------------- headline
@@ -420,13 +477,12 @@ def headline(
 
 def _transfer_text(v: Mapping[str, float], t: Thresholds) -> str:
     """The transfer signals that crossed their thresholds."""
-    parts: list[str] = []
-    if _ge(v, "kv_to_gpu_bytes_per_second", t.kv_to_gpu_bytes_per_second_min):
-        parts.append(f"{fmt_bytes(v['kv_to_gpu_bytes_per_second'])}/s of KV into the GPU")
-    if _ge(v, "pcie_receive_bytes_per_second", t.pcie_receive_bytes_per_second_min):
-        parts.append(f"PCIe receive {fmt_bytes(v['pcie_receive_bytes_per_second'])}/s")
-    if _ge(v, "slow_tier_hit_fraction", t.slow_tier_hit_fraction_min):
-        parts.append(f"{fmt_pct(v['slow_tier_hit_fraction'])} of hit tokens from off-GPU tiers")
+    parts = _crossed(
+        v,
+        ("kv_to_gpu_bytes_per_second", t.kv_to_gpu_bytes_per_second_min, fmt_bytes, "{}/s of KV into the GPU"),
+        ("pcie_receive_bytes_per_second", t.pcie_receive_bytes_per_second_min, fmt_bytes, "PCIe receive {}/s"),
+        ("slow_tier_hit_fraction", t.slow_tier_hit_fraction_min, fmt_pct, "{} of hit tokens from off-GPU tiers"),
+    )
     return "".join("; " + p for p in parts)
 
 

@@ -294,7 +294,7 @@ SIGNALS: dict[str, Signal] = {
             "1, labelled with what the exporter knows beyond its samples: the model's shape (model_*), "
             "the GPU (gpu_model) and its peak DRAM bandwidth (peak_bandwidth_bytes_per_second), the KV dtype.",
             ("model", "gpu_model", "peak_bandwidth_bytes_per_second", "kv_dtype"),
-            source="kvdoctor exporter --model-config, --gpu-peak-bandwidth, the GPU collectors",
+            source="kvdoctor exporter --model, --gpu-peak-bandwidth, the GPU collectors",
         ),
         Signal(
             ENGINE_INFO,

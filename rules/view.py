@@ -26,6 +26,16 @@ Columns = slice | np.ndarray  # a part's columns: a slice, or a mask where they 
 RowFunction = Callable[[np.ndarray], np.ndarray]
 
 
+def part_range(part: Part, start: float, end: float, recent_seconds: float) -> tuple[float, float]:
+    """The (start, end) of ``part`` of the window ``start``..``end`` (``part`` not "all")."""
+    third = (end - start) / 3.0
+    if part == "early":
+        return start, start + third
+    if part == "recent":
+        return max(start, end - recent_seconds), end
+    return end - third, end
+
+
 @dataclass(frozen=True)
 class Selector:
     """A canonical series name plus label matchers (``=`` or ``!=``), used by both halves."""
@@ -112,13 +122,7 @@ class WindowView:
             ts = self.ts
             cols: Columns = slice(None)
             if part != "all" and len(ts):
-                third = (end - start) / 3.0
-                if part == "early":
-                    end = start + third
-                elif part == "recent":
-                    start = max(start, end - self.recent_seconds)
-                else:
-                    start = end - third
+                start, end = part_range(part, start, end, self.recent_seconds)
                 times = self._sorted_times()
                 if times is not None and start == start and end == end:
                     # the samples with start <= ts <= end, found by bisection

@@ -25,6 +25,7 @@ from .ledger import (
     weight_bytes_per_step,
 )
 from .model import ModelShape, dtype_bytes
+from .records import attributes
 
 # ---------------------------------------------------------------------------------- what-ifs
 
@@ -48,29 +49,14 @@ class WhatIf:
     tokens_per_second_ratio: float
 
     def to_json(self) -> dict[str, str | int | float | bool]:
-        led = self.ledger
         return {
-            "name": self.name,
-            "label": self.label,
-            "flag": self.flag,
-            "kv_dtype": self.kv_dtype,
-            "context_tokens": self.context_tokens,
-            "batch": self.batch,
-            "num_kv_heads": self.num_kv_heads,
-            "kv_bytes_per_token": led.kv_bytes_per_token,
-            "kv_bytes_per_token_per_gpu": led.kv_bytes_per_token_per_gpu,
-            "live_kv_bytes": led.live_kv_bytes,
-            "live_kv_bytes_per_gpu": led.live_kv_bytes_per_gpu,
-            "weight_bytes": led.weight_bytes,
-            "weight_bytes_per_step": led.weight_bytes_per_step,
-            "step_floor_seconds": led.step_floor_seconds,
-            "tokens_per_second_per_sequence": led.tokens_per_second_per_sequence,
-            "tokens_per_second_total": led.tokens_per_second_total,
-            "fits": self.fits,
-            "max_batch": self.max_batch,
-            "kv_bytes_per_token_ratio": self.kv_bytes_per_token_ratio,
-            "step_floor_ratio": self.step_floor_ratio,
-            "tokens_per_second_ratio": self.tokens_per_second_ratio,
+            **attributes(self, "name label flag kv_dtype context_tokens batch num_kv_heads"),
+            **attributes(
+                self.ledger,
+                "kv_bytes_per_token kv_bytes_per_token_per_gpu live_kv_bytes live_kv_bytes_per_gpu weight_bytes "
+                "weight_bytes_per_step step_floor_seconds tokens_per_second_per_sequence tokens_per_second_total",
+            ),
+            **attributes(self, "fits max_batch kv_bytes_per_token_ratio step_floor_ratio tokens_per_second_ratio"),
         }
 
 

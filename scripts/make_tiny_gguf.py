@@ -53,16 +53,20 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     return pieces, scores, [int(t) for t in types]
 
 
+# The model's shape, by default: write_model's arguments and the command line's.
+DEFAULTS = {"layers": 4, "width": 256, "ff": 512, "heads": 4, "kv_heads": 2, "context": 8192, "dtype": "f32", "seed": 0}
+
+
 def write_model(
     out: Path,
-    layers: int = 4,
-    width: int = 256,
-    ff: int = 512,
-    heads: int = 4,
-    kv_heads: int = 2,
-    context: int = 8192,
-    dtype: str = "f32",
-    seed: int = 0,
+    layers: int = DEFAULTS["layers"],
+    width: int = DEFAULTS["width"],
+    ff: int = DEFAULTS["ff"],
+    heads: int = DEFAULTS["heads"],
+    kv_heads: int = DEFAULTS["kv_heads"],
+    context: int = DEFAULTS["context"],
+    dtype: str = DEFAULTS["dtype"],
+    seed: int = DEFAULTS["seed"],
 ) -> Path:
     """Writes the GGUF file ``out`` and returns it."""
     if width % heads or heads % kv_heads:
@@ -124,20 +128,16 @@ def write_model(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="the .gguf file to write")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256, help="embedding width (default 256)")
-    parser.add_argument("--ff", type=int, default=512, help="feed-forward width (default 512)")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--context", type=int, default=8192, help="the training context it declares")
-    parser.add_argument("--dtype", choices=("f32", "f16"), default="f32")
-    parser.add_argument("--seed", type=int, default=0)
+    helps = {"width": "embedding width (default {})", "ff": "feed-forward width (default {})"}
+    helps["context"] = "the training context it declares"
+    for name, default in DEFAULTS.items():
+        kind: dict = {"choices": ("f32", "f16")} if name == "dtype" else {"type": int}
+        text = helps.get(name)
+        parser.add_argument("--" + name.replace("_", "-"), **kind, default=default, help=text and text.format(default))
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        path = write_model(
-            args.out, args.layers, args.width, args.ff, args.heads, args.kv_heads, args.context, args.dtype, args.seed
-        )
+        path = write_model(args.out, **{name: getattr(args, name) for name in DEFAULTS})
     except (ValueError, OSError) as exc:
         print(f"make_tiny_gguf: {exc}", file=sys.stderr)
         return 2

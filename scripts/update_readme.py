@@ -1,4 +1,5 @@
-"""Regenerates the README's generated tables (exporter settings, collectors, metrics) in place.
+"""Regenerates the README's generated tables (the CLI's shared flags and old spellings, exporter
+settings, collectors, metrics) in place.
 
 .venv/bin/python scripts/update_readme.py
 """
@@ -9,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+from kvdoctor import cli, flags
 from kvdoctor.exporter import settings
 from kvdoctor.exporter.collectors import base as collectors
 from kvdoctor.rules import signals
@@ -17,7 +19,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def generated_blocks() -> dict[str, str]:
+    parser = cli.build_parser()
     return {
+        "cli-shared-flags": flags.shared_table(parser),
+        "cli-deprecated": flags.deprecated_table(parser),
         "exporter-settings": settings.markdown_table(),
         "metrics": signals.markdown_table(),
         "collectors": collectors.markdown_table(),

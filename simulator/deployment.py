@@ -1,4 +1,10 @@
-"""The simulated deployment: the model, the GPU and the engine flags that matter to the physics."""
+"""The simulated deployment: the model, the GPUs and the engine flags that matter to the physics.
+
+Tensor parallel over ``tensor_parallel`` GPUs of the same model is the ledger's arithmetic
+(rules/ledger.py, as ``kvdoctor ledger --tp``): each GPU holds its share of the weights and of the KV
+heads, its own KV pool, and reads its share every decode step; the all-reduces go over NVLink.
+The simulation models one GPU of the group (they carry the same load).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,11 @@ from dataclasses import dataclass
 from kvdoctor.rules.ledger import (
     DEFAULT_HOST_BANDWIDTH,
     GpuSpec,
+    all_reduce_cost,
+    check_tensor_parallel,
     gpu_spec,
     host_transfer_seconds,
-    kv_bytes_per_token,
+    kv_bytes_per_token_per_gpu,
     kv_pool_bytes,
 )
 from kvdoctor.rules.model import ModelShape, dtype_bytes
@@ -19,7 +27,7 @@ GIB = 1024**3
 DEFAULT_GPU = gpu_spec("H100")  # H100 SXM 80GB
 
 # The served model's Hugging Face config.json (meta-llama/Llama-2-7b-chat-hf): the demo hands it to
-# the exporter as --model-config, so the exporter's ledger sees the same shape as the physics.
+# the exporter as --model, so the exporter's ledger sees the same shape as the physics.
 LLAMA_2_7B_CONFIG: dict = {
     "_name_or_path": "meta-llama/Llama-2-7b-chat-hf",
     "architectures": ["LlamaForCausalLM"],
@@ -52,6 +60,7 @@ class EngineConfig:
     model_config: Mapping | None = None
     shape: ModelShape | None = None
     gpu: GpuSpec = DEFAULT_GPU
+    tensor_parallel: int = 1  # GPUs the model is split over (vLLM --tensor-parallel-size)
     gpu_memory_utilization: float = 0.9
     activation_reserve_bytes: float = 3.0e9  # activations, CUDA graphs, sampler: not KV
     cuda_context_bytes: float = 0.55e9  # memory used outside the engine's share
@@ -75,15 +84,29 @@ class EngineConfig:
             object.__setattr__(self, "model_config", dict(LLAMA_2_7B_CONFIG))
         if self.shape is None:
             object.__setattr__(self, "shape", ModelShape.from_hf_config(dict(self.model_config), name=self.model_name))
+        check_tensor_parallel(self.shape, self.tensor_parallel)  # ValueError: vLLM would refuse it too
 
     @property
     def kv_bytes_per_token(self) -> float:
+        """KV bytes one token occupies on each GPU (its share of the KV heads)."""
         dtype = None if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
-        return kv_bytes_per_token(self.shape, dtype)
+        return kv_bytes_per_token_per_gpu(self.shape, self.tensor_parallel, dtype)
 
     @property
     def kv_pool_bytes(self) -> float:
-        return kv_pool_bytes(self.shape, self.gpu, self.gpu_memory_utilization, self.activation_reserve_bytes)
+        """Each GPU's KV pool: its share of memory less its share of the weights and the reserve."""
+        return kv_pool_bytes(
+            self.shape, self.gpu, self.gpu_memory_utilization, self.activation_reserve_bytes, self.tensor_parallel
+        )
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.shape.weight_bytes / self.tensor_parallel
+
+    def all_reduce_seconds(self, batch: int) -> float:
+        """The all-reduces of one decode step of ``batch`` sequences (0 on one GPU)."""
+        cost = all_reduce_cost(self.shape, self.gpu, max(1, batch), self.tensor_parallel)
+        return cost.seconds if cost is not None else 0.0
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -115,8 +138,9 @@ class EngineConfig:
         return host_transfer_seconds(nbytes, self.host_bandwidth, self.gpu.pcie_bandwidth * self.pcie_efficiency)
 
     def activation_bytes(self, prefill_tokens: float) -> float:
-        """HBM traffic of prefill activations: each layer reads and writes the hidden state a few
-        times and the MLP's intermediate once (a rough constant; decode's is negligible)."""
+        """HBM traffic of prefill activations on each GPU: each layer reads and writes the hidden
+        state a few times and the MLP's intermediate once (a rough constant; decode's is negligible),
+        the MLP's share split over the GPUs."""
         s = self.shape
-        inter = 2.7 * s.hidden_size  # ~intermediate_size of Llama-style MLPs
+        inter = 2.7 * s.hidden_size / self.tensor_parallel  # ~intermediate_size of Llama-style MLPs
         return prefill_tokens * s.num_layers * (8 * s.hidden_size + 3 * inter) * dtype_bytes(s.dtype)

@@ -44,6 +44,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from kvdoctor.rules.records import attributes
+
 from .deployment import EngineConfig
 from .gpu import gpu_payload
 from .physics import Simulation
@@ -287,8 +289,7 @@ def scenario_payload(sim: Simulation) -> dict:
     return {
         "scenario": sim.scenario,
         "active": active.name,
-        "summary": active.summary,
-        "expected_verdict": active.expected_verdict,
+        **attributes(active, "summary expected_verdict"),
         "choices": list(SCENARIO_CHOICES),
     }
 

@@ -5,6 +5,11 @@ It plays the part NVML GPM plays on a Hopper GPU: the device keeps cumulative ac
 into ``DRAM_BW_UTIL``, ``SM_UTIL`` and ``PCIE_RX/TX_PER_SEC``-style values, labelled
 ``method="gpm"``. So, like GPM, the first collection has no ratios yet (it needs two samples).
 
+A deployment split over several GPUs (``EngineConfig.tensor_parallel``, ``kvdoctor demo --gpus``)
+reports each GPU with its own index, UUID, memory and counters: the ranks share each step, rank 0
+also samples, and the others wait on it at each all-reduce, so each rank past the first does a
+little less DRAM and SM work (``RANK_SPREAD`` per rank).
+
 Sources: an in-process ``Simulation`` (tests, benchmarks), or the simulated engine's ``GET /gpu``
 over HTTP (what ``kvdoctor demo`` uses: ``for_engine_url`` points at the simulated engine the
 engine collector scrapes). The exporter does not know this collector: ``kvdoctor demo`` plugs it
@@ -27,6 +32,7 @@ from kvdoctor.rules.window import labels_of
 from .physics import Simulation
 
 NAME = "simulated_gpu"
+RANK_SPREAD = 0.01  # each rank past the first: this share less DRAM traffic and SM activity
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class GpuSample:
     sm_active_seconds: float
     pcie_rx_bytes: float
     pcie_tx_bytes: float
+    uuid: str = ""
 
     @classmethod
     def from_payload(cls, p: dict) -> GpuSample:
@@ -58,23 +65,45 @@ class GpuSample:
                 sm_active_seconds=float(p["sm_active_seconds"]),
                 pcie_rx_bytes=float(p["pcie_rx_bytes"]),
                 pcie_tx_bytes=float(p["pcie_tx_bytes"]),
+                uuid=str(p.get("uuid", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SourceError("bad_payload", f"simulated GPU payload lacks or mangles {exc}") from None
 
+    @classmethod
+    def all_from_payload(cls, p: dict) -> list[GpuSample]:
+        """Every GPU of a payload: its ``gpus`` list (one entry each), else the one it describes."""
+        if not isinstance(p.get("gpus"), list) or not p["gpus"]:
+            return [cls.from_payload(p)]
+        return [cls.from_payload({**p, **gpu}) for gpu in p["gpus"] if isinstance(gpu, dict)]
+
 
 class GpuSource(Protocol):
-    def read(self) -> GpuSample: ...
+    def read(self) -> list[GpuSample]: ...
 
     def close(self) -> None: ...
 
 
 def gpu_payload(sim: Simulation) -> dict:
     """What the simulated engine's ``GET /gpu`` returns: the GPU's identity and cumulative
-    counters, good to ``time`` (``GpuSample.from_payload`` reads it back)."""
+    counters, good to ``time``, and under ``gpus`` each GPU of a tensor-parallel deployment with
+    its own UUID and counters (``GpuSample.all_from_payload`` reads them back)."""
     sim.sync()
     reading = sim.gpu_reading()
     cfg = sim.config
+    gpus = []
+    for rank in range(cfg.tensor_parallel):
+        work = 1.0 - RANK_SPREAD * rank
+        gpus.append(
+            {
+                "index": rank,
+                "uuid": gpu_uuid(sim.seed, rank),
+                "dram_bytes": reading.dram_bytes * work,
+                "sm_active_seconds": reading.sm_active_seconds * work,
+                "pcie_rx_bytes": reading.pcie_rx_bytes,
+                "pcie_tx_bytes": reading.pcie_tx_bytes,
+            }
+        )
     return {
         "name": cfg.gpu_name,
         "memory_total_bytes": cfg.gpu.memory_bytes,
@@ -86,6 +115,7 @@ def gpu_payload(sim: Simulation) -> dict:
         "sm_active_seconds": reading.sm_active_seconds,
         "pcie_rx_bytes": reading.pcie_rx_bytes,
         "pcie_tx_bytes": reading.pcie_tx_bytes,
+        "gpus": gpus,
     }
 
 
@@ -95,8 +125,8 @@ class SimulationSource:
     def __init__(self, sim: Simulation):
         self.sim = sim
 
-    def read(self) -> GpuSample:
-        return GpuSample.from_payload(gpu_payload(self.sim))
+    def read(self) -> list[GpuSample]:
+        return GpuSample.all_from_payload(gpu_payload(self.sim))
 
     def close(self) -> None:
         pass
@@ -115,7 +145,7 @@ class HttpSource:
         parts = urlsplit(engine_url)
         return cls(urlunsplit((parts.scheme, parts.netloc, "/gpu", "", "")), timeout)
 
-    def read(self) -> GpuSample:
+    def read(self) -> list[GpuSample]:
         try:
             resp = self._client.get(self.url)
         except httpx.ConnectError as exc:
@@ -134,7 +164,7 @@ class HttpSource:
             raise SourceError("bad_payload", f"{self.url} did not answer JSON") from None
         if not isinstance(payload, dict):
             raise SourceError("bad_payload", f"{self.url} did not answer a JSON object")
-        return GpuSample.from_payload(payload)
+        return GpuSample.all_from_payload(payload)
 
     def close(self) -> None:
         self._client.close()
@@ -145,47 +175,62 @@ def gpu_uuid(seed: int, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"kvdoctor-simulated-gpu/{seed}/{index}"))
 
 
+Ratios = tuple[float, float, float, float]  # DRAM bandwidth, SM activity, PCIe rx and tx bytes/s
+
+
+def _ratios(sample: GpuSample, previous: GpuSample) -> Ratios | None:
+    elapsed = sample.time - previous.time
+    if not elapsed > 0:
+        return None
+    return (
+        min(1.0, max(0.0, (sample.dram_bytes - previous.dram_bytes) / (elapsed * sample.peak_bandwidth))),
+        min(1.0, max(0.0, (sample.sm_active_seconds - previous.sm_active_seconds) / elapsed)),
+        max(0.0, (sample.pcie_rx_bytes - previous.pcie_rx_bytes) / elapsed),
+        max(0.0, (sample.pcie_tx_bytes - previous.pcie_tx_bytes) / elapsed),
+    )
+
+
 class SimulatedGpuCollector:
-    """``count`` GPUs that all mirror the simulated engine's device (tensor-parallel shards carry
-    the same load), each with its own index and UUID."""
+    """The simulated engine's GPUs, each with its own index, UUID, memory and counters: every GPU
+    the source reports (a tensor-parallel deployment reports one per rank), or ``count`` copies of
+    a source that reports one (shards carrying the same load)."""
 
     name = NAME
 
-    def __init__(self, source: GpuSource | None, count: int = 1):
-        if count < 1:
+    def __init__(self, source: GpuSource | None, count: int | None = None):
+        if count is not None and count < 1:
             raise ValueError("count must be at least 1")
         self.source = source
         self.count = count
-        self._previous: GpuSample | None = None
-        self._ratios: tuple[float, float, float, float] | None = None
+        self._previous: list[GpuSample] = []
+        self._ratios: dict[int, Ratios] = {}
 
     @classmethod
-    def for_simulation(cls, sim: Simulation, count: int = 1) -> SimulatedGpuCollector:
+    def for_simulation(cls, sim: Simulation, count: int | None = None) -> SimulatedGpuCollector:
         return cls(SimulationSource(sim), count)
 
     def collect(self) -> Collected:
         if self.source is None:
             raise NotApplicable("no simulated engine configured (--engine-url)")
-        sample = self.source.read()
-        previous, self._previous = self._previous, sample
-        if previous is not None:
-            elapsed = sample.time - previous.time
-            if elapsed > 0:
-                self._ratios = (
-                    min(1.0, max(0.0, (sample.dram_bytes - previous.dram_bytes) / (elapsed * sample.peak_bandwidth))),
-                    min(1.0, max(0.0, (sample.sm_active_seconds - previous.sm_active_seconds) / elapsed)),
-                    max(0.0, (sample.pcie_rx_bytes - previous.pcie_rx_bytes) / elapsed),
-                    max(0.0, (sample.pcie_tx_bytes - previous.pcie_tx_bytes) / elapsed),
-                )
+        samples = self.source.read()
+        mirrored = len(samples) == 1 and bool(self.count)
+        if mirrored and self.count:
+            samples = samples * self.count
+        previous, self._previous = self._previous, samples
+        for index, (sample, before) in enumerate(zip(samples, previous, strict=False)):
+            ratios = _ratios(sample, before)
+            if ratios is not None:
+                self._ratios[index] = ratios
         out = Collected()
-        for index in range(self.count):
-            ident = {"gpu": str(index), "uuid": gpu_uuid(sample.seed, index), "model": sample.name}
+        for index, sample in enumerate(samples):
+            uuid_ = sample.uuid if sample.uuid and not mirrored else gpu_uuid(sample.seed, index)
+            ident = {"gpu": str(index), "uuid": uuid_, "model": sample.name}
             labels = labels_of(ident)
             out.add(S.GPU_MEMORY_TOTAL, sample.memory_total_bytes, labels)
             out.add(S.GPU_MEMORY_USED, sample.memory_used_bytes, labels)
             out.add(S.GPU_DRAM_PEAK_BANDWIDTH, sample.peak_bandwidth, labels)
-            if self._ratios is not None:
-                dram, sm, rx, tx = self._ratios
+            if index in self._ratios:
+                dram, sm, rx, tx = self._ratios[index]
                 gpm = labels_of(ident, method=S.METHOD_GPM)
                 out.add(S.GPU_DRAM_BANDWIDTH_UTILIZATION, dram, gpm)
                 out.add(S.GPU_SM_ACTIVE, sm, gpm)

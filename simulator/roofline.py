@@ -49,11 +49,12 @@ class StepCost:
 def step_cost(
     config: EngineConfig, scenario: Scenario, load: StepLoad, kv_bytes_per_token: float, rng: random.Random
 ) -> StepCost:
-    """The step's cost; draws its jitter (and the host overhead's) from ``rng``."""
+    """The step's cost on each GPU (tensor parallel: its share of the weights, KV and FLOPs, and
+    the all-reduces); draws its jitter (and the host overhead's) from ``rng``."""
     cfg = config
-    flops = forward_flops(cfg.shape, load.new_tokens, load.attended / load.new_tokens)
+    flops = forward_flops(cfg.shape, load.new_tokens, load.attended / load.new_tokens) / cfg.tensor_parallel
     hbm_bytes = (
-        cfg.shape.weight_bytes + load.kv_read_tokens * kv_bytes_per_token + cfg.activation_bytes(load.prefill_tokens)
+        cfg.weight_bytes_per_gpu + load.kv_read_tokens * kv_bytes_per_token + cfg.activation_bytes(load.prefill_tokens)
     )
     t_mem = hbm_bytes / (cfg.gpu.peak_bandwidth * cfg.memory_efficiency)
     t_compute = flops / (cfg.peak_flops * cfg.compute_efficiency)
@@ -73,7 +74,7 @@ def step_cost(
         gpu_seconds=t_gpu,
         sm_busy_seconds=t_gpu * max(cfg.sm_floor, compute_share),
         transfer_seconds=t_transfer,
-        seconds=t_host + t_gpu + stall,
+        seconds=t_host + t_gpu + cfg.all_reduce_seconds(load.sequences) + stall,
     )
 
 

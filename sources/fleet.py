@@ -58,7 +58,7 @@ def read_fleet(
         try:
             answers[name] = client.query(expr, when)
         except QueryRejected as exc:
-            message = one_line(f"{client.url} rejected the fleet query for {shown}: {exc.detail}")
+            message = one_line(f"{client.url} rejected the query for selector {shown}: {exc.detail}")
             raise BadSelector(message, exc.detail) from None
         if name == "pods" and not answers[name]:
             return summarize([], [], [], when, shown)  # nothing matches: no more questions

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from kvdoctor.rules.records import attributes
 from kvdoctor.stress.plan import RequestRecord
 
 __all__ = [
@@ -68,17 +69,18 @@ class EndpointError(Exception):
 
 
 def api_root(url: str) -> str:
-    """The OpenAI-compatible API base (``.../v1``) for an endpoint given as the server, its ``/v1``
-    or one of its endpoints. ``EndpointError`` if it is not an http(s) URL."""
+    """The OpenAI-compatible API base (``.../v1``) for an endpoint given as the server, its ``/v1``,
+    one of its endpoints or its ``/metrics`` (the URL the exporter takes). ``EndpointError`` if it is
+    not an http(s) URL."""
     parts = urlsplit((url or "").strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EndpointError(f"--endpoint needs an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
+        raise EndpointError(f"--engine-url needs an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
-        raise EndpointError(f"--endpoint {url!r} has a bad port") from None
+        raise EndpointError(f"--engine-url {url!r} has a bad port") from None
     path = parts.path.rstrip("/")
-    for tail in ("/chat/completions", "/completions", "/models"):
+    for tail in ("/chat/completions", "/completions", "/models", "/metrics"):
         if path.endswith(tail):
             path = path[: -len(tail)]
             break
@@ -179,8 +181,7 @@ class Endpoint:
             "kind": self.kind,
             "model": self.model,
             "extensions": sorted(self.extras) + (["stream_options"] if self.stream_options else []),
-            "prompt_words": self.prompt_words,
-            "prompt_tokens": self.prompt_tokens,
+            **attributes(self, "prompt_words prompt_tokens"),
             "notes": list(self.notes),
         }
 
@@ -241,7 +242,7 @@ async def discover(
     names = await _models(client, api_base)
     if model is None:
         if not names:
-            raise EndpointError(f"{api_base}/models lists no model: pass --model NAME")
+            raise EndpointError(f"{api_base}/models lists no model: pass --served-model-name NAME")
         model = names[0]
     elif names and model not in names:
         raise EndpointError(f"model {model!r} is not served at {api_base} (it serves: {', '.join(names[:5])})")

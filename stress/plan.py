@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdoctor.rules.knee import JUMP, RISES_WITH_KV, Knee, detect_knee
+from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, METHOD_NVML_UTIL
 from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.rules.window import Window
 
@@ -59,6 +60,7 @@ __all__ = [
     "StressSettings",
     "Verdict",
     "bin_run",
+    "dram_bandwidth_peak",
     "find_saturation",
     "kv_signals",
     "queue_reached",
@@ -78,17 +80,27 @@ NO_KNEE = "no_knee"
 UNKNOWN = "unknown"
 
 
+# The step plan's defaults: StressSettings' and `kvdoctor stress`'s flags'.
+DEFAULTS = {
+    "prompt_tokens": 1000,
+    "max_tokens": 500,
+    "start_concurrency": 1,
+    "max_concurrency": 256,
+    "step_seconds": 30.0,
+}
+
+
 @dataclass(frozen=True)
 class StressSettings:
     """What one stress run was asked to do."""
 
     endpoint: str
     model: str | None = None
-    prompt_tokens: int = 1000
-    max_tokens: int = 500
-    start_concurrency: int = 1
-    max_concurrency: int = 256
-    step_seconds: float = 30.0
+    prompt_tokens: int = DEFAULTS["prompt_tokens"]
+    max_tokens: int = DEFAULTS["max_tokens"]
+    start_concurrency: int = DEFAULTS["start_concurrency"]
+    max_concurrency: int = DEFAULTS["max_concurrency"]
+    step_seconds: float = DEFAULTS["step_seconds"]
     kv_saturation: float = DEFAULT_KV_SATURATION
     exporter: str | None = None
     share_prefix: bool = False  # requests share the fixed text as a prefix (the tag goes last)
@@ -339,8 +351,24 @@ class Verdict:
         }
 
 
-def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | None = None) -> Verdict:
-    """The knee of (KV usage, mean per-token latency) over the run, in words."""
+def dram_bandwidth_peak(window: Window | None) -> float | None:
+    """The highest DRAM bandwidth utilisation a GPU counter recorded over the run (GPM or DCGM, not
+    NVML's duty cycle); None where no GPU counter was recorded (a CPU-only run, no NVML or DCGM)."""
+    if window is None or not len(window):
+        return None
+    peaks = [
+        float(np.nanmax(values))
+        for labels, values in window.select(GPU_DRAM_BANDWIDTH_UTILIZATION).items()
+        if dict(labels).get("method") != METHOD_NVML_UTIL and np.isfinite(values).any()
+    ]
+    return max(peaks) if peaks else None
+
+
+def stress_verdict(
+    bins: Bins, saturation: Saturation, thresholds: Thresholds | None = None, dram_peak: float | None = None
+) -> Verdict:
+    """The pattern of (KV usage, mean per-token latency) over the run, in words: the knee, and how
+    far the GPU counters (``dram_peak``, from ``dram_bandwidth_peak``) let it name the cause."""
     t = thresholds or Thresholds()
     has_kv = not np.isnan(bins.kv_usage).all()
     total_pre = float(np.nansum(bins.preemptions)) if not np.isnan(bins.preemptions).all() else None
@@ -367,9 +395,9 @@ def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | 
         knee_time = float(bins.centres[reached[0]]) if len(reached) else None
     if knee.kind == JUMP:
         cause = (
-            "preemption onset: the KV pool ran out"
+            "the preemption-onset pattern, the KV pool ran out"
             if total_pre
-            else "paging onset: KV no longer fits where it is read fastest"
+            else "the paging-onset pattern, KV no longer fits where it is read fastest"
         )
         headline = (
             f"Per-token latency jumps x{knee.ratio:.1f} once KV usage passes ~{knee.kv_level:.0%}: {cause}{pre_text}"
@@ -379,11 +407,20 @@ def stress_verdict(bins: Bins, saturation: Saturation, thresholds: Thresholds | 
         with np.errstate(invalid="ignore"):
             paired = bins.kv_usage[~np.isnan(bins.kv_usage) & ~np.isnan(bins.itl_mean) & (bins.tokens > 0)]
         kv = paired if len(paired) else bins.kv_usage[~np.isnan(bins.kv_usage)]
-        headline = (
+        rise = (
             f"Per-token latency rises in step with KV usage (x{knee.ratio:.2f} as it goes "
-            f"{kv.min():.0%} -> {kv.max():.0%}): decode is memory-bandwidth bound, every token "
-            f"re-reads the batch's KV{pre_text}"
+            f"{kv.min():.0%} -> {kv.max():.0%}"
         )
+        if dram_peak is None:
+            headline = (
+                f"{rise}): the memory-bandwidth-bound pattern, but no GPU counter was recorded (a CPU-only run, or "
+                f"no NVML or DCGM), so the cause cannot be attributed to HBM bandwidth{pre_text}"
+            )
+        else:
+            headline = (
+                f"{rise}; GPU DRAM bandwidth up to {dram_peak:.0%} of peak): the memory-bandwidth-bound pattern, "
+                f"every token re-reads the batch's KV{pre_text}"
+            )
         return Verdict(BANDWIDTH, headline, knee, knee_time)
     reach = (
         f"; KV saturated at concurrency {saturation.concurrency}"

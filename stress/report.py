@@ -29,6 +29,8 @@ P50_COLOUR = "#e07b00"
 P95_COLOUR = "#c0392b"
 MEAN_COLOUR = "#6d4c41"
 KNEE_COLOUR = "#8e44ad"
+SLO_COLOUR = "#333333"
+SLO_IN_VIEW = 3.0  # the SLO line is drawn when at most this many times the highest p50 or mean latency
 STEP_SHADE = "#f2f2f2"
 FIGURE_NEEDS_EXTRA = "the figure (kv-latency.png) needs matplotlib: pip install 'kvdoctor[dashboard]'"
 
@@ -52,8 +54,10 @@ def render_figure(
     verdict: Verdict,
     path: str | os.PathLike,
     title: str = "",
+    slo_seconds: float | None = None,
 ) -> Path | None:
-    """Draws the figure into ``path`` (PNG) and returns the path; None without matplotlib."""
+    """Draws the figure into ``path`` (PNG) and returns the path; None without matplotlib.
+    ``slo_seconds``: the ITL SLO the exporter published, drawn on the latency axis."""
     # matplotlib is optional (the [dashboard] extra): imported here so the rest of the report works without it.
     try:
         from matplotlib import colormaps  # noqa: PLC0415
@@ -124,10 +128,19 @@ def render_figure(
     lat.plot(x, mean, color=MEAN_COLOUR, lw=1.0, ls=":")
     scale = _latency_scale(np.concatenate([p50, p95, mean]))
     lat.set_yscale(scale)
+    slo_ms = slo_seconds * 1000 if slo_seconds else None
+    measured = np.concatenate([p95, mean])
+    measured = measured[np.isfinite(measured)]
+    typical = np.concatenate([p50, mean])
+    typical = typical[np.isfinite(typical)]
+    # The SLO line is drawn where the curves are; one far above them would flatten them (a p95
+    # spike does not count): the legend then says where it is instead.
+    slo_in_view = bool(slo_ms) and (not len(typical) or slo_ms <= SLO_IN_VIEW * typical.max())
     if scale == "linear":
-        finite = np.concatenate([p95, mean])
-        finite = finite[np.isfinite(finite)]
-        lat.set_ylim(0, (finite.max() * 1.15) if len(finite) else 1)
+        top = max([*measured.tolist(), *([slo_ms] if slo_in_view else [])], default=1.0)
+        lat.set_ylim(0, top * 1.15)
+    if slo_in_view:
+        lat.axhline(slo_ms, color=SLO_COLOUR, lw=1.2, ls=":", zorder=3)
     lat.set_ylabel("per-token latency (ms)", color=P50_COLOUR)
     lat.tick_params(axis="y", colors=P50_COLOUR)
 
@@ -155,6 +168,11 @@ def render_figure(
         Line2D([], [], color=P95_COLOUR, lw=1.0, ls="--", label="per-token latency p95"),
         Line2D([], [], color=MEAN_COLOUR, lw=1.0, ls=":", label="per-token latency mean (the knee's input)"),
     ]
+    if slo_ms:
+        where = "" if slo_in_view else ", above this axis"
+        handles.append(
+            Line2D([], [], color=SLO_COLOUR, lw=1.2, ls=":", label=f"ITL SLO {slo_ms:g} ms (the exporter's{where})")
+        )
     if pre.any():
         handles.append(Line2D([], [], color=P95_COLOUR, marker="v", ls="", label="preemption"))
     if jump:
@@ -190,7 +208,7 @@ def render_figure(
     side.set_title("latency vs KV usage (one point per interval)", fontsize=8)
     side.grid(alpha=0.3)
 
-    headline = "\n".join(textwrap.wrap(verdict.headline, 125, break_on_hyphens=False)[:2])
+    headline = "\n".join(textwrap.wrap(verdict.headline, 125, break_on_hyphens=False)[:3])
     fig.suptitle((title + "\n" if title else "") + headline, fontsize=10, x=0.01, ha="left")
     out = Path(path)
     fig.savefig(out, format="png")

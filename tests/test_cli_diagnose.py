@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import parse_qs
 
 import httpx
 import numpy as np
@@ -24,6 +25,7 @@ from kvdoctor.exporter.replay import AdapterNormaliser
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.context import Context, context_to_json
 from kvdoctor.rules.model import COMMON_MODELS
+from kvdoctor.rules.promql import record_name, rule_thresholds
 from kvdoctor.rules.trace import format_raw_captures
 from kvdoctor.rules.window import Window
 from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusClient, PrometheusSource, parse_selector
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILL = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu/fill-sequence").glob("*.txt"))
 T0 = 1_700_000_000.0
 GPU_SIGNAL = "kvdoctor_gpu_dram_bandwidth_utilization_ratio"
+ITL_RECORD = record_name("itl_p95_seconds", rule_thresholds(None, None))
 ANSI = "\x1b["
 
 
@@ -248,7 +251,7 @@ def test_model_config_and_gpu_give_predicted_effects(cli, tmp_path):
     )
     trace = scenario_trace(tmp_path / "s.om", "high_hit_ratio_bandwidth_bound")
     plain = json.loads(cli("diagnose", "--replay", trace, "--json").stdout)
-    ledger = json.loads(cli("diagnose", "--replay", trace, "--json", "--model-config", config, "--gpu", "H100").stdout)
+    ledger = json.loads(cli("diagnose", "--replay", trace, "--json", "--model", config, "--gpu", "H100").stdout)
     assert plain["verdict"] == ledger["verdict"] == "memory_bandwidth_bound"
     assert not any(a["effect"] for a in plain["actions"])
     assert any(a["effect"] for a in ledger["actions"])
@@ -295,8 +298,8 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
         (["--replay", "{fill}", "--gpu", "X100"], "unknown GPU"),
         (["--replay", "{fill}", "--gpu", "H100", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
         (["--replay", "{fill}", "--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
-        (["--replay", "{fill}", "--model-config", "/nonexistent/config.json"], "no such file"),
-        (["--replay", "{fill}", "--model-config", "{notjson}"], "not JSON"),
+        (["--replay", "{fill}", "--model", "/nonexistent/config.json"], "no such file"),
+        (["--replay", "{fill}", "--model", "{notjson}"], "not JSON"),
         (["--replay", "{fill}", "--thresholds", "/nonexistent/t.yaml"], "cannot read thresholds"),
         (["--replay", "{fill}", "--thresholds", "{badyaml}"], "unknown threshold"),
         (["--replay", "{fill}", "--engine", "nope"], "unknown engine"),
@@ -308,6 +311,10 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
         (["--prometheus", "not a url"], "http(s) URL"),
         (["--prometheus", "http://127.0.0.1:9", "--selector", 'kvdoctor_x{pod="a"}'], "label matchers only"),
         (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
+        (["--prometheus", "http://127.0.0.1:9", "--namespace", " "], "namespace is empty"),
+        (["--prometheus", "http://127.0.0.1:9", "--limit", "-1"], "--limit must be 0"),
+        (["--replay", "{fill}", "--namespace", "x"], "--namespace goes with --prometheus"),
+        (["--exporter", "http://127.0.0.1:9", "--limit", "3"], "--limit goes with --prometheus"),
         (["--replay", "{fill}", "--timeout", "0"], "--timeout"),
     ],
 )
@@ -385,7 +392,7 @@ def test_slow_sources_time_out_with_one_line(cli, fake_http):
             400,
             "application/json",
             b'{"status":"error","errorType":"bad_data","error":"parse error: bad matcher"}',
-            "rejected the query",
+            'rejected the query for selector {pod="x"}: parse error: bad matcher',
             2,  # the selector is bad input
         ),
         (200, "text/html", b"<html>a login page</html>", "does not answer like a Prometheus HTTP API", 3),
@@ -393,7 +400,7 @@ def test_slow_sources_time_out_with_one_line(cli, fake_http):
             200,
             "application/json",
             b'{"status":"success","data":{"resultType":"vector","result":[]}}',
-            "no kvdoctor_* series match",
+            'no kvdoctor pods match {pod="x"}',
             3,
         ),
     ],
@@ -416,27 +423,68 @@ def test_exporter_errors_exit_3_with_one_line(cli, fake_http, route, phrase):
     one_error_line(cli("diagnose", "--exporter", fake_http(route).url()), phrase, rc=3)
 
 
-def test_a_prometheus_selector_matching_two_pods_is_refused(cli, fake_http):
-    def series(pod):
-        return {"metric": {"__name__": S.REQUESTS_RUNNING, "pod": pod}, "values": [[T0, "1"], [T0 + 1, "2"]]}
+def _vector(*items: tuple[dict, float]) -> bytes:
+    result = [{"metric": m, "value": [T0, repr(v)]} for m, v in items]
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
-    def route(path):
-        if "query" in path:
-            return (
-                200,
-                "application/json",
-                json.dumps(
-                    {"status": "success", "data": {"resultType": "matrix", "result": [series("a"), series("b")]}}
-                ).encode(),
-            )
-        return 404, "text/plain", b""
 
-    server = fake_http(route)
-    one_error_line(
-        cli("diagnose", "--prometheus", server.url(), "--at", str(T0 + 1)),
-        "matches 2 pods (a, b)",
-        "--selector '{pod=\"a\"}'",
-    )
+def fake_fleet(verdicts: dict[str, str], itl: dict[str, float]):
+    """A fake Prometheus answering the fleet's instant queries (pods in namespace "ns"; pod -> verdict,
+    pod -> ITL p95) and, for a range vector, one pod's raw samples."""
+
+    def answer(h) -> None:
+        query = parse_qs(h.body.decode())["query"][0]
+        ns = {"namespace": "ns"}
+        if query.startswith("group by"):
+            body = _vector(*(({**ns, "pod": p}, 1.0) for p in verdicts))
+        elif query.startswith("max by (namespace, pod, verdict)"):
+            body = _vector(*(({**ns, "pod": p, "verdict": v}, 1.0) for p, v in verdicts.items()))
+        elif query.startswith('{__name__=~"kvdoctor:'):
+            records = [({"__name__": ITL_RECORD, **ns, "pod": p}, v) for p, v in itl.items()]
+            body = _vector(*records, *(({"__name__": S.ITL_SLO, **ns, "pod": p}, 0.1) for p in itl))
+        elif query.startswith("max(timestamp("):  # the single pod's newest sample
+            body = _vector(({}, T0))
+        else:  # its window: the raw samples of one series
+            series = {
+                "metric": {"__name__": S.REQUESTS_RUNNING, **ns, "pod": "a"},
+                "values": [[T0 - 1, "1"], [T0, "2"]],
+            }
+            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [series]}}).encode()
+        servers.send(h, body, 200, servers.JSON)
+
+    return servers.FakeServer(answer)
+
+
+def test_a_selector_matching_several_pods_prints_the_fleet_worst_first(cli):
+    pods = {"a": "healthy", "b": "kv_thrashing", "c": "compute_bound", "d": "idle"}
+    with fake_fleet(pods, {"a": 0.02, "b": 0.3, "c": 0.9}) as server:
+        text = cli("diagnose", "--prometheus", server.url(), "--limit", "2", "--at", str(T0))
+        doc = cli("diagnose", "--prometheus", server.url(), "--json", "--at", str(T0))
+        assert len(server.forms()) == 6  # three instant queries each, no range read
+    assert text.rc == 1 and text.stderr == ""
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("4 pods, 2 slow: 1 idle, 1 healthy, 1 kv_thrashing, 1 compute_bound")
+    rows = [line.split()[0] for line in lines[4:6]]
+    assert rows == ["ns/c", "ns/b"]  # slow first, by ITL p95 over the SLO
+    assert "900 ms / 100 ms (9.0x)" in lines[4] and "Route traffic away" in lines[4]
+    assert "(2 more: --limit 0 for all, or --json)" in text.stdout
+    payload = json.loads(doc.stdout)
+    assert doc.rc == 1 and payload["pods"] == 4 and [r["pod"] for r in payload["rows"]] == ["c", "b", "a", "d"]
+    assert payload["counts"]["kv_thrashing"] == 1 and payload["rows"][0]["first_action"] == "route_away"
+
+
+def test_a_healthy_fleet_exits_0(cli):
+    with fake_fleet({"a": "healthy", "b": "idle"}, {"a": 0.02}) as server:
+        result = cli("diagnose", "--prometheus", server.url(), "--namespace", "ns", "--at", str(T0))
+    assert result.rc == 0 and "2 pods, 0 slow" in result.stdout
+
+
+def test_a_selector_matching_one_pod_gets_its_full_diagnosis_from_its_own_window(cli):
+    with fake_fleet({"a": "healthy"}, {"a": 0.02}) as server:
+        result = cli("diagnose", "--prometheus", server.url(), "--selector", '{job="x"}', "--json", "--at", str(T0))
+        window_query = server.forms()[-1]["query"][0]
+    assert result.rc in (0, 1) and "verdict" in json.loads(result.stdout)
+    assert window_query.startswith('{__name__=~"kvdoctor_.+",namespace="ns",pod="a"}[')  # the pod's, GPUs included
 
 
 # ------------------------------------------------------------------------- the Prometheus source

@@ -101,7 +101,7 @@ def test_the_sidecar_runs_read_only_as_65532_behind_tls_and_basic_auth(images, c
     port = free_port()
     started = podman(
         "run", "--detach", "--read-only", *run_args(), "--volume", f"{web}:/etc/kvdoctor/web:ro",
-        images["sidecar"], "exporter", "--host", "127.0.0.1", f"--port={port}", "--no-nvml",
+        images["sidecar"], "exporter", "--host", "127.0.0.1", f"--port={port}", "--no-collector.nvml",
         f"--engine-url={engine}", "--web.config.file=/etc/kvdoctor/web/web-config.yml", "--pod=image-test",
     )  # fmt: skip
     assert started.rc == 0, started.stderr

@@ -275,8 +275,11 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
                     else None
                 )
                 sigs = charts.signatures(probe) if probe else cursor.get("sigs")
-            if sigs != cursor.get("sigs"):
-                full = True  # something new to draw (a GPU, the knee, the floor): rebuild, do not append
+            above = chart_data is not None and charts.exceeds(charts.axis_tops(chart_data), cursor.get("tops"))
+            if sigs != cursor.get("sigs") or above:
+                # something new to draw (a GPU, the knee, the floor) or points above an axis' top
+                # (the axes are fixed, so the two of a chart share their ticks): rebuild, do not append
+                full = True
                 got = get(True)
                 chart_diagnosis = got.diagnosis
                 chart_data = charts.live_charts(got.frame, chart_diagnosis)
@@ -306,6 +309,7 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
         "key": key,
         "last": max(last, newest_ts) if not full else newest_ts,
         "sigs": sigs,
+        "tops": charts.axis_tops(chart_data) if full and chart_data else (cursor or {}).get("tops"),
         "targets": _digest(options),
         "diag": diag_digest,
         "newest": newest,

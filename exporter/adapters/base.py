@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdoctor.rules import signals as S
 from kvdoctor.rules.signals import SIGNALS, Kind
 from kvdoctor.rules.window import SeriesKey
 
@@ -172,6 +173,23 @@ class JsonEndpoint:
         keep = self.keys
         doc = json.loads(text, object_pairs_hook=lambda pairs: {k: v for k, v in pairs if k in keep})
         return self.read(doc)
+
+
+def kv_transfers(to_gpu: str, from_gpu: str, tier: str) -> tuple[MetricMap, MetricMap]:
+    """The two counters of KV bytes moved between the GPU and ``tier``: into the GPU, out of it."""
+    return (
+        MetricMap((to_gpu,), S.KV_TRANSFER_BYTES, const_labels={"direction": "to_gpu", "tier": tier}),
+        MetricMap((from_gpu,), S.KV_TRANSFER_BYTES, const_labels={"direction": "from_gpu", "tier": tier}),
+    )
+
+
+# The prefix-cache signals, for the adapters of engines that publish none of them.
+PREFIX_CACHE_SIGNALS = (
+    S.PREFIX_CACHE_QUERIES,
+    S.PREFIX_CACHE_HITS,
+    S.PREFIX_CACHE_HITS_BY_TIER,
+    S.PREFIX_CACHE_HIT_RATIO,
+)
 
 
 def _matches(labels: Mapping[str, str], match: Mapping[str, str]) -> bool:

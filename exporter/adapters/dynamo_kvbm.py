@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap
+from .base import EngineAdapter, MetricMap, kv_transfers
 
 # (family, direction, tier): the GPU-boundary block counters. kvbm_offload_blocks_h2d (host ->
 # disk) and the object-storage block counters (their bytes are exposed directly) are left out.
@@ -38,16 +38,7 @@ _BLOCK_COUNTERS = (
 
 _ALWAYS = (
     MetricMap(("kvbm_matched_tokens",), S.PREFIX_CACHE_HITS_BY_TIER, const_labels={"tier": "kvbm"}),
-    MetricMap(
-        ("kvbm_onboard_bytes_object",),
-        S.KV_TRANSFER_BYTES,
-        const_labels={"direction": "to_gpu", "tier": "object"},
-    ),
-    MetricMap(
-        ("kvbm_offload_bytes_object",),
-        S.KV_TRANSFER_BYTES,
-        const_labels={"direction": "from_gpu", "tier": "object"},
-    ),
+    *kv_transfers("kvbm_onboard_bytes_object", "kvbm_offload_bytes_object", "object"),
 )
 
 _DETECT = ("kvbm_matched_tokens", "kvbm_offload_blocks_d2h", "kvbm_onboard_blocks_h2d", "kvbm_host_cache_hit_rate")

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import PERCENT_OR_RATIO, EngineAdapter, MetricMap, Ratio
+from .base import PERCENT_OR_RATIO, EngineAdapter, MetricMap, Ratio, kv_transfers
 
 
 def _tier_hits(labels, value):
@@ -87,16 +87,7 @@ ADAPTER = EngineAdapter(
         MetricMap(
             ("sglang:cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO, unit=PERCENT_OR_RATIO, percent_labels=("name",)
         ),
-        MetricMap(
-            ("sglang:load_back_bytes_total",),
-            S.KV_TRANSFER_BYTES,
-            const_labels={"direction": "to_gpu", "tier": "host"},
-        ),
-        MetricMap(
-            ("sglang:hicache_backup_bytes_total",),
-            S.KV_TRANSFER_BYTES,
-            const_labels={"direction": "from_gpu", "tier": "host"},
-        ),
+        *kv_transfers("sglang:load_back_bytes_total", "sglang:hicache_backup_bytes_total", "host"),
         MetricMap(
             ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
             S.INTER_TOKEN_LATENCY,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap
+from .base import PREFIX_CACHE_SIGNALS, EngineAdapter, MetricMap
 
 ADAPTER = EngineAdapter(
     name="tgi",
@@ -37,10 +37,7 @@ ADAPTER = EngineAdapter(
         S.KV_CACHE_CAPACITY,
         S.PREEMPTIONS,
         S.KV_TRANSFER_BYTES,
-        S.PREFIX_CACHE_QUERIES,
-        S.PREFIX_CACHE_HITS,
-        S.PREFIX_CACHE_HITS_BY_TIER,
-        S.PREFIX_CACHE_HIT_RATIO,
+        *PREFIX_CACHE_SIGNALS,
         S.TIME_TO_FIRST_TOKEN,
         S.REQUESTS_SWAPPED,
         S.KV_CACHE_HOST_USAGE,

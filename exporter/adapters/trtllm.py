@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import RATIO, EngineAdapter, MetricMap, Ratio
+from .base import RATIO, EngineAdapter, MetricMap, Ratio, kv_transfers
 
 _TIERS = {"gpu": "device", "host": "host", "disk": "disk"}
 
@@ -69,16 +69,7 @@ ADAPTER = EngineAdapter(
             for engine_tier, tier in _TIERS.items()
         ),
         MetricMap(("trtllm_kv_cache_hit_rate",), S.PREFIX_CACHE_HIT_RATIO, unit=RATIO),
-        MetricMap(
-            ("trtllm_kv_cache_onboard_bytes_total",),
-            S.KV_TRANSFER_BYTES,
-            const_labels={"direction": "to_gpu", "tier": "host"},
-        ),
-        MetricMap(
-            ("trtllm_kv_cache_offload_bytes_total",),
-            S.KV_TRANSFER_BYTES,
-            const_labels={"direction": "from_gpu", "tier": "host"},
-        ),
+        *kv_transfers("trtllm_kv_cache_onboard_bytes_total", "trtllm_kv_cache_offload_bytes_total", "host"),
         MetricMap(("trtllm_time_per_output_token_seconds",), S.INTER_TOKEN_LATENCY),
         MetricMap(("trtllm_time_to_first_token_seconds",), S.TIME_TO_FIRST_TOKEN),
         MetricMap(("trtllm_generation_tokens_total",), S.GENERATION_TOKENS),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import RATIO, EngineAdapter, MetricMap, Ratio
+from .base import PREFIX_CACHE_SIGNALS, RATIO, EngineAdapter, MetricMap, Ratio
 
 _KV = "nv_trt_llm_kv_cache_block_metrics"
 _REQ = "nv_trt_llm_request_metrics"
@@ -69,10 +69,7 @@ ADAPTER = EngineAdapter(
     cannot_provide=(
         S.PREEMPTIONS,
         S.KV_TRANSFER_BYTES,
-        S.PREFIX_CACHE_QUERIES,
-        S.PREFIX_CACHE_HITS,
-        S.PREFIX_CACHE_HITS_BY_TIER,
-        S.PREFIX_CACHE_HIT_RATIO,
+        *PREFIX_CACHE_SIGNALS,
         S.INTER_TOKEN_LATENCY,
         S.TIME_TO_FIRST_TOKEN,
         S.REQUESTS_SWAPPED,

@@ -31,7 +31,7 @@ from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.window import SeriesKey
 
-from .engine import labels_from_settings, parse_exposition
+from .engine import configured_url, parse_exposition, scrape_options
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
 MIB = 1024 * 1024
@@ -116,14 +116,9 @@ class DcgmCollector:
 @register("dcgm", "GPU counters from an existing dcgm-exporter (--dcgm-url)", True)
 def dcgm_collector(settings) -> DcgmCollector:
     """Factory: ``--dcgm-url`` (none: not applicable), ``--scrape-timeout``, ``--max-body-bytes``."""
-    url = getattr(settings, "dcgm_url", None)
-    if not url:
-        raise NotApplicable("no dcgm-exporter URL configured (--dcgm-url / KVDOCTOR_DCGM_URL)")
     return DcgmCollector(
-        url,
-        timeout=getattr(settings, "scrape_timeout", None) or DEFAULT_TIMEOUT_SECONDS,
-        max_body_bytes=getattr(settings, "max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES,
-        extra_labels=labels_from_settings(settings),
+        configured_url(settings, "dcgm_url", "dcgm-exporter"),
+        **scrape_options(settings),
         gpu_filter=_gpu_filter(settings),
     )
 

@@ -388,16 +388,30 @@ def labels_from_settings(settings) -> dict[str, str]:
     return {"pod": pod} if pod else {}
 
 
+def configured_url(settings, field: str, what: str) -> str:
+    """The URL setting ``field`` (e.g. ``engine_url``); NotApplicable where it is not set."""
+    url = getattr(settings, field, None)
+    if not url:
+        flag, variable = "--" + field.replace("_", "-"), "KVDOCTOR_" + field.upper()
+        raise NotApplicable(f"no {what} URL configured ({flag} / {variable})")
+    return str(url)
+
+
+def scrape_options(settings) -> dict[str, Any]:
+    """What an HTTP-scraping collector takes from the settings: ``--scrape-timeout``,
+    ``--max-body-bytes`` (their defaults where unset) and the labels every sample gets."""
+    return {
+        "timeout": getattr(settings, "scrape_timeout", None) or DEFAULT_TIMEOUT_SECONDS,
+        "max_body_bytes": getattr(settings, "max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES,
+        "extra_labels": labels_from_settings(settings),
+    }
+
+
 @register("engine", "the inference engine's /metrics (vLLM, SGLang, TensorRT-LLM, TGI, llama.cpp), normalised", True)
 def engine_collector(settings) -> EngineCollector:
     """Factory: ``--engine-url`` (none: not applicable), ``--engine``, ``--scrape-timeout``, ``--max-body-bytes``."""
-    url = getattr(settings, "engine_url", None)
-    if not url:
-        raise NotApplicable("no engine URL configured (--engine-url / KVDOCTOR_ENGINE_URL)")
     return EngineCollector(
-        url,
+        configured_url(settings, "engine_url", "engine"),
         engine=getattr(settings, "engine", "auto") or "auto",
-        timeout=getattr(settings, "scrape_timeout", None) or DEFAULT_TIMEOUT_SECONDS,
-        max_body_bytes=getattr(settings, "max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES,
-        extra_labels=labels_from_settings(settings),
+        **scrape_options(settings),
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 from types import ModuleType
 
+from kvdoctor import flags
 from kvdoctor.errors import UsageError
 
 NAME = "dashboard"
@@ -20,11 +20,14 @@ Serve the dashboard on-call opens during a latency incident.
 At least one is needed. The dashboard only ever talks to these two URLs.
 Binds 127.0.0.1 unless --host says otherwise. Basic auth: set KVDOCTOR_DASHBOARD_USERS
 ("user:password,...") or KVDOCTOR_DASHBOARD_AUTH_FILE (a file of user:password lines).
-Other settings from the environment: KVDOCTOR_DASHBOARD_REFRESH (seconds between live updates),
-KVDOCTOR_DASHBOARD_LIVE_SECONDS (seconds the live charts keep), KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT
-(seconds an exporter answer may take).
+Settings with no flag, from the environment: KVDOCTOR_DASHBOARD_LIVE_SECONDS (seconds the live
+charts keep), KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT (seconds an exporter answer may take).
 
-Needs the [dashboard] extra: pip install 'kvdoctor[dashboard]'."""
+Needs the [dashboard] extra: pip install 'kvdoctor[dashboard]'.
+
+examples:
+  kvdoctor dashboard --exporter http://127.0.0.1:9745
+  kvdoctor dashboard --prometheus http://prometheus:9090 --host 0.0.0.0 --port 8050"""
 
 # Top-level modules of the [dashboard] extra and what they pull in: one missing means the extra is.
 DASHBOARD_EXTRA_MODULES = frozenset({"dash", "plotly", "matplotlib", "tsdownsample", "flask", "werkzeug"})
@@ -43,24 +46,27 @@ def load_dashboard_app(hint: str = "") -> ModuleType:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--exporter", metavar="URL", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
-    parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090")
-    parser.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="port to bind (default 8050; 0: any free port)")
+    flags.add(parser, "--exporter", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
+    flags.add(parser, "--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
+    parser.add_argument("--host", default=None, metavar="HOST", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--refresh", type=float, default=None, metavar="SECONDS", help="seconds between live updates (default 1)"
+        "--port", type=flags.port, default=None, metavar="PORT", help="port to bind (default 8050; 0: any free port)"
+    )
+    parser.add_argument(
+        "--refresh",
+        type=flags.positive_float,
+        default=None,
+        metavar="S",
+        help="seconds between live updates (default 1)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     dashboard = load_dashboard_app()
-    exporter = args.exporter or os.environ.get("KVDOCTOR_DASHBOARD_EXPORTER_URL")
-    prometheus = args.prometheus or os.environ.get("KVDOCTOR_DASHBOARD_PROMETHEUS_URL")
+    exporter, prometheus = args.exporter, args.prometheus
     if not exporter and not prometheus:
         raise UsageError("give --exporter URL and/or --prometheus URL")
     port = dashboard.DEFAULT_PORT if args.port is None else args.port
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {port}")
     host = args.host or dashboard.DEFAULT_HOST
     try:
         app = dashboard.create_app(exporter_url=exporter, prometheus_url=prometheus, refresh_seconds=args.refresh)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from kvdoctor import arguments
 from kvdoctor.commands.dashboard import load_dashboard_app
 from kvdoctor.errors import UsageError
 from kvdoctor.exporter.app import create_app
@@ -24,6 +25,7 @@ from kvdoctor.exporter.settings import error_line, load_settings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.stats import histogram_quantile
 from kvdoctor.simulator import gpu as simulated_gpu
+from kvdoctor.simulator.deployment import EngineConfig
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
@@ -37,7 +39,11 @@ exporter goes through the same HTTP scrape and vLLM adapter as in production), a
 extra; --no-dashboard without it). Then prints a one-line status every few seconds until Ctrl-C.
 
 The simulated deployment is Llama-2-7B (32 KV heads: 512 KiB of KV per token) on one H100 with
-vLLM's defaults; its numbers come from the ledger's arithmetic (rules/ledger.py). Scenarios:
+vLLM's defaults; its numbers come from the ledger's arithmetic (rules/ledger.py). --gpus N splits
+it tensor parallel over N H100s as `kvdoctor ledger --tp N` does (each its share of the weights and
+KV heads, its own KV pool; N divides the 32 attention heads), each GPU with its own UUID, memory
+and DRAM/SM/PCIe readings (the scenarios' loads are sized for one GPU: N of them have more room).
+Scenarios:
 
   healthy            modest chat load: ITL ~8 ms
   bandwidth_bound    long contexts: every step re-reads ~50 GB; DRAM bandwidth ~85%, SM ~35%
@@ -52,6 +58,14 @@ Switch while it runs:  curl -X POST ENGINE_URL/scenario -d '{"scenario": "kv_thr
 
 The latency SLO defaults to 15 ms (--slo-ms): on this hardware even a fully bandwidth-bound
 decode stays near 20 ms per token, under the exporter's general-purpose 100 ms default.
+
+The engine also answers OpenAI completions (streaming, with usage), so `kvdoctor stress` runs
+against it: pass the engine URL the demo prints as --engine-url.
+
+examples:
+  kvdoctor demo
+  kvdoctor demo --scenario kv_thrashing --port 0 --dashboard-port 0
+  kvdoctor demo --no-dashboard --scenario cycle --cycle-period 120
 """
 
 DEFAULT_SLO_MS = 15.0
@@ -59,23 +73,15 @@ DEFAULT_STATUS_EVERY = 5.0
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
+    return arguments.checked(text, float, "a number", lambda v: v > 0 and not math.isinf(v), "> 0")
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, got {text!r}")
-    return value
+    return arguments.checked(text, int, "a port number", lambda v: 0 <= v <= 65535, "between 0 and 65535")
+
+
+def _gpus(text: str) -> int:
+    return arguments.checked(text, int, "a whole number of GPUs", lambda v: v >= 1, "at least 1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,26 +89,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario", default="healthy", choices=SCENARIO_CHOICES, help="the simulated workload (default: healthy)"
     )
     parser.add_argument(
-        "--port", type=_port, default=9745, help="the exporter's port (default: 9745; 0: any free port)"
+        "--port", type=_port, default=9745, metavar="PORT", help="the exporter's port (default: 9745; 0: any free port)"
     )
     parser.add_argument(
-        "--dashboard-port", type=_port, default=8050, help="the dashboard's port (default: 8050; 0: any free port)"
+        "--dashboard-port",
+        type=_port,
+        default=8050,
+        metavar="PORT",
+        help="the dashboard's port (default: 8050; 0: any free port)",
     )
     parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
-    parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="the simulation's random seed (default: 0)")
     parser.add_argument(
-        "--interval", type=_positive_float, default=1.0, help="seconds between the exporter's collections (default: 1)"
+        "--interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between the exporter's collections (default: 1)",
     )
     parser.add_argument(
         "--slo-ms",
         type=_positive_float,
         default=DEFAULT_SLO_MS,
+        metavar="MS",
         help=f"inter-token latency SLO the diagnosis compares with (default: {DEFAULT_SLO_MS:g} ms)",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=_gpus,
+        default=1,
+        metavar="N",
+        help="simulated GPUs the model is split over, tensor parallel (default: 1; N divides 32)",
     )
     parser.add_argument(
         "--cycle-period",
         type=_positive_float,
         default=CYCLE_PERIOD_SECONDS,
+        metavar="S",
         help=f"seconds per scenario with --scenario cycle (default: {CYCLE_PERIOD_SECONDS:g}; the "
         "diagnosis reads the last 60 s, so shorter phases mostly show the previous verdict)",
     )
@@ -192,7 +215,11 @@ def run(args: argparse.Namespace) -> int:
         for signum, handler in previous.items():
             stack.callback(signal.signal, signum, handler)
 
-        sim = Simulation(args.scenario, seed=args.seed, cycle_period=args.cycle_period)
+        try:
+            config = EngineConfig(tensor_parallel=args.gpus)
+        except ValueError as exc:  # the ledger's check: N must split the model's heads
+            raise UsageError(f"--gpus {args.gpus}: {str(exc).replace('--tp ', '')}") from None
+        sim = Simulation(args.scenario, seed=args.seed, cycle_period=args.cycle_period, config=config)
         engine = EngineServer(sim).start()
         stack.callback(engine.stop)
 
@@ -207,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
             settings = load_settings(
                 engine_url=engine.metrics_url,
                 engine="vllm",
-                nvml=False,
+                collectors={"nvml": False},  # the simulated GPU stands in for it
                 interval=args.interval,
                 host="127.0.0.1",
                 port=args.port,
@@ -249,8 +276,11 @@ def run(args: argparse.Namespace) -> int:
 
         exporter.start()
         cfg = sim.config
+        gpus = f"a simulated {cfg.gpu_name}"
+        if cfg.tensor_parallel > 1:
+            gpus = f"{cfg.tensor_parallel} simulated {cfg.gpu_name} (tensor parallel)"
         print(
-            f"kvdoctor demo: simulated vLLM engine serving {cfg.model_name} on a simulated {cfg.gpu_name}; "
+            f"kvdoctor demo: simulated vLLM engine serving {cfg.model_name} on {gpus}; "
             f"scenario {args.scenario}; ITL SLO {args.slo_ms:g} ms",
             flush=True,
         )

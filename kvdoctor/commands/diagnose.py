@@ -13,19 +13,23 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from kvdoctor import arguments, flags
 from kvdoctor.commands.ledger import load_gpu, load_model
 from kvdoctor.errors import EXIT_OK, EXIT_SLOW, SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS
 from kvdoctor.exporter.replay import AdapterNormaliser
+from kvdoctor.fleet_report import DEFAULT_LIMIT, render_fleet
 from kvdoctor.rules.actions import GROUP_TITLES, shown
 from kvdoctor.rules.context import Context, resolve
 from kvdoctor.rules.diagnosis import Diagnosis, diagnose
-from kvdoctor.rules.thresholds import Thresholds, sized_for_interval
+from kvdoctor.rules.fleet import FleetRow, FleetSummary, quote
+from kvdoctor.rules.thresholds import sized_for_interval
 from kvdoctor.rules.units import fmt_in_unit, fmt_ms
 from kvdoctor.rules.window import Window
 from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.http import SourceError
-from kvdoctor.sources.prometheus import BadSelector, PrometheusSource
+from kvdoctor.sources.prometheus import BadSelector, PrometheusClient, PrometheusSource
 from kvdoctor.sources.traces import TraceError, load_trace
 
 NAME = "diagnose"
@@ -39,14 +43,22 @@ each (--json has them all).
 
 The SLO, the model and the GPU are the exporter's own (its /api/v1/status, or the
 kvdoctor_inter_token_latency_slo_seconds and kvdoctor_context_info series it publishes, also through
-Prometheus and in traces), so this command agrees with the exporter; --slo-ms, --model-config,
+Prometheus and in traces), so this command agrees with the exporter; --slo-ms, --model,
 --gpu and --gpu-peak-bandwidth override them.
 
 Where the window comes from (one of):
   --exporter URL                       a running kvdoctor exporter (its /api/v1/window)
-  --prometheus URL --selector SEL      a Prometheus scraping exporters; SEL picks one pod, e.g. '{pod="vllm-0"}'
+  --prometheus URL [--selector SEL] [--namespace NS]
+                                       a Prometheus (or VictoriaMetrics, Thanos, Mimir) scraping
+                                       exporters; SEL: label matchers, e.g. '{pod="vllm-0"}'
   --replay FILE                        a trace written by `kvdoctor record` (or raw engine /metrics
                                        captures with timestamps: replayed through the engine adapters)
+
+With --prometheus, where the selector (none: every pod) matches several pods, a fleet summary:
+the count of each verdict (each exporter's own, kvdoctor_diagnosis_verdict) and the worst pods
+first (slow verdicts, then ITL p95 over the pod's SLO) with their KV usage, queue and first action,
+read from the recording rules of `kvdoctor rules export` in a handful of instant queries; --limit
+rows (default {limit}; 0: all), --json every row. Where it matches one pod, that pod's full diagnosis.
 
 The window is --window seconds (default 60, widened to 12 sampling intervals for sparser samples,
 e.g. 180 s at Prometheus' 15 s: the window the alert rules read) ending at the newest sample, or at
@@ -59,54 +71,68 @@ internal error.
 examples:
   kvdoctor diagnose --exporter http://127.0.0.1:9745
   kvdoctor diagnose --prometheus http://prometheus:9090 --selector '{pod="vllm-0"}' --at 2025-03-01T14:05:00Z
+  kvdoctor diagnose --prometheus http://prometheus:9090 --namespace serving --limit 10
   kvdoctor diagnose --replay incident.om --json
 """
 
 HTTP_TIMEOUT_SECONDS = 10.0
+WITHOUT_VARIABLE = ("--replay", "--at", "--engine")  # this run's own input, not a setting
+DESCRIPTION = DESCRIPTION.replace("{limit}", str(DEFAULT_LIMIT))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--exporter", metavar="URL", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    source.add_argument("--prometheus", metavar="URL", help="a Prometheus server, e.g. http://prometheus:9090")
+    flags.add(source, "--exporter", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--prometheus", help="a Prometheus server, e.g. http://prometheus:9090")
     source.add_argument("--replay", metavar="FILE", help="a trace file (OpenMetrics with timestamps)")
     parser.add_argument(
-        "--selector", metavar="SEL", help="with --prometheus: label matchers picking one pod, e.g. '{pod=\"vllm-0\"}'"
+        "--selector",
+        metavar="SEL",
+        help="with --prometheus: label matchers picking the pods, e.g. '{pod=\"vllm-0\"}' (default: every pod)",
+    )
+    parser.add_argument("--namespace", metavar="NS", help="with --prometheus: only the pods of this namespace")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help=f"with --prometheus, several pods: show the N worst (default {DEFAULT_LIMIT}; 0: all; --json: all)",
     )
     parser.add_argument(
         "--at", metavar="TIME", help="end of the window: Unix seconds or RFC 3339 (default: newest sample)"
     )
     parser.add_argument(
         "--window",
-        type=float,
-        metavar="SECONDS",
+        type=flags.positive_float,
+        metavar="S",
         help="window length in seconds (default: the thresholds' window_seconds, 60)",
     )
-    parser.add_argument(
+    flags.add(
+        parser,
         "--slo-ms",
-        type=float,
-        metavar="N",
+        type=flags.positive_float,
         help="inter-token latency SLO in ms (default: the exporter's published SLO, else 100)",
     )
-    parser.add_argument("--thresholds", metavar="YAML", help="a YAML file overriding decision-tree thresholds")
-    parser.add_argument(
+    flags.add(parser, "--thresholds", help="a YAML file overriding decision-tree thresholds")
+    flags.add(
+        parser,
+        "--model",
         "--model-config",
-        metavar="PATH",
-        help="the served model's Hugging Face config.json (enables the ledger's predicted effects)",
+        help="the served model: a config.json, a model folder, a cached Hugging Face id or a built-in name "
+        "(enables the ledger's predicted effects; default: the exporter's published model)",
     )
     gpu = parser.add_mutually_exclusive_group()
-    gpu.add_argument("--gpu", metavar="NAME", help="GPU model for the ledger, e.g. H100 (default: from the samples)")
-    gpu.add_argument("--gpu-peak-bandwidth", type=float, metavar="B", help="peak DRAM bandwidth of one GPU, bytes/s")
-    parser.add_argument(
+    flags.add(gpu, "--gpu", help="GPU model for the ledger, e.g. H100 (default: from the samples)")
+    flags.add(gpu, "--gpu-peak-bandwidth", type=flags.positive_float, help="peak DRAM bandwidth of one GPU, bytes/s")
+    flags.add(
+        parser,
         "--engine",
-        metavar="NAME",
         help="with --replay: the engine whose raw families the trace holds (default: recognised)",
     )
-    parser.add_argument(
+    flags.add(
+        parser,
         "--timeout",
-        type=float,
+        type=flags.positive_float,
         default=HTTP_TIMEOUT_SECONDS,
-        metavar="SECONDS",
         help=f"how long to wait for the exporter or Prometheus (default {HTTP_TIMEOUT_SECONDS:g})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
@@ -146,8 +172,8 @@ def _context(args: argparse.Namespace) -> Context:
             raise UsageError(f"--slo-ms must be a positive number of milliseconds, got {args.slo_ms:g}")
         slo_seconds = args.slo_ms / 1000.0
     model = None
-    if args.model_config:
-        model = load_model(args.model_config)
+    if args.model:
+        model = load_model(args.model)
     peak = None
     gpu_model = None
     if args.gpu:
@@ -162,18 +188,12 @@ def _context(args: argparse.Namespace) -> Context:
     return Context(model=model, gpu_peak_bandwidth=peak, slo_seconds=slo_seconds, gpu_model=gpu_model)
 
 
-def _thresholds(args: argparse.Namespace) -> Thresholds:
-    if not args.thresholds:
-        return Thresholds()
-    try:
-        return Thresholds.from_yaml(args.thresholds)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _validate(args: argparse.Namespace) -> None:
-    if args.selector is not None and not args.prometheus:
-        raise UsageError("--selector goes with --prometheus")
+    for flag in ("selector", "namespace", "limit"):
+        if getattr(args, flag) is not None and not args.prometheus:
+            raise UsageError(f"--{flag} goes with --prometheus")
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be 0 (all) or more, got {args.limit}")
     if args.engine is not None:
         if not args.replay:
             raise UsageError("--engine goes with --replay (an exporter or Prometheus already holds canonical series)")
@@ -185,14 +205,47 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--window must be a positive number of seconds, got {args.window:g}")
 
 
-def load_window(args: argparse.Namespace, seconds: float, at: float | None) -> tuple[Window, str, Context | None]:
+def read_pods(args: argparse.Namespace, at: float | None) -> FleetSummary:
+    """The pods the Prometheus selector matches (a few instant queries, whatever their number);
+    UsageError for a bad URL or selector, SourceUnreadable when it cannot be read or nothing matches."""
+    try:
+        client = PrometheusClient(args.prometheus, timeout=args.timeout)
+    except SourceError as exc:  # a malformed URL
+        raise UsageError(str(exc)) from None
+    try:
+        with client:
+            summary = read_fleet(client, args.selector, args.namespace, at)
+    except BadSelector as exc:
+        raise UsageError(str(exc)) from None
+    except SourceError as exc:
+        raise SourceUnreadable(str(exc)) from None
+    if not summary.rows:
+        when = f" at {_iso(at)}" if at is not None else ""
+        raise SourceUnreadable(
+            f"no kvdoctor pods match {summary.selector} at {client.url}{when} (no kvdoctor exporter series "
+            f"in the 5 minutes before; for older data give --at)"
+        )
+    return summary
+
+
+def pod_selector(row: FleetRow) -> str:
+    """The one pod the fleet read found, as a selector for its window (GPU series included)."""
+    if not row.pod:
+        return ""
+    return "{" + f'namespace="{quote(row.namespace)}",pod="{quote(row.pod)}"' + "}"
+
+
+def load_window(
+    args: argparse.Namespace, seconds: float, at: float | None, selector: str | None = None
+) -> tuple[Window, str, Context | None]:
     """(the window to diagnose, where it came from, the exporter's published context if it said);
-    UsageError on bad input, SourceUnreadable when the source cannot be read or holds no samples."""
+    UsageError on bad input, SourceUnreadable when the source cannot be read or holds no samples.
+    ``selector``: the pod's, for --prometheus (default: --selector)."""
     if args.replay:
         return (*_replay_window(args, seconds, at), None)
     try:
         if args.prometheus:
-            source = PrometheusSource(args.prometheus, args.selector, timeout=args.timeout)
+            source = PrometheusSource(args.prometheus, selector or args.selector, timeout=args.timeout)
         else:
             client = ExporterClient(args.exporter, timeout=args.timeout)
     except SourceError as exc:  # a malformed URL or selector
@@ -248,29 +301,52 @@ def sampling_interval(window: Window) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     _validate(args)
-    thresholds = _thresholds(args)
+    thresholds = arguments.read_thresholds(args.thresholds)
     given = _context(args)
     at = parse_time(args.at) if args.at is not None else None
+    selector = None
+    if args.prometheus:
+        pods = read_pods(args, at)
+        if len(pods.rows) > 1:
+            return _print_fleet(args, pods)
+        selector = pod_selector(pods.rows[0]) or args.selector
     seconds = args.window if args.window is not None else thresholds.window_seconds
-    window, origin, published = load_window(args, seconds, at)
+    window, origin, published = load_window(args, seconds, at, selector)
     interval = sampling_interval(window)
     if interval is not None and interval > 0:
         # sparse samples (a Prometheus scraping every 15 s): the ranges the alert rules read
         sized = sized_for_interval(thresholds, interval)
         if args.window is None and sized.window_seconds > seconds:
-            window, origin, published = load_window(args, sized.window_seconds, at)
+            window, origin, published = load_window(args, sized.window_seconds, at, selector)
         thresholds = sized
     result = diagnose(window, resolve(given, published), thresholds)
     if args.json:
         text = json.dumps(result.to_json(), indent=2, allow_nan=False)
     else:
-        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-        text = render(result, window, origin, colour=colour)
+        text = render(result, window, origin, colour=_colour())
+    _print(text)
+    return EXIT_SLOW if result.slow else EXIT_OK
+
+
+def _print_fleet(args: argparse.Namespace, pods: FleetSummary) -> int:
+    limit = args.limit if args.limit is not None else (None if args.json else DEFAULT_LIMIT)
+    if args.json:
+        text = json.dumps(pods.to_json(limit or None), indent=2, allow_nan=False)
+    else:
+        text = render_fleet(pods, f"Prometheus {args.prometheus.rstrip('/')}", limit, colour=_colour())
+    _print(text)
+    return EXIT_SLOW if pods.slow else EXIT_OK
+
+
+def _colour() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def _print(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `kvdoctor diagnose ... | head`: the reader left; that is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_SLOW if result.slow else EXIT_OK
 
 
 _COLOURS = {"ok": "32", "slow": "31", "dim": "2", "bold": "1", "warn": "33"}

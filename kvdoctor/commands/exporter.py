@@ -6,16 +6,18 @@ import argparse
 import logging
 import sys
 import textwrap
+from typing import Any
 
 from pydantic import ValidationError
 
+from kvdoctor import flags
 from kvdoctor.errors import UsageError
 from kvdoctor.exporter.adapters import ADAPTERS
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.assembly import ConfigError, build_exporter
+from kvdoctor.exporter.collector_switches import COLLECTOR_ENV_PREFIX, DEPRECATED_COLLECTOR_FLAGS
 from kvdoctor.exporter.server import ServerError, bind_socket, serve
 from kvdoctor.exporter.settings import (
-    COLLECTOR_ENV_PREFIX,
     ExporterSettings,
     collector_registry,
     error_line,
@@ -33,7 +35,10 @@ dcgm-exporter), normalise everything into kvdoctor's canonical signals and serve
 /healthz and /readyz. Every flag has an environment variable, named in its help (e.g.
 KVDOCTOR_ENGINE_URL, KVDOCTOR_INTERVAL); flags win.
 
-example: kvdoctor exporter --engine-url http://127.0.0.1:8000/metrics --pod "$POD_NAME"
+examples:
+  kvdoctor exporter --engine-url http://127.0.0.1:8000/metrics --pod "$POD_NAME"
+  kvdoctor exporter --engine-url http://127.0.0.1:8000 --model meta-llama/Llama-3.1-8B-Instruct --slo-ms 50
+  KVDOCTOR_ENGINE_URL=http://127.0.0.1:8000 kvdoctor exporter --no-collector.nvml --port 0
 """
 
 
@@ -84,28 +89,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_line = option.help_line().replace("%", "%%")
         if option.is_collectors:
             for name, spec in collector_registry().items():
-                group.add_argument(
+                old = DEPRECATED_COLLECTOR_FLAGS.get(name)
+                action = group.add_argument(
                     f"--collector.{name}",
+                    *([old] if old else []),
                     dest=f"collector__{name}",
                     action=argparse.BooleanOptionalAction,
                     default=None,
                     help=f"{spec.description} (default: {'on' if spec.enabled_by_default else 'off'}; "
                     f"env {COLLECTOR_ENV_PREFIX}{name.upper()})".replace("%", "%%"),
                 )
-        elif option.is_switch:
-            group.add_argument(
-                option.flag, dest=option.field, action=argparse.BooleanOptionalAction, default=None, help=help_line
-            )
+                if old:
+                    flags.deprecate(action, old, "--no-" + old.removeprefix("--"))
+                _read_by_settings(action, COLLECTOR_ENV_PREFIX + name.upper())
         else:
-            group.add_argument(
-                option.flag,
-                dest=option.field,
-                type=option.kind,
-                choices=option.choices,
-                metavar=option.metavar,
-                default=None,
-                help=help_line,
+            takes: dict[str, Any] = (
+                {"action": argparse.BooleanOptionalAction}
+                if option.is_switch
+                else {"type": option.kind, "choices": option.choices, "metavar": option.metavar}
             )
+            action = group.add_argument(
+                option.flag, *option.deprecated, dest=option.field, default=None, help=help_line, **takes
+            )
+            _read_by_settings(action, option.env[0], option.deprecated)
+
+
+def _read_by_settings(action: argparse.Action, variable: str, deprecated: tuple[str, ...] = ()) -> None:
+    """The flag's variable is the settings' (read and checked by ExporterSettings, not argparse)."""
+    action.env = variable  # type: ignore[attr-defined]
+    action.env_read_by_settings = True  # type: ignore[attr-defined]
+    if deprecated:
+        flags.deprecate(action, *deprecated)
 
 
 def settings_from_args(args: argparse.Namespace) -> ExporterSettings:

@@ -4,58 +4,71 @@ from __future__ import annotations
 
 import argparse
 
+from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.grafana.builder import render_dashboard
 from kvdoctor.output import write_document
 from kvdoctor.rules.promql import RUNBOOK_BASE_URL
-from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
 NAME = "grafana"
 HELP = "export the Grafana dashboard generated from the rules"
 DESCRIPTION = """\
+The Grafana dashboard generated from kvdoctor's rules. One action, export; its flags follow.
+
+examples:
+  kvdoctor grafana export -o kvdoctor-dashboard.json
+  kvdoctor grafana export --scrape-interval 1m -o kvdoctor-dashboard.json
+"""
+EXPORT_DESCRIPTION = """\
 Write kvdoctor's Grafana dashboard as JSON: the verdict per pod and the firing kvdoctor alerts, KV
 usage and ITL against the SLO, DRAM bandwidth vs SM activity, preemptions and PCIe, the queue and the
 prefix-cache hits by tier, with datasource, namespace and pod variables. Its panels read the series
 the rules record (`kvdoctor rules export`): give both commands the same --thresholds, --slo-ms,
 --scrape-interval and --runbook-base-url.
 
+examples:
   kvdoctor grafana export                          # to stdout
   kvdoctor grafana export -o kvdoctor-dashboard.json
   kvdoctor grafana export --thresholds my-thresholds.yaml --slo-ms 50 -o dashboard.json
   kvdoctor grafana export --runbook-base-url https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/
+  kvdoctor grafana export --scrape-interval 1m -o dashboard.json
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="grafana_action", metavar="ACTION")
     export = actions.add_parser(
-        "export", help="write the dashboard JSON", description=DESCRIPTION, formatter_class=parser.formatter_class
+        "export",
+        help="write the dashboard JSON",
+        description=EXPORT_DESCRIPTION,
+        formatter_class=parser.formatter_class,
     )
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    export.add_argument(
+    flags.add(
+        export,
         "--thresholds",
-        metavar="FILE",
         help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py), as given to rules export",
     )
-    export.add_argument(
+    flags.add(
+        export,
         "--slo-ms",
-        type=float,
+        type=flags.positive_float,
         default=None,
-        metavar="N",
         help=f"the SLO line where an exporter publishes none, in milliseconds (default {DEFAULT_SLO_SECONDS * 1e3:g})",
     )
-    export.add_argument(
+    flags.add(
+        export,
         "--scrape-interval",
-        type=float,
+        type=flags.duration,
         default=None,
-        metavar="SECONDS",
-        help="Prometheus' scrape interval the rules are sized for "
-        f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}; the recorded series are named after their ranges)",
+        help="Prometheus' scrape interval the rules are sized for, e.g. 30s or 1m "
+        f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s; the recorded series are named after their ranges)",
     )
-    export.add_argument(
+    flags.add(
+        export,
         "--runbook-base-url",
         default=RUNBOOK_BASE_URL,
-        metavar="URL",
         help="where the runbooks are browsable (<URL><Alert>.md); an http(s) URL adds runbook links "
         f"(default {RUNBOOK_BASE_URL}: no links)",
     )
@@ -64,10 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "grafana_action", None) != "export":
         raise UsageError("missing action; try: kvdoctor grafana export [-o FILE]")
-    try:
-        thresholds = Thresholds.from_yaml(args.thresholds) if args.thresholds else Thresholds()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    thresholds = arguments.read_thresholds(args.thresholds)
     slo = DEFAULT_SLO_SECONDS
     if args.slo_ms is not None:
         if not 0 < args.slo_ms < float("inf"):

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 
+from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.rules.gpus import GPUS, GpuSpec, custom_gpu, gpu_spec, lookup_gpu
 from kvdoctor.rules.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
@@ -49,23 +50,13 @@ EXIT_DOES_NOT_FIT = 1
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return arguments.checked(text, int, "a positive integer", lambda v: v > 0, "a positive integer")
 
 
 def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+    return arguments.checked(
+        text, float, "a positive number", lambda v: v > 0 and math.isfinite(v), "a positive number"
+    )
 
 
 def _fraction(text: str) -> float:
@@ -82,10 +73,10 @@ class _ListGpus(argparse.Action):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    flags.add(
+        parser,
         "--model",
         required=True,
-        metavar="CONFIG.json|FOLDER|ORG/NAME|NAME",
         help="a config.json, a model folder, a Hugging Face id in the local cache, or one of: "
         + ", ".join(COMMON_MODELS),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
+from kvdoctor import flags
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.collectors.http import HttpExposition
@@ -36,11 +38,13 @@ With --engine-url instead, the engine's own /metrics page (vLLM, SGLang, ...) is
 replay normalises it through the same engine adapters as the exporter.
 
 Ctrl-C (or SIGTERM) stops early and writes what was collected; the file is also rewritten every
-minute while recording, so a crash loses at most a minute.
+minute while recording, so a crash loses at most a minute. Progress and the summary go to stderr;
+--json also prints the summary (the file, snapshots, seconds covered) as one JSON object on stdout.
 
 examples:
   kvdoctor record --exporter http://127.0.0.1:9745 --seconds 300 -o incident.om
   kvdoctor record --engine-url http://127.0.0.1:8000/metrics --seconds 60 --interval 1 -o vllm.om
+  kvdoctor record --exporter http://127.0.0.1:9745 --seconds 60 -o trace.om --json
 """
 
 DEFAULT_INTERVAL = 1.0
@@ -49,13 +53,17 @@ ENGINE_TIMEOUT_SECONDS = 5.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--exporter", metavar="URL", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    source.add_argument("--engine-url", metavar="URL", help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
-    parser.add_argument("--seconds", type=float, required=True, metavar="N", help="how long to record")
+    flags.add(source, "--exporter", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--engine-url", help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
+    parser.add_argument("--seconds", type=flags.positive_float, required=True, metavar="S", help="how long to record")
     parser.add_argument(
-        "--interval", type=float, metavar="S", help="seconds between polls (default: the exporter's interval, else 1)"
+        "--interval",
+        type=flags.positive_float,
+        metavar="S",
+        help="seconds between polls (default: the exporter's interval, else 1)",
     )
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the trace file to write")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
 
 
 def _check_output(path: str) -> Path:
@@ -120,7 +128,7 @@ def _record_exporter(args: argparse.Namespace, output: Path) -> int:
         if recorder.uses_window_api and not stopped:
             with contextlib.suppress(SourceError, KeyboardInterrupt, _Stop):
                 recorder.poll()  # the last cycle may have landed after the last poll
-    return _finish(recording, stopped, client.url)
+    return _finish(recording, stopped, client.url, recorder.mode, args.json)
 
 
 def _record_engine(args: argparse.Namespace, output: Path) -> int:
@@ -158,7 +166,7 @@ def _record_engine(args: argparse.Namespace, output: Path) -> int:
         stopped = _loop(args.seconds, interval, recording, capture)
     finally:
         page.close()
-    return _finish(recording, stopped, url)
+    return _finish(recording, stopped, url, f"raw {adapter.name} /metrics", args.json)
 
 
 def _loop(seconds: float, interval: float, recording: Recording, poll: Callable[[], object]) -> bool:
@@ -192,7 +200,7 @@ def _loop(seconds: float, interval: float, recording: Recording, poll: Callable[
         return True
 
 
-def _finish(recording: Recording, stopped: bool, url: str) -> int:
+def _finish(recording: Recording, stopped: bool, url: str, mode: str, as_json: bool) -> int:
     times = recording.timestamps()
     if not times:
         raise SourceUnreadable(f"nothing was collected from {url}; no trace written")
@@ -202,5 +210,17 @@ def _finish(recording: Recording, stopped: bool, url: str) -> int:
         raise UsageError(f"cannot write {recording.output}: {exc.strerror or exc}") from None
     span = times[-1] - times[0]
     how = "stopped early; " if stopped else ""
+    if as_json:
+        summary = {
+            "output": str(recording.output),
+            "source": url,
+            "mode": mode,
+            "snapshots": count,
+            "seconds": round(span, 3),
+            "start": times[0],
+            "end": times[-1],
+            "stopped_early": stopped,
+        }
+        print(json.dumps(summary), flush=True)
     _say(f"{how}wrote {count} snapshots covering {span:.0f} s to {recording.output}")
     return 0

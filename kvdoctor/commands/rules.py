@@ -9,13 +9,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
-from kvdoctor.rules.promql import RUNBOOK_BASE_URL, parse_duration, render_rules_yaml
-from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.rules.promql import RUNBOOK_BASE_URL, render_rules_yaml
+from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
 NAME = "rules"
 HELP = "export the Prometheus alert rules compiled from the decision tree"
-DESCRIPTION = f"""\
+DESCRIPTION = """\
+The Prometheus rules compiled from kvdoctor's decision tree. One action, export; its flags follow.
+
+examples:
+  kvdoctor rules export -o alerts.yaml
+  kvdoctor rules export --scrape-interval 1m -o alerts.yaml
+"""
+EXPORT_DESCRIPTION = f"""\
 Compile kvdoctor's decision tree into Prometheus recording and alerting rules over the canonical
 kvdoctor_* signals (engine-agnostic): KVCacheThrashing, KVCacheTierMiss, KVCacheCapacityPressure,
 RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound,
@@ -27,6 +35,7 @@ Prometheus scrapes the exporters at when it is longer. The rules compare ITL wit
 publishes (kvdoctor_inter_token_latency_slo_seconds, from `kvdoctor exporter --slo-ms`); --slo-ms
 here is the fallback for pods that publish none.
 
+examples:
   kvdoctor rules export                      # to stdout
   kvdoctor rules export -o alerts.yaml
   kvdoctor rules export --scrape-interval 1m -o alerts.yaml
@@ -42,30 +51,27 @@ exit status: 0 written (or up to date), 1 out of date (--check), 2 a usage or in
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="rules_action", metavar="ACTION")
     export = actions.add_parser(
-        "export", help="write the rule file", description=DESCRIPTION, formatter_class=parser.formatter_class
+        "export", help="write the rule file", description=EXPORT_DESCRIPTION, formatter_class=parser.formatter_class
     )
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    export.add_argument(
-        "--thresholds",
-        metavar="FILE",
-        help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py)",
-    )
-    export.add_argument(
+    flags.add(export, "--thresholds", help="YAML file overriding thresholds (names as in kvdoctor/rules/thresholds.py)")
+    flags.add(
+        export,
         "--slo-ms",
-        type=float,
+        type=flags.positive_float,
         default=None,
-        metavar="N",
         help=f"ITL SLO in milliseconds for pods that publish none (default {DEFAULT_SLO_SECONDS * 1e3:g})",
     )
-    export.add_argument(
+    flags.add(
+        export,
         "--scrape-interval",
-        metavar="DURATION",
+        type=flags.duration,
         help="how often Prometheus scrapes the exporters, e.g. 30s or 1m "
         f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s): every range holds at least 4 scrapes",
     )
-    export.add_argument(
+    flags.add(
+        export,
         "--runbook-base-url",
-        metavar="URL",
         help=f"where the runbooks are: each alert's runbook_url is URL/<Alert>.md (default {RUNBOOK_BASE_URL}, "
         "the runbooks in this repository)",
     )
@@ -85,13 +91,9 @@ def _slo(args: argparse.Namespace) -> float:
 def _interval(args: argparse.Namespace) -> float:
     if args.scrape_interval is None:
         return DEFAULT_SCRAPE_INTERVAL_SECONDS
-    try:
-        seconds = parse_duration(args.scrape_interval)
-    except ValueError as exc:
-        raise UsageError(f"--scrape-interval: {exc}") from None
-    if seconds < 1:
-        raise UsageError(f"--scrape-interval must be at least 1s, got {args.scrape_interval}")
-    return seconds
+    if args.scrape_interval < 1:
+        raise UsageError(f"--scrape-interval must be at least 1s, got {args.scrape_interval:g}s")
+    return float(args.scrape_interval)
 
 
 def _runbook_base(args: argparse.Namespace) -> str:
@@ -104,10 +106,7 @@ def _runbook_base(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "rules_action", None) != "export":
         raise UsageError("missing action; try: kvdoctor rules export [-o FILE]")
-    try:
-        thresholds = Thresholds.from_yaml(args.thresholds) if args.thresholds else Thresholds()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    thresholds = arguments.read_thresholds(args.thresholds)
     text = render_rules_yaml(thresholds, _slo(args), _interval(args), _runbook_base(args))
 
     if args.check:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import math
 import os
@@ -15,8 +16,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from kvdoctor import flags
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
+from kvdoctor.rules.context import PUBLISHED
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
@@ -51,68 +54,55 @@ signals, OpenMetrics: `kvdoctor diagnose --replay trace.om`) and summary.json; a
 pattern the run shows: latency rising in step with KV (memory-bandwidth bound) or a jump at
 KV ~x% (preemption / paging onset).
 
+It prints the headline, where KV saturated and the report's path (--json: the summary, as
+summary.json holds it, on stdout); progress goes to stderr.
+
 exit status: 0 report written, 1 the endpoint failed during the run (report written), 2 bad
 arguments, 3 the endpoint or exporter could not be read, or an internal error.
 
 examples:
-  kvdoctor stress --endpoint http://127.0.0.1:8000 --exporter http://127.0.0.1:9745
-  kvdoctor stress --endpoint http://127.0.0.1:8000 --prompt-tokens 2000 --max-tokens 1000 --max-concurrency 128 -o run1
+  kvdoctor stress --engine-url http://127.0.0.1:8000 --exporter http://127.0.0.1:9745
+  kvdoctor stress --engine-url http://127.0.0.1:8000 --prompt-tokens 2000 --max-tokens 1000 --max-concurrency 128 -o r1
+  kvdoctor demo --no-dashboard &   # then, with the engine URL it prints:
+  kvdoctor stress --engine-url http://127.0.0.1:PORT --exporter http://127.0.0.1:9745 --step-seconds 10 --json
 """
 
-DEFAULTS = dict(prompt_tokens=1000, max_tokens=500, start_concurrency=1, max_concurrency=256, step_seconds=30.0)
+DEFAULTS = S.DEFAULTS
 DEFAULT_TTFT_SLO_MS = S.DEFAULT_TTFT_SLO_SECONDS * 1000
 POLL_SECONDS = 1.0
 TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    flags.add(
+        parser,
+        "--engine-url",
         "--endpoint",
         required=True,
-        metavar="URL",
-        help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1)",
+        help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1, or its /metrics)",
     )
-    parser.add_argument(
+    flags.add(
+        parser,
         "--exporter",
-        metavar="URL",
-        help="a kvdoctor exporter scraping that engine (default: one runs in this process on ENDPOINT/metrics)",
+        help="a kvdoctor exporter scraping that engine (default: one runs in this process on the engine's /metrics)",
     )
-    parser.add_argument("--model", metavar="NAME", help="the model to ask for (default: the first of /v1/models)")
-    parser.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=DEFAULTS["prompt_tokens"],
-        metavar="N",
-        help=f"prompt length in tokens, calibrated on the server's count (default {DEFAULTS['prompt_tokens']})",
+    model = parser.add_argument(
+        "--served-model-name",
+        "--model",
+        metavar="NAME",
+        help="the model name to request, as the server serves it (vLLM's --served-model-name; "
+        "default: the first of /v1/models)",
     )
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=DEFAULTS["max_tokens"],
-        metavar="N",
-        help=f"tokens generated per request (ignore_eos where supported; default {DEFAULTS['max_tokens']})",
-    )
-    parser.add_argument(
-        "--start-concurrency",
-        type=int,
-        default=DEFAULTS["start_concurrency"],
-        metavar="N",
-        help="requests in flight in the first step (default 1); doubled each step",
-    )
-    parser.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=DEFAULTS["max_concurrency"],
-        metavar="N",
-        help=f"the last step's concurrency if the KV cache never saturates (default {DEFAULTS['max_concurrency']})",
-    )
-    parser.add_argument(
-        "--step-seconds",
-        type=float,
-        default=DEFAULTS["step_seconds"],
-        metavar="S",
-        help=f"seconds per concurrency step (default {DEFAULTS['step_seconds']:g})",
-    )
+    flags.deprecate(model, "--model")  # --model is the model spec (config.json, folder, ...) in every verb
+    for flag, kind, metavar, text in (
+        ("--prompt-tokens", int, "N", "prompt length in tokens, calibrated on the server's count (default {})"),
+        ("--max-tokens", int, "N", "tokens generated per request (ignore_eos where supported; default {})"),
+        ("--start-concurrency", int, "N", "requests in flight in the first step (default 1); doubled each step"),
+        ("--max-concurrency", int, "N", "the last step's concurrency if the KV cache never saturates (default {})"),
+        ("--step-seconds", float, "S", "seconds per concurrency step (default {:g})"),
+    ):
+        default = DEFAULTS[flag.removeprefix("--").replace("-", "_")]
+        parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=text.format(default))
     parser.add_argument(
         "--kv-saturation",
         type=float,
@@ -139,11 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=flags.positive_float,
         default=10.0,
         metavar="S",
         help="seconds to wait for the exporter's answers (default 10)",
     )
+    parser.add_argument("--json", action="store_true", help="print the run's summary (summary.json) on stdout")
 
 
 # ---------------------------------------------------------------------------------------- progress
@@ -399,9 +390,10 @@ def write_report(settings, result: dict, out_dir) -> dict:
     bins = S.bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
     summaries = S.summarise_steps(runner.requests, steps, bins, window)
     saturation = S.find_saturation(bins, steps, settings.kv_saturation, summaries, settings.ttft_slo_seconds)
-    verdict = S.stress_verdict(bins, saturation)
+    verdict = S.stress_verdict(bins, saturation, dram_peak=S.dram_bandwidth_peak(window))
 
     diagnosis = None
+    slo_seconds = None  # the SLO the exporter published: the diagnosis compares with it, the figure draws it
     if len(window) >= 2:
         tail = window.slice(end - DIAGNOSIS_WINDOW_SECONDS, end + TAIL_SECONDS + 1)
         if len(tail) >= 2:
@@ -411,7 +403,10 @@ def write_report(settings, result: dict, out_dir) -> dict:
                 "headline": d.headline,
                 "confidence": round(d.confidence, 3),
                 "window_seconds": round(d.window_seconds),
+                "slo_seconds": d.context.slo,
+                "slo_source": d.context.slo_source,
             }
+            slo_seconds = d.context.slo if d.context.slo_source == PUBLISHED else None
     trace_series = 0
     if len(window):
         trace_series = write_window(window, out / "trace.om")
@@ -439,7 +434,7 @@ def write_report(settings, result: dict, out_dir) -> dict:
         f"{settings.max_tokens} tokens generated"
     )
     figure = render_figure(
-        bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title
+        bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title, slo_seconds
     )
     if figure is None:  # no matplotlib (the [dashboard] extra): the rest of the report stands without it
         summary["files"]["figure"] = None
@@ -451,8 +446,8 @@ def write_report(settings, result: dict, out_dir) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     settings = S.StressSettings(
-        endpoint=args.endpoint,
-        model=args.model,
+        endpoint=args.engine_url,
+        model=args.served_model_name,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         start_concurrency=args.start_concurrency,
@@ -484,5 +479,8 @@ def run(args: argparse.Namespace) -> int:
         reached = f"stopped on the queue at concurrency ×{sat['concurrency']} (no KV usage signal)"
     else:
         reached = f"KV saturated at concurrency ×{sat['concurrency']} ({sat['reason'].replace('_', ' ')})"
-    print(f"{verdict['headline']}\n{reached}\nreport: {os.path.join(out_dir, 'report.html')}", flush=True)
+    if args.json:
+        print(json.dumps(summary, allow_nan=False), flush=True)
+    else:
+        print(f"{verdict['headline']}\n{reached}\nreport: {os.path.join(out_dir, 'report.html')}", flush=True)
     return 1 if result.failed else 0

@@ -1,4 +1,4 @@
-"""The dashboard in real headless Chromium: verdicts, charts, the stale badge, the ledger, the fleet.
+"""The dashboard in real headless Chromium: verdicts, charts, the stale badge, the ledger.
 
 These run against the fake exporter / fake Prometheus of synthetic.py (real HTTP, synthetic
 data); tests/dashboard/test_demo_browser.py runs the same checks against the real `kvdoctor demo`.
@@ -7,7 +7,6 @@ Screenshots: set KVDOCTOR_SCREENSHOT_DIR=docs/img to refresh the README's images
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -17,7 +16,7 @@ from kvdoctor.rules.gpus import gpu_spec
 from kvdoctor.rules.model import COMMON_MODELS
 from tests.support import tools
 from tests.support.browser import Page
-from tests.support.synthetic import SCENARIOS, FakeExporter, SyntheticEngine, fake_fleet
+from tests.support.synthetic import SCENARIOS, SYNTHETIC_SLO_SECONDS, FakeExporter, SyntheticEngine
 
 pytestmark = [pytest.mark.slow, tools.requires_chromium, pytest.mark.timeout(240)]
 
@@ -101,7 +100,24 @@ def test_live_page_shows_the_verdict_and_live_charts(scenario, served, fake_expo
     )
     assert len(grown[1]) == 16  # appended, not rebuilt into something else
     assert p.page.locator("#live-badge .badge").get_attribute("data-state") == "live"
+    drawn = _axes_as_drawn(p)
+    for chart in (0, 2):  # KV/latency and preemptions/PCIe: two axes, one set of gridlines
+        assert drawn[chart]["y"] == drawn[chart]["y2"] and len(drawn[chart]["y"]) >= 5, drawn[chart]
+    assert f"ITL SLO {SYNTHETIC_SLO_SECONDS * 1000:g} ms" in drawn[0]["notes"]  # the published SLO, drawn
+    assert f"ITL SLO {SYNTHETIC_SLO_SECONDS * 1000:g} ms" in drawn[3]["notes"]
     assert p.errors == []
+
+
+def _axes_as_drawn(p: Page) -> list[dict]:
+    """Each chart's y-axis ticks as Plotly drew them (pixels from the top) and its annotations."""
+    return p.page.evaluate(
+        """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(g => {
+            const L = g._fullLayout;
+            const px = ax => ax ? ax._vals.filter(v => !v.minor).map(v => Math.round(ax.l2p(v.x))) : [];
+            return {y: px(L.yaxis), y2: px(L.yaxis2),
+                    notes: Array.from(g.querySelectorAll('.annotation-text')).map(e => e.textContent)};
+        })"""
+    )
 
 
 def test_stale_badge_when_the_exporter_goes_away(served, fake_exporter, open_page):
@@ -197,33 +213,3 @@ def test_ledger_computes_the_known_model(served, open_page, tmp_path):
     assert "FP8 KV cache" in what_if and f"{per_token // 2:,} B" in what_if
     p.screenshot("ledger", tmp_path)
     assert p.errors == []
-
-
-def test_fleet_ranks_targets_and_a_click_opens_live(served, open_page):
-    targets = {"10.0.0.1:9745": "healthy", "10.0.0.2:9745": "thrashing", "10.0.0.3:9745": "bandwidth"}
-    pods = {"10.0.0.1:9745": "chat-0", "10.0.0.2:9745": "chat-1", "10.0.0.3:9745": "summarise-0"}
-    prometheus = fake_fleet(targets, age=3700, gpus=2, pods=pods)
-    try:
-        p = open_page(served(prometheus_url=prometheus.url).url)
-        p.goto("/fleet")
-        p.page.wait_for_selector("table.fleet tbody tr", timeout=SLOW_MS)
-        rows = p.page.locator("table.fleet tbody tr")
-        assert rows.count() == 3
-        assert [rows.nth(i).locator("td").nth(3).get_attribute("data-verdict") for i in range(3)] == [
-            "kv_thrashing",
-            "memory_bandwidth_bound",
-            "healthy",
-        ]
-        tools.wait_until(
-            lambda: (pts := p.chart_points()) and all(len(c) == 3 for c in pts),
-            timeout=SLOW_MS / 1000,
-            what="fleet charts",
-        )
-        rows.nth(0).locator("a.target-link").click()
-        p.page.wait_for_url(re.compile(r".*/\?instance=10\.0\.0\.2%3A9745"), timeout=SLOW_MS)
-        _wait_for_verdict(p, "kv_thrashing")
-        _wait_for_charts(p)
-        assert not prometheus.unknown
-        assert p.errors == []
-    finally:
-        prometheus.stop()

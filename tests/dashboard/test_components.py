@@ -49,6 +49,7 @@ def test_banner_without_a_diagnosis_waits():
         (0.873, "ratio", "87.3%"),
         (0.0123, "seconds", "12.3 ms"),
         (12.5, "seconds", "12.5 s"),
+        (2.0, "seconds", "2 s"),  # a TTFT threshold, not "2e+03 ms"
         (2.1e10, "bytes/s", "21 GB/s"),
         (157.4, "per minute", "157 per minute"),
         (None, "ratio", "–"),
@@ -99,3 +100,21 @@ def test_parse_history_accepts_only_a_sane_range():
     }
     for bad in ({"from": "x", "to": "1"}, {"from": "10", "to": "5"}, {"from": "0", "to": str(40 * 86400)}, {}):
         assert live.parse_history(bad) is None
+
+
+def test_evidence_is_labelled_in_words_with_the_internal_names_in_a_tooltip():
+    from kvdoctor.rules.features import FEATURES
+    from kvdoctor.rules.render import FEATURE_LABELS, feature_label
+
+    assert set(FEATURES) <= set(FEATURE_LABELS)  # every quantity the tree compares has words
+    evidence = [
+        {"signal": "kvdoctor_kv_cache_usage_ratio", "feature": "kv_usage", "value": 0.97, "unit": "ratio"},
+        {"signal": "kvdoctor_gpu_sm_active_ratio", "feature": "sm_active_ratio - dram_bandwidth_ratio", "value": 0.1},
+    ]
+    rows = components.evidence_table(evidence).children[1].children
+    cells = [row.children[0].children for row in rows]
+    assert [c.children for c in cells] == ["KV cache usage", "GPU SM activity minus GPU DRAM bandwidth"]
+    assert cells[0].title == "kv_usage · kvdoctor_kv_cache_usage_ratio"
+    assert "sm_active_ratio - dram_bandwidth_ratio" in cells[1].title
+    assert "kv_usage" not in _text(rows[0].children[0])  # the internal name only in the tooltip
+    assert feature_label("itl_p95_seconds / itl_early_median_seconds").count(" / ") == 1

@@ -157,18 +157,6 @@ def test_source_health_from_window_and_status():
     ]
 
 
-def test_rank_fleet_puts_the_worst_first():
-    rows = [
-        derive.FleetRow("a", verdict="healthy", itl_p95=0.02),
-        derive.FleetRow("b", verdict="kv_thrashing", itl_p95=0.05),
-        derive.FleetRow("c", verdict="memory_bandwidth_bound", itl_p95=0.2),
-        derive.FleetRow("d", verdict="memory_bandwidth_bound", itl_p95=0.3),
-        derive.FleetRow("e", verdict="idle"),
-        derive.FleetRow("f", verdict="healthy", worst_verdict="kv_thrashing", itl_p95=math.nan),
-    ]
-    assert [r.instance for r in derive.rank_fleet(rows)] == ["b", "d", "c", "f", "a", "e"]
-
-
 def test_every_rules_verdict_has_a_severity():
     from kvdoctor.rules.diagnosis import VERDICTS
 

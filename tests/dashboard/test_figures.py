@@ -59,8 +59,6 @@ def test_every_figure_is_valid_plotly(live, chart):
 
 def test_other_figures_are_valid_plotly():
     go.Figure(figures.placeholder_figure("no data"))
-    go.Figure(figures.fleet_history_figure("ITL p95", "ms", [{"name": "a", "x": [0, 1000], "y": [1.0, 2.0]}]))
-    go.Figure(figures.fleet_history_figure("ITL p95", "ms", []))
 
 
 def test_knee_is_drawn_on_both_latency_charts(live):
@@ -72,7 +70,8 @@ def test_knee_is_drawn_on_both_latency_charts(live):
     no_knee = charts.live_charts(
         derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], 0.0).window(0, 60)), diagnosis_for(SCENARIOS["healthy"])
     )
-    assert figures.build(charts.KV_LATENCY, no_knee[charts.KV_LATENCY])["layout"]["shapes"] == []
+    shapes = figures.build(charts.KV_LATENCY, no_knee[charts.KV_LATENCY])["layout"]["shapes"]
+    assert [sh for sh in shapes if sh["line"]["color"] == figures.KNEE_COLOR] == []  # the SLO line only
 
 
 def test_decode_floor_line_is_fitted_over_the_kv_range(frame, live):
@@ -196,3 +195,81 @@ def test_knee_extras_ignores_an_empty_knee():
     assert charts.knee_extras({"knee": {"kind": None, "kv_level": None}}) is None
     assert charts.knee_extras({"knee": None}) is None
     assert charts.knee_extras({"knee": {"kind": "jump", "kv_level": 0.873}}) == {"kind": "jump", "kv_level": 0.88}
+
+
+# ------------------------------------------------------------------- charts that read at a glance
+
+
+def _ticks(axis: dict) -> list[float]:
+    """Where an axis of the figure puts its ticks, as fractions of its height."""
+    low, high = axis["range"]
+    assert axis["tickmode"] == "linear" and axis["tick0"] == low == 0
+    values = np.arange(0.0, high + 1e-9, axis["dtick"])
+    return [round((v - low) / (high - low), 9) for v in values]
+
+
+def _slo_shapes(fig: dict, yref: str) -> list[dict]:
+    return [s for s in fig["layout"]["shapes"] if s["yref"] == yref and s["line"]["color"] == figures.SLO_COLOR]
+
+
+def test_every_itl_chart_draws_the_published_slo(frame):
+    diagnosis = dict(diagnosis_for(SCENARIOS["thrashing"]), context={"slo_seconds": 0.04, "slo_source": "exporter"})
+    data = charts.live_charts(frame, diagnosis)
+    kv = figures.build(charts.KV_LATENCY, data[charts.KV_LATENCY])
+    (line,) = _slo_shapes(kv, "y2")  # on the latency axis, at the SLO
+    assert line["y0"] == line["y1"] == pytest.approx(40.0) and (line["x0"], line["x1"]) == (0, 1)
+    assert kv["layout"]["yaxis2"]["range"][1] >= 40.0 * charts.SLO_HEADROOM  # the line is in view
+    scatter = figures.build(charts.ITL_KV, data[charts.ITL_KV])
+    (line,) = _slo_shapes(scatter, "y")
+    assert line["y0"] == pytest.approx(40.0)
+    for fig in (kv, scatter):
+        assert any(a["text"] == "ITL SLO 40 ms" for a in fig["layout"]["annotations"])
+    # no published SLO (no diagnosis yet): no line rather than a made-up one
+    bare = charts.live_charts(frame, None)
+    assert not _slo_shapes(figures.build(charts.KV_LATENCY, bare[charts.KV_LATENCY]), "y2")
+    assert not _slo_shapes(figures.build(charts.ITL_KV, bare[charts.ITL_KV]), "y")
+
+
+@pytest.mark.parametrize("chart", [charts.KV_LATENCY, charts.TRANSFERS])
+def test_dual_axes_share_their_ticks_at_round_values(live, chart):
+    layout = figures.build(chart, live[chart])["layout"]
+    left, right = _ticks(layout["yaxis"]), _ticks(layout["yaxis2"])
+    assert left == right and len(left) == charts.TICKS + 1  # the same gridlines serve both axes
+    for axis in (layout["yaxis"], layout["yaxis2"]):
+        step = axis["dtick"] / 10 ** np.floor(np.log10(axis["dtick"]))
+        assert round(step, 6) in (1.0, 2.0, 2.5, 5.0)  # round tick labels
+    # every point is under its axis' top: nothing drawn is cut off
+    for trace in figures.build(chart, live[chart])["data"]:
+        axis = layout["yaxis2" if trace.get("yaxis") == "y2" else "yaxis"]
+        assert max((v for v in trace["y"] if v is not None), default=0) <= axis["range"][1]
+
+
+def test_the_pcie_axis_has_a_floor_so_noise_stays_flat(frame):
+    data = charts.live_charts(frame)[charts.TRANSFERS]
+    for trace in data["traces"]:  # a quiet engine: a few MB/s of PCIe noise, no preemption
+        trace["y"] = [None if v is None else (5e6 if trace["kind"] != "preemptions" else 0.01) for v in trace["y"]]
+    data["extras"].pop("axes")  # made from the traces themselves
+    layout = figures.build(charts.TRANSFERS, data)["layout"]
+    assert layout["yaxis"]["range"][1] >= charts.PCIE_AXIS_FLOOR  # 5 MB/s is 0.5% of the height, not all of it
+    assert layout["yaxis2"]["range"][1] >= charts.PREEMPTION_AXIS_FLOOR
+    assert charts.nice_top(5e6, charts.PCIE_AXIS_FLOOR) == charts.PCIE_AXIS_FLOOR
+    assert charts.nice_top(37.0, 1.0) == 50.0 and charts.nice_top(12.0, 1.0) == 12.5 and charts.nice_top(0, 1) == 1
+
+
+@pytest.mark.parametrize("chart", charts.LIVE_CHARTS)
+def test_every_trace_has_a_legend_entry(live, chart):
+    fig = figures.build(chart, live[chart])
+    for trace in fig["data"]:
+        assert trace.get("showlegend", True) and trace["name"], trace["name"]
+    if chart == charts.BANDWIDTH:
+        names = [t["name"] for t in fig["data"]]
+        assert names[:2] == ["GPU 0 DRAM bandwidth", "GPU 0 SM activity"] and len(set(names)) == 16
+
+
+def test_a_point_above_an_axis_rebuilds_the_chart(frame):
+    whole = charts.live_charts(frame, diagnosis_for(SCENARIOS["thrashing"]))
+    drawn = charts.axis_tops(whole)
+    tail = charts.live_charts(derive.slice_frame(frame, frame.ts > frame.ts[-5]), diagnosis_for(SCENARIOS["thrashing"]))
+    assert not charts.exceeds(charts.axis_tops(tail), drawn)  # new points under the tops: append
+    higher = {charts.KV_LATENCY: {"y2": drawn[charts.KV_LATENCY]["y2"] * 2}}
+    assert charts.exceeds(higher, drawn)  # a slower token than the axis holds: rebuild

@@ -1,62 +1,148 @@
-"""The Fleet page's data (fake Prometheus over HTTP), the PromQL it sends, and `kvdoctor dashboard`."""
+"""The Fleet page's pieces without a browser (its view of a fleet summary, the sparklines, the
+PromQL of a page's rows, the server-side cache), and `kvdoctor dashboard`.
+
+The page in Chromium against a real Prometheus is tests/dashboard/test_fleet_page.py."""
 
 from __future__ import annotations
 
+import math
+import re
 import socket
-import time
+from urllib.parse import unquote
 
+import numpy as np
 import pytest
 
-from kvdoctor.dashboard import components, ids, promql
+from kvdoctor.dashboard import components, figures, fleet_view, ids, promql
 from kvdoctor.dashboard.app import create_app
-from kvdoctor.dashboard.derive import FleetRow
 from kvdoctor.dashboard.pages import fleet
-from kvdoctor.dashboard.sources import fetch_fleet
+from kvdoctor.dashboard.sources import FleetCache, FleetPage
 from kvdoctor.rules import signals as S
-from kvdoctor.sources.prometheus import PrometheusClient
+from kvdoctor.rules.fleet import FLEET_VERDICTS, summarize
+from kvdoctor.rules.tree import SLOW_VERDICTS
 from tests.support.processes import kvdoctor
-from tests.support.synthetic import fake_fleet
+from tests.support.servers import refusing_url
+
+ITL = "kvdoctor:itl_p95_seconds:60s"
+KV = "kvdoctor:kv_usage:60s"
+
+
+def _summary(pods: dict[tuple[str, str], tuple[str, float, float]]):
+    """A fleet summary as read_fleet makes it, from (namespace, pod) -> (verdict, ITL p95 s, KV usage)."""
+    engine = {"model_name": "llama", "engine": "vllm"}
+    return summarize(
+        [({"namespace": ns, "pod": pod}, 1.0) for ns, pod in pods],
+        [({"namespace": ns, "pod": pod, "verdict": v}, 1.0) for (ns, pod), (v, _, _) in pods.items()],
+        [({"__name__": ITL, "namespace": ns, "pod": pod, **engine}, itl) for (ns, pod), (_, itl, _) in pods.items()]
+        + [({"__name__": KV, "namespace": ns, "pod": pod, **engine}, kv) for (ns, pod), (_, _, kv) in pods.items()],
+        at=1000.0,
+    )
 
 
 @pytest.fixture
-def prometheus():
-    targets = {"10.0.0.1:9745": "healthy", "10.0.0.2:9745": "thrashing", "10.0.0.3:9745": "bandwidth"}
-    fake = fake_fleet(targets, age=4000, gpus=1, pods={"10.0.0.2:9745": "llama-2"})
-    yield fake
-    fake.stop()
+def summary():
+    return _summary(
+        {
+            ("chat", "chat-0"): ("healthy", 0.02, 0.4),
+            ("chat", "chat-1"): ("kv_thrashing", 0.15, 0.97),
+            ("search", "search-0"): ("memory_bandwidth_bound", 0.12, 0.5),
+            ("search", "search-1"): ("idle", math.nan, 0.1),
+        }
+    )
 
 
-def test_fleet_lists_every_target_worst_first(prometheus):
-    got = fetch_fleet(PrometheusClient(prometheus.url, 2.0), time.time(), 3600, 2000, 10.0)
-    assert not prometheus.unknown
-    assert [r.instance for r in got.rows] == ["10.0.0.2:9745", "10.0.0.3:9745", "10.0.0.1:9745"]
-    worst = got.rows[0]
-    assert (worst.verdict, worst.pod, worst.engine, worst.model_name) == ("kv_thrashing", "llama-2", "vllm", "tiny")
-    assert worst.kv_usage > 0.9 and worst.preemption_rate == pytest.approx(0.8, rel=0.05)
-    assert set(got.history) == {"itl_p95", "kv_usage"}
-    assert len(got.history["kv_usage"]) == 3 and all(len(t["x"]) <= 2000 for t in got.history["kv_usage"])
+def _page(summary, rows=None, sparks=None, instances=None) -> FleetPage:
+    rows = summary.rows if rows is None else rows
+    grid = np.arange(0.0, 400.0, 10.0)
+    return FleetPage(tuple(rows), len(rows), 0, 1, grid, sparks or {}, instances or {})
 
 
-def test_fleet_page_callbacks_render_links_to_live(prometheus):
-    app = create_app(prometheus_url=prometheus.url, environ={})
-    with app.server.test_request_context("/fleet"):
-        data, badge = fleet.fetch(0, 3600, "", None)
-        table, itl_fig, _kv_fig = fleet.render(data)
+def test_counts_are_the_verdict_filter_with_every_verdict(summary):
+    options = fleet_view.count_options(summary)
+    assert [o["value"] for o in options] == [fleet_view.ALL, fleet_view.SLOW, *FLEET_VERDICTS]
+    counts = {o["value"]: int(o["label"].to_plotly_json()["props"]["data-count"]) for o in options}
+    assert counts[fleet_view.ALL] == 4 and counts[fleet_view.SLOW] == 2
+    assert counts["kv_thrashing"] == 1 and counts["request_queueing"] == 0
+    assert fleet_view.verdict_filter(fleet_view.SLOW) == tuple(SLOW_VERDICTS)
+    assert fleet_view.verdict_filter("kv_thrashing") == ("kv_thrashing",)
+    assert fleet_view.verdict_filter("") is None and fleet_view.verdict_filter("<script>") is None
+
+
+def test_rows_are_named_by_pod_and_link_to_their_target_over_the_range(summary):
+    thrashing = summary.rows[0]
+    assert thrashing.pod == "chat-1"  # worst first
+    grid_values = np.linspace(0.05, 0.15, 40)
+    page = _page(
+        summary,
+        sparks={("chat", "chat-1", "itl_p95_seconds"): grid_values, ("chat", "chat-1", "kv_usage"): grid_values},
+        instances={("chat", "chat-1"): "10.0.0.2:9745"},
+    )
+    table = fleet_view.fleet_table(page, 100.0, 1000.0, True)
     text = str(table)
-    assert text.index("10.0.0.2:9745") < text.index("10.0.0.1:9745")
-    assert "/?instance=10.0.0.2%3A9745" in text and "from=" in text  # live link and review link
-    assert len(itl_fig["data"]) == 3 and badge.className.endswith("badge-ok")
+    assert "/?instance=10.0.0.2%3A9745&from=100&to=1000" in text
+    assert text.count("data:image/svg+xml,") == 2  # only the row with sparklines draws them
+    first = table.children[1].children[0]
+    assert first.to_plotly_json()["props"]["data-pod"] == "chat-1"
+    cells = first.children
+    link = cells[0].children
+    assert link.children == "chat-1" and link.href.startswith("/?instance=")  # named by pod, a link to its target
+    assert "150.0 ms" in str(cells[3]) and "/ 100 ms" in str(cells[3])
+    # A pod without a known target is still a row, named, just not a link.
+    plain = fleet_view.fleet_table(_page(summary), 100.0, 1000.0, True).children[1].children[0].children[0]
+    assert plain.children == "chat-1" and "/?instance" not in str(plain)
+    # Exporters without a pod label share one row: it says so, and opens no one target.
+    nameless = _summary({("", ""): ("healthy", 0.02, 0.4)})
+    page = _page(nameless, instances={("", ""): "10.0.0.9:9745"})
+    cell = fleet_view.fleet_table(page, 0.0, 1.0, True).children[1].children[0].children[0]
+    assert cell.children == fleet_view.NO_POD and "/?instance" not in str(cell)
 
 
-def test_fleet_end_time_and_its_errors(prometheus):
+def test_empty_pages_say_why(summary):
+    empty = _page(summary, rows=())
+    assert "No pod matches" in str(fleet_view.fleet_table(empty, 0.0, 1.0, True))
+    assert "no kvdoctor exporter" in str(fleet_view.fleet_table(empty, 0.0, 1.0, False))
+    assert fleet_view.pager_text(empty) == "no pod"
+    assert fleet_view.pager_text(FleetPage((), 120, 1, 3, np.array([0.0]))) == "pods 51–100 of 120 · page 2 of 3"
+
+
+def test_sparkline_is_a_small_svg_with_gaps_and_the_slo_line():
+    svg = figures.sparkline_svg([0.01, 0.02, math.nan, 0.05, 0.3], 0.0, 0.1, line=0.1)
+    assert svg.startswith("<svg") and svg.endswith("</svg>") and '"' not in svg
+    paths = re.findall(r"d='([^']*)'", svg)
+    assert len(paths) == 2  # the SLO rule and the line
+    assert paths[1].count("M") == 2  # the NaN breaks the line
+    # 0.3 is above the top given: the range widens so the top point is at the top, not clipped away
+    assert paths[1].endswith(" 1")
+    assert len(figures.sparkline_svg(list(np.linspace(0, 1, 40)), 0.0, 1.0)) < 400
+    src = fleet_view._sparkline([0.1, 0.2], 0.0, 1.0, None, "#1f77b4").src
+    assert "#" not in src.removeprefix("data:image/svg+xml,") and unquote(src).endswith("</svg>")
+
+
+def test_sparkline_query_reads_records_of_the_shown_pods_only():
+    query = promql.fleet_sparkline_query(["kv_usage", "itl_p95_seconds"], [("chat", "a.b"), ("ns-2", 'x"y')])
+    assert query.startswith("max by (__name__, namespace, pod) (")
+    assert 'kvdoctor:itl_p95_seconds:[0-9]+m?s|kvdoctor:kv_usage:[0-9]+m?s"' in query
+    assert r'pod=~"a\\.b|x\"y"' in query  # escaped for the regex, then for the PromQL string
+    assert "kvdoctor_" not in query  # never a raw series
+    instances = promql.fleet_instances_query([("chat", "a")])
+    assert instances == f'group by (namespace, pod, instance) ({S.SOURCE_UP}{{namespace=~"chat", pod=~"a"}})'
+
+
+def test_the_cache_keeps_summaries_under_tokens_and_forgets_the_oldest(summary):
+    cache = FleetCache(size=2)
+    first = cache.put(summary)
+    assert cache.get(first) is summary and len(first) == 12
+    assert cache.put(summary, first) == first  # a refresh replaces its own entry
+    cache.put(summary)
+    cache.put(summary)
+    assert cache.get(first) is None and cache.get(None) is None and cache.get("made-up") is None
+
+
+def test_fleet_end_time_and_its_errors():
     assert fleet.parse_end("2026-01-02 03:04") == 1767323040.0
     assert fleet.parse_end("  ") is None
     with pytest.raises(ValueError, match="end time must look like"):
         fleet.parse_end("yesterday")
-    app = create_app(prometheus_url=prometheus.url, environ={})
-    with app.server.test_request_context("/fleet"):
-        data, badge = fleet.fetch(0, 3600, "yesterday", None)
-    assert data is fleet.no_update and badge.className.endswith("badge-stale")
 
 
 def _find(component, component_id):
@@ -72,26 +158,27 @@ def _find(component, component_id):
     return None
 
 
-def test_fleet_link_parameters_preselect_the_window(prometheus):
-    app = create_app(prometheus_url=prometheus.url, environ={})
+def test_fleet_link_parameters_preselect_the_view_and_junk_is_ignored():
+    app = create_app(prometheus_url=refusing_url(), environ={})
     with app.server.test_request_context("/fleet"):
-        page = fleet.layout(range="900", end="2026-01-02 03:04")
+        page = fleet.layout(range="900", end="2026-01-02 03:04", verdict="slow", namespace="chat", pod="vllm")
         assert _find(page, ids.FLEET_RANGE).value == 900
-        assert _find(page, fleet.FLEET_END).value == "2026-01-02 03:04"
-        junk = fleet.layout(range="12345", end="<script>")
-        assert _find(junk, ids.FLEET_RANGE).value == 3600 and _find(junk, fleet.FLEET_END).value == ""
+        assert _find(page, ids.FLEET_END).value == "2026-01-02 03:04"
+        assert _find(page, ids.FLEET_VERDICT).value == fleet_view.SLOW
+        assert _find(page, ids.FLEET_SEARCH).value == "vllm"
+        assert _find(page, ids.FLEET_REFRESH).disabled  # a fixed end is read once
+        junk = fleet.layout(range="12345", end="<script>", verdict="<script>", pod=["a"])
+        assert _find(junk, ids.FLEET_RANGE).value == 3600 and _find(junk, ids.FLEET_END).value == ""
+        assert _find(junk, ids.FLEET_VERDICT).value == fleet_view.ALL and _find(junk, ids.FLEET_SEARCH).value == ""
+        # Prometheus is down: the page says so in its badge, with no row and no traceback.
+        assert "connection refused" in str(_find(page, ids.FLEET_STATUS))
+        assert _find(page, ids.FLEET_STATE).data["page"] == 0
 
 
 def test_fleet_without_prometheus_says_what_it_needs():
     app = create_app(exporter_url="http://127.0.0.1:9", environ={})
     with app.server.test_request_context("/fleet"):
         assert "Fleet needs Prometheus" in str(fleet.layout())
-
-
-def test_live_href_never_carries_more_than_the_target_and_range():
-    row = FleetRow("10.0.0.1:9745")
-    assert fleet.live_href(row) == "/?instance=10.0.0.1%3A9745"
-    assert fleet.live_href(row, 100.0, 200.0) == "/?instance=10.0.0.1%3A9745&from=100&to=200"
 
 
 @pytest.mark.parametrize(
@@ -142,7 +229,10 @@ def _kvdoctor(capsys, *args):
     """`kvdoctor dashboard ARGS` in this process (a new interpreter costs seconds): (rc, stderr)."""
     from kvdoctor.cli import main
 
-    rc = main(["dashboard", *args])
+    try:
+        rc = main(["dashboard", *args])
+    except SystemExit as exc:  # refused while parsing, as argparse does
+        rc = exc.code
     return rc, capsys.readouterr().err
 
 
@@ -151,7 +241,7 @@ def _kvdoctor(capsys, *args):
     [
         ((), "give --exporter URL and/or --prometheus URL"),
         (("--exporter", "ftp://x"), "exporter URL must be http(s)://host[:port]"),
-        (("--exporter", "http://127.0.0.1:1", "--port", "70000"), "--port must be 0..65535"),
+        (("--exporter", "http://127.0.0.1:1", "--port", "70000"), "--port: must be a port between 0 and 65535"),
     ],
 )
 def test_command_usage_errors_are_one_line(capsys, monkeypatch, args, message):

@@ -115,7 +115,8 @@ def test_changing_the_target_refetches_the_whole_window(exporter):
     first = _in_app(app, live.fetch, 0, "", "live:900", "", None, None)
     out = _in_app(app, live.fetch, 0, "gpu=3", "live:900", "", None, first[CURSOR])
     assert out[DATA]["mode"] == "full"
-    assert [t["name"] for t in out[DATA]["figures"][charts.BANDWIDTH]["data"]] == ["GPU 3", "GPU 3 SM active (%)"]
+    names = [t["name"] for t in out[DATA]["figures"][charts.BANDWIDTH]["data"]]
+    assert names == ["GPU 3 DRAM bandwidth", "GPU 3 SM activity"]
 
 
 def test_the_exporter_only_gives_what_it_holds_so_the_span_is_capped(exporter):

@@ -52,7 +52,7 @@ class ExporterProcess(OnLoopback):
             self.port,
             "--pod",
             self.pod,
-            "--no-nvml",
+            "--no-collector.nvml",
             "--log-level",
             "warning",
             *self.extra_args,

@@ -19,12 +19,12 @@ from __future__ import annotations
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from tests.support.processes import OnLoopback, Process, run, start_on_free_port
+from tests.support.processes import EngineServer, Process, run, start_on_free_port
 from tests.support.tools import ROOT
 
 MAKE_TINY_GGUF = ROOT / "scripts" / "make_tiny_gguf.py"
@@ -45,7 +45,7 @@ def make_gguf(path: Path, **shape: object) -> Path:
 
 
 @dataclass
-class LlamaServer(OnLoopback):
+class LlamaServer(EngineServer):
     """One llama-server process on 127.0.0.1."""
 
     binary: str
@@ -54,15 +54,7 @@ class LlamaServer(OnLoopback):
     parallel: int = 4
     context: int = 2048  # all slots together
     threads: int = 1
-    extra_args: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    port: int = 0
-    process: Process | None = None
     starts: int = 0
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.url}/metrics"
 
     @property
     def log_path(self) -> Path:

@@ -95,7 +95,9 @@ def test_a_queue_on_four_slots_is_named_with_kv_usage_from_slots(llama, tmp_path
                 timeout=30,
                 what="the exporter's first KV usage sample",
             )
-            assert SECRET in server.get("/slots").text  # there is text to leak
+            wait_until(  # there is text to leak
+                lambda: SECRET in server.get("/slots").text, timeout=30, what="a slot holding the secret prompt"
+            )
             verdict = wait_until(
                 lambda: (d := exporter.diagnosis())["verdict"] == "request_queueing" and d,
                 timeout=90,
@@ -234,7 +236,7 @@ def test_stress_counts_tokens_like_the_engine_and_times_them_like_its_log(llama,
     before, logged = server.metrics(), len(server.eval_timings())
     out = tmp_path / "stress"
     result = run_cli(
-        *("stress", "--endpoint", server.url, "--prompt-tokens", "64", "--max-tokens", "64"),
+        *("stress", "--engine-url", server.url, "--prompt-tokens", "64", "--max-tokens", "64"),
         *("--start-concurrency", "4", "--max-concurrency", "4", "--step-seconds", "15", "-o", out),
         timeout=180,
     )
@@ -268,7 +270,7 @@ def test_stress_without_kv_usage_stops_on_the_queue_and_diagnose_names_it(llama,
     server = llama(extra_args=("--no-slots",))  # /metrics only: no KV usage anywhere
     out = tmp_path / "stress"
     result = run_cli(
-        *("stress", "--endpoint", server.url, "--prompt-tokens", "64", "--max-tokens", "64"),
+        *("stress", "--engine-url", server.url, "--prompt-tokens", "64", "--max-tokens", "64"),
         *("--start-concurrency", "16", "--max-concurrency", "32", "--step-seconds", "12", "-o", out),
         timeout=240,
     )

@@ -37,7 +37,7 @@ def test_stress_against_real_vllm_writes_the_report_and_finds_saturation(vllm_se
         started = time.monotonic()
         result = run_cli(
             "stress",
-            "--endpoint",
+            "--engine-url",
             vllm_server.url,
             "--exporter",
             exporter.url,

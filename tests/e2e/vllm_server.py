@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from tests.support import tools
-from tests.support.processes import OnLoopback, Process, run, start_on_free_port
+from tests.support.processes import EngineServer, Process, run, start_on_free_port
 from tests.support.tools import ROOT
 
 MAKE_TINY_MODEL = ROOT / "scripts" / "make_tiny_model.py"
@@ -50,7 +50,7 @@ def ensure_tiny_model(python: str, dest: Path | None = None, timeout: float = 30
 
 
 @dataclass
-class VLLMServer(OnLoopback):
+class VLLMServer(EngineServer):
     """One ``vllm.entrypoints.openai.api_server`` process on 127.0.0.1."""
 
     python: str
@@ -59,15 +59,7 @@ class VLLMServer(OnLoopback):
     model: str = "tiny"  # --served-model-name
     kv_cache_bytes: int = 16 * 1024 * 1024
     max_model_len: int = 2048
-    extra_args: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    port: int = 0
-    process: Process | None = None
     start_seconds: float = 0.0
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.url}/metrics"
 
     @property
     def log_path(self) -> Path:

@@ -28,7 +28,7 @@ BAD_CONFIGS = [
     ([], {"KVDOCTOR_ENGINE": "bogus"}, "unknown engine 'bogus'"),
     (["--port", "70000"], {}, "--port"),
     (["--interval", "soon"], {}, "--interval"),
-    (["--model-config", "/nonexistent/config.json"], {}, "no such file"),
+    (["--model", "/nonexistent/config.json"], {}, "no such file"),
 ]
 
 
@@ -86,7 +86,7 @@ def test_a_port_in_use_exits_2_with_one_line():
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        rc, out, err = run_exporter("--port", port, "--no-nvml")
+        rc, out, err = run_exporter("--port", port, "--no-collector.nvml")
     assert (rc, out) == (2, "")
     assert err.splitlines() == [
         f"kvdoctor exporter: error: port {port} on 127.0.0.1 is already in use (choose another with --port)"
@@ -115,7 +115,7 @@ def test_help_lists_the_collectors_and_what_each_adapter_cannot_provide():
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_the_exporter_serves_and_stops_cleanly_on_a_signal(signum, spawn):
-    args = ("exporter", "--port", "0", "--no-nvml", "--interval", "0.2", "--pod", "p0")
+    args = ("exporter", "--port", "0", "--no-collector.nvml", "--interval", "0.2", "--pod", "p0")
     exporter = spawn(kvdoctor(*args, clean_env=True, merge_stderr=False))
     url = exporter.wait_for_line(r"serving (http://\S+)/metrics", timeout=60).group(1)
     exporter.wait_for(http_ok(f"{url}/readyz"), timeout=20, interval=0.1, what="exporter ready")
@@ -161,8 +161,11 @@ def exporter_parser():
 def test_the_exporter_flags_are_exactly_those_of_the_settings():
     from kvdoctor.exporter.settings import options
 
-    parsed = {flag for action in exporter_parser()._actions for flag in action.option_strings} - {"-h", "--help"}
-    assert parsed == {flag for option in options() for flag in option.flag_names()}
+    actions = exporter_parser()._actions
+    parsed = {flag for action in actions for flag in action.option_strings} - {"-h", "--help"}
+    old = {flag for action in actions for flag in getattr(action, "deprecated", {})}  # one release, hidden
+    assert parsed - old == {flag for option in options() for flag in option.flag_names()}
+    assert old == {"--model-config", "--nvml", "--no-nvml"}
 
 
 def test_every_flag_sets_its_field(clean_env, tmp_path):

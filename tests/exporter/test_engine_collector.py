@@ -3,6 +3,7 @@ engine recognition (and recognising again), KV-tier adapters, and its factory.""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import socket
 import time
@@ -69,12 +70,9 @@ def test_a_vllm_page_is_recognised_and_normalised(server):
 def test_one_connection_is_reused_and_gzip_is_inflated(server):
     server.routes["/metrics"] = respond(VLLM_PAGE)
     server.routes["/gz"] = gzipped(gzip.compress(VLLM_PAGE))
-    collector = EngineCollector(server.url("/metrics"))
-    try:
+    with contextlib.closing(EngineCollector(server.url("/metrics"))) as collector:
         for _ in range(3):
             collector.collect()
-    finally:
-        collector.close()
     assert server.requests == 3 and server.connections == 1
     gz = EngineCollector(server.url("/gz"), max_body_bytes=len(VLLM_PAGE) + 1)
     try:

@@ -90,6 +90,16 @@ def whole_page(text: str) -> dict:
 # -- keep-alive ------------------------------------------------------------------------------------
 
 
+def _scrape_vllm_page_twice(url: str) -> None:
+    """Two collections from ``url``, each the whole vLLM page (how many connections: the caller's check)."""
+    collector = EngineCollector(url)
+    try:
+        for _ in range(2):
+            assert collector.collect().samples == whole_page(VLLM_TEXT)
+    finally:
+        collector.close()
+
+
 def test_a_kept_alive_connection_the_server_closed_is_reopened_and_the_request_retried(serve):
     server = serve({"/metrics": respond(VLLM_TEXT.encode(), close_after=True)})
     collector = EngineCollector(server.url("/metrics"))
@@ -123,12 +133,7 @@ def test_redirects_are_followed_relative_and_absolute_on_one_connection(serve):
             "/real": respond(VLLM_TEXT.encode()),
         }
     )
-    collector = EngineCollector(server.url("/metrics"))
-    try:
-        for _ in range(2):
-            assert collector.collect().samples == whole_page(VLLM_TEXT)
-    finally:
-        collector.close()
+    _scrape_vllm_page_twice(server.url("/metrics"))
     assert server.requests == 6 and server.connections == 1
 
 
@@ -246,12 +251,7 @@ def test_malformed_answers_have_a_reason(serve, answer, reason):
 def test_a_body_up_to_the_end_of_the_connection_is_read_whole(serve):
     body = VLLM_TEXT.encode()
     server = serve({"/metrics": raw_answer(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + body)})
-    collector = EngineCollector(server.url("/metrics"))
-    try:
-        for _ in range(2):  # no length: the connection cannot be reused, the next GET opens another
-            assert collector.collect().samples == whole_page(VLLM_TEXT)
-    finally:
-        collector.close()
+    _scrape_vllm_page_twice(server.url("/metrics"))  # no length: the next GET opens another connection
     assert server.connections == 2
 
 
@@ -345,10 +345,5 @@ def test_https_with_a_trusted_certificate_is_scraped_on_one_connection(serve, ce
     trusting = ssl.create_default_context(cafile=str(certificate / "cert.pem"))
     monkeypatch.setattr(http_module, "_tls_context", lambda: trusting)  # the process-wide context, plus our CA
     server = _tls_server(serve, certificate)
-    collector = EngineCollector(server.url("/metrics"))
-    try:
-        for _ in range(2):
-            assert collector.collect().samples == whole_page(VLLM_TEXT)
-    finally:
-        collector.close()
+    _scrape_vllm_page_twice(server.url("/metrics"))
     assert server.connections == 1

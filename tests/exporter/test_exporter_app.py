@@ -36,6 +36,17 @@ class FakeDiagnosis:
         return {"verdict": self.verdict, "confidence": 0.9, "headline": "fine"}
 
 
+def serving():
+    """A fixture's body: an exporter (``make_exporter``, one cycle run) served on a free port, as
+    (exporter, server handle); both stopped after."""
+    exporter = make_exporter()
+    exporter.run_cycle()
+    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
+    yield exporter, handle
+    handle.stop()
+    exporter.stop()
+
+
 def make_exporter(clock=None, diagnose_hook=None, **kw) -> Exporter:
     settings = ExporterSettings(**{"interval": 0.1, "max_window_seconds": 120, **kw})
     collectors = [

@@ -21,9 +21,8 @@ import kvdoctor
 from kvdoctor.exporter.accounting import build_revision
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, to_openmetrics, wants_openmetrics
-from kvdoctor.exporter.server import serve_in_thread
 from kvdoctor.rules import signals as S
-from tests.exporter.test_exporter_app import make_exporter
+from tests.exporter.test_exporter_app import serving
 from tests.support.exporter_rig import parse_page
 from tests.support.tools import ROOT, needs, promtool
 
@@ -33,14 +32,7 @@ PROMETHEUS_ACCEPT = (  # what Prometheus 2.x sends
 )
 
 
-@pytest.fixture(scope="module")
-def served():
-    exporter = make_exporter()
-    exporter.run_cycle()
-    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
-    yield exporter, handle
-    handle.stop()
-    exporter.stop()
+served = pytest.fixture(scope="module", name="served")(serving)
 
 
 def page_of(exporter):

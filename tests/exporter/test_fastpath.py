@@ -13,17 +13,9 @@ import pytest
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.server import serve_in_thread
-from tests.exporter.test_exporter_app import make_exporter
+from tests.exporter.test_exporter_app import make_exporter, serving
 
-
-@pytest.fixture
-def served():
-    exporter = make_exporter()
-    exporter.run_cycle()
-    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
-    yield exporter, handle
-    handle.stop()
-    exporter.stop()
+served = pytest.fixture(name="served")(serving)
 
 
 def _connect(handle) -> socket.socket:

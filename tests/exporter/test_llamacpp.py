@@ -7,6 +7,7 @@ tests/e2e/test_llamacpp_e2e.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -241,12 +242,9 @@ def test_a_slots_endpoint_that_answers_again_is_read_again(llama, monkeypatch):
 
 def test_the_adapter_is_logged_once_with_what_the_engine_cannot_provide(llama, caplog):
     caplog.set_level(logging.INFO, logger="kvdoctor.exporter")
-    collector = EngineCollector(llama.url("/metrics"))
-    try:
+    with contextlib.closing(EngineCollector(llama.url("/metrics"))) as collector:
         for _ in range(3):
             collector.collect()
-    finally:
-        collector.close()
     lines = [r.getMessage() for r in caplog.records if "adapter llamacpp" in r.getMessage()]
     assert len(lines) == 1
     assert "(recognised from its /metrics); reads /metrics, /slots, /props; cannot provide:" in lines[0]
@@ -260,7 +258,7 @@ def test_the_captured_page_is_recognised_as_llama_cpp():
 @pytest.mark.parametrize("engine", ["auto", "llamacpp"])
 def test_the_exporter_says_which_adapter_it_uses_at_start_and_in_its_status(llama, engine):
     with kvdoctor(
-        *("exporter", "--engine-url", llama.url("/metrics"), "--engine", engine, "--port", "0", "--no-nvml"),
+        *("exporter", "--engine-url", llama.url("/metrics"), "--engine", engine, "--port", "0", "--no-collector.nvml"),
         clean_env=True,
     ) as exporter:
         line = exporter.wait_for_line(r"serving (http://\S+)/metrics", timeout=60)

@@ -1,4 +1,4 @@
-"""The exporter's --model-config takes the model as people have it (a config.json, a model folder,
+"""The exporter's --model takes the model as people have it (a config.json, a model folder,
 a cached Hugging Face id, a built-in name), and a config the ledger cannot use is a one-line error
 naming the field."""
 
@@ -57,7 +57,7 @@ def test_a_model_nowhere_is_refused_when_the_settings_are_read(hf_cache):
     with pytest.raises(ValidationError) as info:
         ExporterSettings(model_config_path="someone/not-cached")
     line = error_line(info.value)
-    assert line.startswith("--model-config") and "unknown model 'someone/not-cached'" in line
+    assert line.startswith("--model (KVDOCTOR_MODEL)") and "unknown model 'someone/not-cached'" in line
     assert "never downloads" in line and "\n" not in line
 
 

@@ -160,7 +160,7 @@ def test_bad_durations(text):
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_the_command_exits_2_with_one_line_for_a_bad_web_config(run_cli, tmp_path, how):
     path = write(tmp_path, "basic_auth_users: {prom: plaintext}\n")
-    args, env = ("exporter", "--port", "0", "--no-nvml"), {}
+    args, env = ("exporter", "--port", "0", "--no-collector.nvml"), {}
     if how == "flag":
         args += ("--web.config.file", str(path))
     else:

@@ -64,7 +64,7 @@ def is_loopback(address: str) -> bool:
 @pytest.mark.parametrize(
     "args, sockets",
     [
-        (("exporter", "--port", "0", "--no-nvml"), 1),
+        (("exporter", "--port", "0", "--no-collector.nvml"), 1),
         (("dashboard", "--exporter", "http://127.0.0.1:9", "--port", "0"), 1),
         (("demo", "--port", "0", "--dashboard-port", "0", "--status-every", "0"), 3),  # engine, exporter, dashboard
     ],
@@ -78,7 +78,7 @@ def test_every_server_listens_on_loopback_only_by_default(args, sockets, spawn):
 
 @pytest.mark.slow
 def test_the_exporter_listens_on_every_interface_only_when_configured(spawn):
-    found = listening(spawn(command("exporter", "--port", "0", "--no-nvml", "--host", "0.0.0.0")), 1)
+    found = listening(spawn(command("exporter", "--port", "0", "--no-collector.nvml", "--host", "0.0.0.0")), 1)
     assert [address for address, _ in found] == ["0.0.0.0"]
 
 

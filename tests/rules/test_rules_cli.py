@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from kvdoctor.cli import main
+from tests.support.cli import exit_status
 
 COMMITTED = Path(__file__).resolve().parents[2] / "rules" / "alerts.yaml"
 
@@ -68,7 +69,7 @@ def test_check_mode(tmp_path, capsys):
     "args, message",
     [
         (["rules"], "missing action"),
-        (["rules", "export", "--slo-ms", "0"], "--slo-ms must be positive"),
+        (["rules", "export", "--slo-ms", "0"], "--slo-ms: must be a positive number"),
         (["rules", "export", "-o", "/nonexistent-dir/alerts.yaml"], "does not exist"),
         (["rules", "export", "--thresholds", "/nonexistent.yaml"], "cannot read thresholds file"),
         (["rules", "export", "--check"], "--check needs -o FILE"),
@@ -78,7 +79,7 @@ def test_check_mode(tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
-    assert main(args) == 2
+    assert exit_status(main, args) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 

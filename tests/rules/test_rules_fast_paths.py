@@ -21,7 +21,7 @@ from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.knee import detect_knee
 from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH, INTER_TOKEN_LATENCY, KV_CACHE_CAPACITY, KV_CACHE_USAGE
 from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.view import Selector, WindowView, _Buckets, nanmax, nansum, parse_le
+from kvdoctor.rules.view import Selector, WindowView, _Buckets, nanmax, nansum, parse_le, part_range
 from kvdoctor.rules.window import Window
 from tests.support.scenarios import SCENARIOS
 
@@ -65,13 +65,7 @@ class ReferenceView:
         ts = self.ts
         mask = None
         if part != "all" and len(ts):
-            third = (end - start) / 3.0
-            if part == "early":
-                end = start + third
-            elif part == "recent":
-                start = max(start, end - self.recent_seconds)
-            else:
-                start = end - third
+            start, end = part_range(part, start, end, self.recent_seconds)
             mask = (ts >= start) & (ts <= end)
             ts = ts[mask]
         found = [(labels, values) for labels, values in self._by_name.get(sel.name, ()) if sel.matches(labels)]

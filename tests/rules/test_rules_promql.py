@@ -52,15 +52,7 @@ def _alerts() -> dict[str, dict]:
 
 def test_the_alerts_are_exactly_the_specified_ones():
     assert set(_alerts()) == EXPECTED_ALERTS
-    assert set(promql.VERDICT_ALERT) == {
-        "kv_thrashing",
-        "kv_tier_miss",
-        "kv_capacity_pressure",
-        "request_queueing",
-        "memory_bandwidth_bound",
-        "compute_bound",
-        "host_overhead_bound",
-    }
+    assert set(promql.VERDICT_ALERT) == set(tree.SLOW_VERDICTS)  # every slow verdict, nothing else
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
@@ -106,12 +98,14 @@ def test_every_range_holds_four_scrapes_and_names_say_their_range(interval, seco
     t = promql.rule_thresholds(None, promql.parse_duration(interval) if interval else None)
     doc = yaml.safe_load(promql.render_rules_yaml(t, scrape_interval_seconds=seconds))
     rules = doc["groups"][0]["rules"]
+    inputs = {r["record"] for r in rules if "record" in r and r["record"].split(":")[1] not in FEATURES}
     for rule in rules:
         for rng in _ranges(rule["expr"]):
             assert promql.parse_duration(rng) >= 4 * seconds, (rule.get("record") or rule["alert"], rng)
         name = rule.get("record", "")
-        if name.count(":") == 2 and name.split(":")[1] in FEATURES:  # a feature: named after its range
-            assert set(_ranges(rule["expr"])) == {name.split(":")[2]}, name
+        if name.count(":") == 2:  # a feature or a shared input: named after the range it reads
+            read = set(_ranges(rule["expr"])) | {i.split(":")[2] for i in inputs if i in rule["expr"]}
+            assert read == {name.split(":")[2]}, name
 
 
 def test_the_default_file_works_at_15_and_30_second_scrapes():
@@ -137,18 +131,72 @@ def test_alerts_read_only_canonical_signals_and_recorded_features():
     assert "vllm:" not in text and "sglang:" not in text
 
 
-def test_each_verdict_alert_excludes_every_earlier_branch():
-    # the bandwidth alert subtracts every branch before its own
-    expr = _alerts()["DecodeMemoryBandwidthBound"]["expr"]
-    assert expr.count("unless") >= 8
-    assert "kvdoctor:engine_active" in expr and "kvdoctor:itl_slow" in expr
+def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engines():
+    expr = next(r["expr"] for r in _rules() if r.get("record") == promql.VERDICT_RECORD)
+    codes = [int(c) for c in re.findall(r"\n\) \* (\d+)\n", expr + "\n")]
+    assert codes == [promql.verdict_code(b.verdict) for b in tree.BRANCHES[1:]]  # all but idle, in order
+    assert [tree.VERDICTS[c - 1] for c in codes][:2] == ["kv_thrashing", "kv_thrashing"]
+    assert expr.count("or on(namespace, pod, model_name, engine)\ngroup by") == len(tree.BRANCHES) - 2
+    # it reads the records only: the features and the named conditions
+    records = set(re.findall(r"\b(kvdoctor:[a-z_0-9]+(?::[0-9]+m?s)?)", expr))
+    conditions = {promql.condition_name(c.name) for c in tree.NAMED_CONDITIONS}
+    assert all(r.split(":")[1] in FEATURES or r in conditions for r in records), records
+    assert "kvdoctor_" not in expr and expr.endswith(
+        "and on(namespace, pod, model_name, engine) kvdoctor:engine_active"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(promql.VERDICT_ALERT_NAMES))
+def test_each_verdict_alert_reads_the_verdict_record(name):
+    spec = promql.ALERT_BY_NAME[name]
+    expr = _alerts()[name]["expr"]
+    assert expr.endswith(
+        f"and on(namespace, pod, model_name, engine) kvdoctor:verdict == {promql.verdict_code(spec.verdict)}"
+    )
+
+
+_RAW = re.compile(r"\b(kvdoctor_[a-z_]+)")
+_COMPUTES = re.compile(r"\b(rate|increase|irate|delta|\w+_over_time|histogram_quantile)\(")
+
+
+@pytest.mark.parametrize("interval", [1, 5, 15, 30, 60, 120])
+def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
+    """Each raw series the rules need is read by exactly one rule, a recording rule; an alert reads
+    only records and computes no rate, quantile or range of its own. (Below a 5 s scrape the ITL
+    p95's state sub-window is shorter than the thirds of the trend: its buckets are read once per range.)"""
+    doc = yaml.safe_load(promql.render_rules_yaml(scrape_interval_seconds=interval))
+    readers: dict[str, list[str]] = {}
+    for rule in doc["groups"][0]["rules"]:
+        if "alert" in rule:
+            assert not _RAW.search(rule["expr"]) and not _COMPUTES.search(rule["expr"]), rule["alert"]
+            assert not _ranges(rule["expr"]), rule["alert"]
+            continue
+        for name in set(_RAW.findall(rule["expr"])):
+            key = name + "".join(_ranges(rule["expr"])) if interval < 5 else name
+            readers.setdefault(key, []).append(rule["record"])
+        assert all(rule["expr"].count(name) == 1 for name in set(_RAW.findall(rule["expr"]))), rule["record"]
+    shared = {name: rules for name, rules in readers.items() if len(rules) > 1}
+    assert not shared, shared
+    assert len(readers) >= 15 and any(
+        name.startswith("kvdoctor_inter_token_latency_seconds_bucket") for name in readers
+    )
+
+
+def test_the_itl_quantiles_read_one_recorded_bucket_increase():
+    rules = {r["record"]: r["expr"] for r in _rules() if "record" in r}
+    t = promql.rule_thresholds(None, None)
+    buckets = "kvdoctor:itl_bucket_increase:60s"
+    assert rules[buckets].startswith("sum by (namespace, pod, model_name, engine, le) (increase(")
+    assert rules[promql.record_name("itl_p95_seconds", t)] == f"histogram_quantile(0.95, {buckets})"
+    assert rules[promql.record_name("itl_late_median_seconds", t)] == f"histogram_quantile(0.5, {buckets})"
+    assert rules[promql.record_name("itl_early_median_seconds", t)] == f"histogram_quantile(0.5, {buckets} offset 120s)"
 
 
 def test_window_and_thresholds_flow_into_the_expressions():
     t = Thresholds(window_seconds=120, kv_ceiling_ratio=0.95)
     doc = yaml.safe_load(promql.render_rules_yaml(t, slo_seconds=0.05, scrape_interval_seconds=1))
     text = "\n".join(str(rule) for rule in doc["groups"][0]["rules"])
-    assert "[120s]" in text and "[40s] offset 80s" in text
+    assert "[120s]" in text and "kvdoctor:itl_bucket_increase:40s offset 80s" in text and "[40s]" in text
     assert "kvdoctor:kv_usage:15s >= 0.95" in text
     assert "kvdoctor:itl_p95_seconds:15s >= 0.05 unless" in text
     assert "0.05 s" not in text and "50 ms where it publishes none" in text

@@ -144,7 +144,7 @@ def test_a_scenario_switch_does_not_abort_requests_sent_to_the_api():
 def test_kvdoctor_stress_runs_a_short_plan_against_the_simulated_engine(engine, tmp_path, capsys):
     out = tmp_path / "report"
     rc = kvdoctor_main(
-        ["stress", "--endpoint", engine.url, "--prompt-tokens", "1500", "--max-tokens", "200",
+        ["stress", "--engine-url", engine.url, "--prompt-tokens", "1500", "--max-tokens", "200",
          "--start-concurrency", "8", "--max-concurrency", "32", "--step-seconds", "4", "-o", str(out)]
     )  # fmt: skip
     assert rc == 0, capsys.readouterr().err

@@ -47,7 +47,7 @@ def test_kvdoctor_stress_without_matplotlib_writes_the_rest_and_says_so_in_one_l
     with FakeEngine() as engine:
         rc = run_stress(
             [
-                *("--endpoint", engine.url, "--prompt-tokens", "100", "--max-tokens", "20"),
+                *("--engine-url", engine.url, "--prompt-tokens", "100", "--max-tokens", "20"),
                 *("--max-concurrency", "2", "--step-seconds", "1", "-o", str(out)),
             ]
         )

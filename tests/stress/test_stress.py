@@ -32,6 +32,7 @@ from kvdoctor.stress.plan import (
     StepRecord,
     StressSettings,
     bin_run,
+    dram_bandwidth_peak,
     find_saturation,
     step_schedule,
     stress_verdict,
@@ -241,6 +242,31 @@ def test_latency_rising_with_kv_is_bandwidth_bound():
     assert "rises in step with KV" in verdict.headline and "10% -> 90%" in verdict.headline
 
 
+def with_gpu_counters(window: Window, dram: float, method: str = "gpm") -> Window:
+    """``window`` with a GPU's DRAM bandwidth utilisation recorded at ``dram`` in every snapshot."""
+    gpu = labels_of(gpu="0", method=method)
+    series = dict(window.series)
+    series[(S.GPU_DRAM_BANDWIDTH_UTILIZATION, gpu)] = np.full(len(window), dram)
+    return Window(window.timestamps, series)
+
+
+def test_a_rise_without_gpu_counters_names_the_pattern_but_not_the_cause():
+    kv = [0.0, *np.linspace(0.1, 0.9, 30)]
+    window = recorded_window(kv, [0.0] + [0.01 * (1 + 2 * u) for u in kv[1:]])
+    steps = steps_over(30, 10)
+    bins = bins_of(window, steps)
+    assert dram_bandwidth_peak(window) is None
+    cpu_only = stress_verdict(bins, find_saturation(bins, steps), dram_peak=dram_bandwidth_peak(window))
+    assert cpu_only.pattern == BANDWIDTH and "memory-bandwidth-bound pattern" in cpu_only.headline
+    assert "no GPU counter was recorded" in cpu_only.headline and "cannot be attributed to HBM" in cpu_only.headline
+    # NVML's duty cycle is no bandwidth counter; GPM (or DCGM) is, and the headline quotes it
+    assert dram_bandwidth_peak(with_gpu_counters(window, 0.9, method=S.METHOD_NVML_UTIL)) is None
+    measured = with_gpu_counters(window, 0.87)
+    assert dram_bandwidth_peak(measured) == pytest.approx(0.87)
+    on_gpu = stress_verdict(bins, find_saturation(bins, steps), dram_peak=dram_bandwidth_peak(measured))
+    assert "DRAM bandwidth up to 87% of peak" in on_gpu.headline and "cannot be attributed" not in on_gpu.headline
+
+
 def test_flat_latency_has_no_knee_and_says_whether_kv_saturated():
     kv = [0.0, *np.linspace(0.1, 0.9, 30)]
     window = recorded_window(kv, [0.0] + [0.02] * 30)
@@ -430,6 +456,12 @@ class FakeEngine:
         self.handle.stop()
 
 
+def _steps(url: str, out: Path, **flags: float) -> list[str]:
+    """``--engine-url URL``, then ``--flag-name VALUE`` for each of ``flags``, then ``-o OUT``."""
+    named = [text for name, value in flags.items() for text in ("--" + name.replace("_", "-"), f"{value:g}")]
+    return ["--engine-url", url, *named, "-o", str(out)]
+
+
 def run_stress(argv: list[str]) -> int:
     from kvdoctor.cli import main
 
@@ -439,22 +471,7 @@ def run_stress(argv: list[str]) -> int:
 def test_stress_writes_the_report_folder_from_an_in_process_exporter(tmp_path, capsys):
     out = tmp_path / "report"
     with FakeEngine() as engine:
-        rc = run_stress(
-            [
-                "--endpoint",
-                engine.url,
-                "--prompt-tokens",
-                "200",
-                "--max-tokens",
-                "40",
-                "--max-concurrency",
-                "4",
-                "--step-seconds",
-                "1",
-                "-o",
-                str(out),
-            ]
-        )
+        rc = run_stress(_steps(engine.url, out, prompt_tokens=200, max_tokens=40, max_concurrency=4, step_seconds=1))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert sorted(p.name for p in out.iterdir()) == ["kv-latency.png", "report.html", "summary.json", "trace.om"]
@@ -490,22 +507,7 @@ def test_stress_writes_the_report_folder_from_an_in_process_exporter(tmp_path, c
 def test_stress_adapts_to_what_the_endpoint_accepts(engine_options, kind, note, tmp_path, capsys):
     out = tmp_path / "report"
     with FakeEngine(**engine_options) as engine:
-        rc = run_stress(
-            [
-                "--endpoint",
-                engine.url,
-                "--prompt-tokens",
-                "100",
-                "--max-tokens",
-                "20",
-                "--max-concurrency",
-                "1",
-                "--step-seconds",
-                "0.5",
-                "-o",
-                str(out),
-            ]
-        )
+        rc = run_stress(_steps(engine.url, out, prompt_tokens=100, max_tokens=20, max_concurrency=1, step_seconds=0.5))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     summary = json.loads((out / "summary.json").read_text())
@@ -517,12 +519,12 @@ def test_stress_adapts_to_what_the_endpoint_accepts(engine_options, kind, note, 
 @pytest.mark.parametrize(
     "argv, message, status",
     [
-        (["--endpoint", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused", 3),
-        (["--endpoint", "ftp://x"], "--endpoint needs an http(s) URL", 2),
+        (["--engine-url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused", 3),
+        (["--engine-url", "ftp://x"], "--engine-url needs an http(s) URL", 2),
         (["--max-concurrency", "0"], "--max-concurrency (0) is below --start-concurrency (1)", 2),
         (["--ttft-slo-ms", "0"], "--ttft-slo-ms must be a positive number, got 0", 2),
         (["--prompt-tokens", "5000"], "refused a ~5000-token prompt: prompt too long", 3),
-        (["--model", "other"], "model 'other' is not served", 3),
+        (["--served-model-name", "other"], "model 'other' is not served", 3),
         (["--exporter", "http://127.0.0.1:1"], "cannot reach the exporter at http://127.0.0.1:1", 3),
     ],
 )
@@ -530,8 +532,8 @@ def test_bad_arguments_exit_2_and_an_unreadable_endpoint_or_exporter_3_in_one_li
     argv, message, status, tmp_path, capsys
 ):
     with FakeEngine() as engine:
-        if "--endpoint" not in argv:
-            argv = ["--endpoint", engine.url, *argv]
+        if "--engine-url" not in argv:
+            argv = ["--engine-url", engine.url, *argv]
         rc = run_stress([*argv, "-o", str(tmp_path / "r"), "--step-seconds", "1"])
     err = capsys.readouterr().err
     assert rc == status
@@ -541,7 +543,7 @@ def test_bad_arguments_exit_2_and_an_unreadable_endpoint_or_exporter_3_in_one_li
 
 def test_the_exporter_url_must_be_a_kvdoctor_exporter(tmp_path, capsys):
     with FakeEngine() as engine:
-        rc = run_stress(["--endpoint", engine.url, "--exporter", engine.url, "-o", str(tmp_path / "r")])
+        rc = run_stress(["--engine-url", engine.url, "--exporter", engine.url, "-o", str(tmp_path / "r")])
     assert rc == 3
     assert "has no /api/v1/window: is it a kvdoctor exporter?" in capsys.readouterr().err
 
@@ -623,7 +625,7 @@ def test_each_run_tags_its_prompts_with_a_fresh_id_unless_asked_to_share_the_pre
 def test_the_report_says_what_was_asked_of_prefix_caching(share, tmp_path, capsys):
     out = tmp_path / "report"
     with FakeEngine() as engine:
-        argv = ["--endpoint", engine.url, "--prompt-tokens", "60", "--max-tokens", "8"]
+        argv = ["--engine-url", engine.url, "--prompt-tokens", "60", "--max-tokens", "8"]
         argv += ["--max-concurrency", "2", "--step-seconds", "0.6", "-o", str(out)]
         rc = run_stress(argv + (["--share-prefix"] if share else []))
         prompts = [r["prompt"] for r in engine.requests if r.get("stream") and "[probe]" not in r["prompt"]]
@@ -646,7 +648,7 @@ def test_without_a_kv_signal_the_run_stops_on_the_queue_and_says_so(tmp_path, ca
     with FakeEngine(token_seconds=0.02, slots=2, usage="final") as engine:
         rc = run_stress(
             [
-                *("--endpoint", engine.url, "--prompt-tokens", "40", "--max-tokens", "30"),
+                *("--engine-url", engine.url, "--prompt-tokens", "40", "--max-tokens", "30"),
                 *("--max-concurrency", "16", "--step-seconds", "3", "-o", str(out)),
             ]
         )

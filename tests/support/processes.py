@@ -7,7 +7,7 @@ a pattern, or a probe such as an HTTP GET answering), and stops it with SIGTERM 
 given), then SIGKILL for whatever is left of its group. A failed wait stops it too and raises
 ``ProcessError`` with the output's tail.
 
-    with kvdoctor("exporter", "--port", "0", "--no-nvml") as exporter:
+    with kvdoctor("exporter", "--port", "0", "--no-collector.nvml") as exporter:
         url = exporter.wait_for_line(r"serving (http://\\S+)/metrics").group(1)
         exporter.wait_for(http_ok(f"{url}/readyz"), what="the exporter's /readyz")
         ...
@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, TypeVar
 
@@ -295,6 +296,35 @@ class OnLoopback:
     @property
     def url(self) -> str:
         return f"http://{self.target}"
+
+
+@dataclass(kw_only=True)
+class EngineServer(OnLoopback):
+    """What the end-to-end tests' engine servers (llama-server, vLLM) share, keyword-only: the
+    server's extra arguments and environment, its port and its process once started."""
+
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    process: Process | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+
+class RunsProcess:
+    """Stopping, and reading the log of, the server a class runs as one ``Process`` (a mixin)."""
+
+    process: Process | None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.tail(lines) if self.process is not None else ""
 
 
 class Completed(NamedTuple):

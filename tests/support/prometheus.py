@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.support.processes import OnLoopback, Process, http_ok, start_on_free_port
+from tests.support.processes import OnLoopback, Process, RunsProcess, http_ok, start_on_free_port
 from tests.support.tools import wait_until
 
 READY_TIMEOUT = 60.0
@@ -50,7 +50,30 @@ def scrape_config(
     }
 
 
-class PrometheusServer(OnLoopback):
+class Polling:
+    """``wait_for`` over a ``query(expr)`` that returns an instant query's result vector."""
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def wait_for(
+        self,
+        expr: str,
+        predicate: Callable[[list[dict[str, Any]]], bool] = bool,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Polls ``expr`` until ``predicate(result)`` (default: non-empty) and returns the result."""
+
+        def probe() -> list[dict[str, Any]] | None:
+            result = self.query(expr)
+            return result if predicate(result) else None
+
+        return wait_until(
+            probe, timeout=timeout or POLL_TIMEOUT, interval=0.5, what=f"{type(self).__name__} query {expr!r} matching"
+        )
+
+
+class PrometheusServer(OnLoopback, RunsProcess, Polling):
     """A real prometheus process on 127.0.0.1 (a free port) with its files in ``workdir``."""
 
     def __init__(
@@ -136,14 +159,6 @@ class PrometheusServer(OnLoopback):
         self.process.wait_for(http_ok(f"{self.url}/-/ready"), timeout=READY_TIMEOUT, interval=0.1, what="ready")
         return self
 
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            process.stop()
-
-    def log_tail(self, lines: int = 30) -> str:
-        return self.process.tail(lines) if self.process is not None else ""
-
     # -- HTTP API
     def api(self, path: str, **params: Any) -> Any:
         """GET /api/v1/<path>; returns the ``data`` field, raises PrometheusError on an API error."""
@@ -160,22 +175,6 @@ class PrometheusServer(OnLoopback):
 
     def query_values(self, expr: str) -> list[float]:
         return [float(r["value"][1]) for r in self.query(expr)]
-
-    def wait_for(
-        self,
-        expr: str,
-        predicate: Callable[[list[dict[str, Any]]], bool] = bool,
-        timeout: float | None = None,
-    ) -> list[dict[str, Any]]:
-        """Polls ``expr`` until ``predicate(result)`` (default: non-empty) and returns the result."""
-
-        def probe() -> list[dict[str, Any]] | None:
-            result = self.query(expr)
-            return result if predicate(result) else None
-
-        return wait_until(
-            probe, timeout=timeout or POLL_TIMEOUT, interval=0.5, what=f"prometheus query {expr!r} matching"
-        )
 
     def wait_for_value(self, expr: str, predicate: Callable[[float], bool], timeout: float | None = None) -> float:
         """Polls until some series of ``expr`` has a value satisfying ``predicate``; returns it."""

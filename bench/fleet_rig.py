@@ -1,0 +1,247 @@
+"""The fleet benchmark's rig: the floor rule group, a watcher sampling Prometheus, the Fleet page
+held open in headless Chromium, the CLI timed in a new interpreter, the alerts judged against the
+fleet's plan. bench/bench_fleet.py runs them and prints the figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvdoctor.rules.promql import VERDICT_ALERT_NAMES
+from kvdoctor.rules.signals import Kind, signal_for_series
+from tests.support import tools
+from tests.support.browser import Page, chromium_browser
+from tests.support.fleet_server import FleetEngine
+from tests.support.processes import Process
+from tests.support.prometheus import PrometheusServer
+
+SAMPLE_EVERY_S = 5.0  # what the watcher asks costs Prometheus too: once a scrape interval
+DASH_CALLBACK = "_dash-update-component"
+RANGE_READ = re.compile(r"(kvdoctor_[a-zA-Z0-9_]+)\s*(?:\{[^}]*\})?\s*\[(\d+)(ms|s|m|h)\]")
+UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+# ------------------------------------------------------------------------------------ the floor
+
+
+def _is_counter(name: str) -> bool:
+    signal = signal_for_series(name)
+    if signal is not None and signal.kind in (Kind.COUNTER, Kind.HISTOGRAM):
+        return True
+    return name.endswith(("_total", "_bucket", "_sum", "_count"))
+
+
+def ranges_read(rules_text: str) -> dict[str, float]:
+    """Raw family -> the longest range (seconds) the rule file reads it over."""
+    out: dict[str, float] = {}
+    for name, number, unit in RANGE_READ.findall(rules_text):
+        out[name] = max(out.get(name, 0.0), float(number) * UNIT_SECONDS[unit])
+    return out
+
+
+def floor_rules(families: list[str], rules_text: str, scrape_interval: float) -> dict[str, Any]:
+    """The floor group: each raw ``kvdoctor_*`` family read once, per pod, over the range the rules
+    read it with (four scrapes for a family they do not read over a range)."""
+    ranges = ranges_read(rules_text)
+    rules = []
+    for name in sorted(n for n in families if n.startswith("kvdoctor_")):
+        seconds = ranges.get(name, 4 * scrape_interval)
+        function = "rate" if _is_counter(name) else "avg_over_time"
+        rules.append({"record": f"floor:{name}", "expr": f"sum by (namespace, pod) ({function}({name}[{seconds:g}s]))"})
+    return {"groups": [{"name": "floor", "rules": rules}]}
+
+
+# ---------------------------------------------------------------------------- watching Prometheus
+
+
+@dataclass
+class Sample:
+    t: float
+    phase: str
+    rss: float
+    evaluations: dict[str, tuple[str, float]]  # group -> (lastEvaluation, evaluationTime)
+    missed: dict[str, float]  # group -> iterations missed so far
+    active: set[tuple[str, str, str]]  # (namespace, pod, alertname), pending or firing
+    head_series: float
+
+
+def _rss_bytes(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return float(line.split()[1]) * 1024
+    return float("nan")
+
+
+_MISSED = re.compile(r'^prometheus_rule_group_iterations_missed_total\{rule_group="[^"]*;([^"]+)"\} (\S+)$', re.M)
+_HEAD = re.compile(r"^prometheus_tsdb_head_series (\S+)$", re.M)
+
+
+class Watcher:
+    """Samples Prometheus every SAMPLE_EVERY_S from a thread, tagging each sample with the phase."""
+
+    def __init__(self, prom: PrometheusServer):
+        self.prom = prom
+        self.http = httpx.Client(base_url=prom.url, timeout=30)
+        self.phase = "warm-up"
+        self.samples: list[Sample] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
+
+    def start(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        self.http.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_EVERY_S):
+            try:
+                self.samples.append(self.sample())
+            except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def sample(self) -> Sample:
+        assert self.prom.process is not None
+        groups = self.http.get("/api/v1/rules", params={"type": "record"}).json()["data"]["groups"]
+        evaluations = {g["name"]: (g["lastEvaluation"], float(g["evaluationTime"])) for g in groups}
+        own = self.http.get("/metrics").text
+        missed = {group: float(value) for group, value in _MISSED.findall(own)}
+        head = _HEAD.search(own)
+        alerts = self.http.get("/api/v1/alerts").json()["data"]["alerts"]
+        active = {
+            (a["labels"].get("namespace", ""), a["labels"].get("pod", ""), a["labels"]["alertname"])
+            for a in alerts
+            if a["state"] in ("pending", "firing")
+        }
+        rss = _rss_bytes(self.prom.process.pid)
+        return Sample(time.time(), self.phase, rss, evaluations, missed, active, float(head.group(1)) if head else 0.0)
+
+    def dump(self, path: Path) -> None:
+        """Every sample as JSON (what the figures were made of)."""
+        rows = [dict(vars(s), active=len(s.active)) for s in self.samples]
+        path.write_text(json.dumps({"samples": rows, "errors": self.errors}, indent=1))
+
+    def of(self, phase: str) -> list[Sample]:
+        return [s for s in self.samples if s.phase == phase]
+
+
+def evaluation_times(samples: list[Sample], group: str) -> list[float]:
+    """Each distinct evaluation of ``group`` seen in ``samples``: its duration in seconds."""
+    seen: dict[str, float] = {}
+    for s in samples:
+        if group in s.evaluations:
+            at, seconds = s.evaluations[group]
+            seen[at] = seconds
+    return list(seen.values())
+
+
+def missed_during(samples: list[Sample], group: str) -> float:
+    values = [s.missed.get(group, 0.0) for s in samples]
+    return values[-1] - values[0] if len(values) > 1 else 0.0
+
+
+# ------------------------------------------------------------------------------------- the page
+
+
+@dataclass
+class PageFigures:
+    first_rows_s: float = float("nan")
+    first_load_bytes: int = 0  # the page route's answer: the layout with the first rows
+    refreshes: list[int] = field(default_factory=list)  # bytes of each answer of the fleet callback
+    requests: list[int] = field(default_factory=list)  # bytes each of those posted
+    server_ms: list[float] = field(default_factory=list)
+    rows: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def hold_fleet_page(base_url: str, seconds: float, watcher: Watcher) -> PageFigures:
+    """/fleet in headless Chromium for ``seconds``: first rows, then its refreshes, a page turn, a
+    verdict filter and a search on the way; every callback answer measured."""
+    figures = PageFigures()
+    chromium = tools.find("chromium")
+    if chromium is None:
+        figures.errors.append("no chromium: " + tools.missing_reason("chromium"))
+        return figures
+
+    def answered(response) -> None:
+        if DASH_CALLBACK not in response.url:
+            return
+        try:
+            body = response.body()
+        except Exception as exc:  # the page went away
+            figures.errors.append(str(exc))
+            return
+        posted = response.request.post_data or ""
+        if '"_pages_content' in posted[:200]:
+            figures.first_load_bytes = len(body)
+        elif "fleet-state" in posted[:200]:
+            figures.refreshes.append(len(body))
+            figures.requests.append(len(posted))
+            timing = response.request.timing
+            if timing.get("responseEnd", -1) >= 0 and timing.get("requestStart", -1) >= 0:
+                figures.server_ms.append(timing["responseEnd"] - timing["requestStart"])
+
+    with chromium_browser(chromium) as browser:
+        page = Page(browser, base_url)
+        page.page.on("response", answered)
+        watcher.phase = "page"
+        started = time.monotonic()
+        page.goto("/fleet")
+        page.page.wait_for_selector("table.fleet tbody tr", timeout=120_000)
+        figures.first_rows_s = time.monotonic() - started
+        figures.rows = page.page.locator("table.fleet tbody tr").count()
+        end = started + seconds
+        steps = [
+            lambda: page.page.click("#fleet-next") if page.page.locator("#fleet-next").is_enabled() else None,
+            lambda: page.page.locator("#fleet-verdict [data-verdict='slow']").click(),
+            lambda: page.page.fill("#fleet-search", "chat"),
+            lambda: page.page.fill("#fleet-search", ""),
+            lambda: page.page.locator("#fleet-verdict [data-verdict='']").click(),
+        ]
+        for step in steps:  # spread over the first half; the refresh goes on meanwhile
+            page.page.wait_for_timeout(seconds * 1000 / 2 / len(steps))
+            step()
+        page.page.wait_for_timeout(max(0.0, end - time.monotonic()) * 1000)
+        figures.errors += page.errors
+        page.close()
+    return figures
+
+
+# ----------------------------------------------------------------------------------- diagnosis
+
+
+def timed_cli(*args: str, repeat: int = 3) -> tuple[float, int, str]:
+    """``kvdoctor ARGS`` in a new interpreter, as on-call runs it: (median seconds, exit status, output)."""
+    times, rc, output = [], 0, ""
+    for _ in range(repeat):
+        started = time.monotonic()
+        proc = Process([sys.executable, "-m", "kvdoctor", *args], name=f"kvdoctor {args[0]}").start()
+        rc = proc.wait(timeout=300)
+        times.append(time.monotonic() - started)
+        output = proc.output
+    return statistics.median(times), rc, output
+
+
+def alert_errors(samples: list[Sample], plan: list[FleetEngine]) -> tuple[set, set]:
+    """(engines whose expected alert was not active in some sample, (engine, alert) active unexpected)."""
+    expected = {(e.namespace, e.pod, e.alert) for e in plan if e.alert}
+    known = {(e.namespace, e.pod) for e in plan}
+    missed: set = set()
+    extra: set = set()
+    for s in samples:
+        missed |= expected - s.active
+        extra |= {a for a in s.active - expected if (a[0], a[1]) in known or a[2] in VERDICT_ALERT_NAMES}
+    return missed, extra

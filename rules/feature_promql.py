@@ -1,0 +1,191 @@
+"""The features' PromQL twins: what each feature's recording rule computes, and the shared inputs.
+
+``rules/features.py`` pairs each with its Python computation. A renderer takes a ``PromContext``
+(the window as PromQL durations, the keys) and the thresholds; where several features read one raw
+family, they ask the context for a shared input (``PromContext.input``), which ``rules/promql.py``
+records once, before the features: the ITL histogram's bucket increase per engine and range, the
+GPU ratios per pod and method, the prefix-hit counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .signals import (
+    GENERATION_SECONDS,
+    GPU_DRAM_BANDWIDTH_UTILIZATION,
+    GPU_SM_ACTIVE,
+    INTER_TOKEN_LATENCY,
+    METHOD_NVML_UTIL,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_HITS_BY_TIER,
+)
+from .thresholds import Thresholds
+from .view import Part, Selector
+
+# Labels that identify an engine / a pod's GPUs in PromQL aggregations and joins.
+ENGINE_KEYS = ("namespace", "pod", "model_name", "engine")
+GPU_KEYS = ("namespace", "pod")
+
+TIER_ALL = Selector(PREFIX_CACHE_HITS_BY_TIER)
+TIER_SLOW = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "!=", "device"),))
+TIER_DEVICE = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "=", "device"),))
+
+Renderer = Callable[["PromContext", Thresholds], str]
+
+
+def prom_number(value: float) -> str:
+    """A float as PromQL reads it back exactly (repr), without a trailing ``.0``."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+@dataclass(frozen=True)
+class PromContext:
+    """What feature expressions need to render: the window as PromQL durations and the keys.
+
+    ``inputs`` collects the shared inputs the features asked for while rendering (record name ->
+    expression): a raw family several features read is read once, by its own recording rule
+    (``input``), which ``rules/promql.py`` writes before the features.
+    """
+
+    window: str  # e.g. "60s"
+    third: str  # window / 3
+    two_thirds: str  # 2 x window / 3, the offset of the first third
+    recent: str = ""  # the state sub-window (Thresholds.state_window_seconds); "" means the window
+    engine_keys: str = ", ".join(ENGINE_KEYS)
+    gpu_keys: str = ", ".join(GPU_KEYS)
+    inputs: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def range_of(self, part: Part) -> str:
+        """The duration a feature over ``part`` reads: its recording rule is named after it."""
+        if part == "recent":
+            return self.recent or self.window
+        return self.third if part in ("early", "late") else self.window
+
+    def record(self, feature: str, part: Part) -> str:
+        """The recording rule of ``feature`` (over ``part``): ``kvdoctor:<feature>:<range>``."""
+        return f"kvdoctor:{feature}:{self.range_of(part)}"
+
+    def input(self, stem: str, rng: str, expr: str) -> str:
+        """The shared input ``kvdoctor:<stem>:<rng>`` recording ``expr`` (which reads ``[rng]``)."""
+        name = f"kvdoctor:{stem}:{rng}"
+        if self.inputs.setdefault(name, expr) != expr:
+            raise ValueError(f"two expressions for the input {name}")
+        return name
+
+
+def gpu_median_max_promql(sel: Selector, part: Part = "all") -> Renderer:
+    return lambda c, t: (
+        f"max by ({c.gpu_keys}) "
+        f"(quantile_over_time({prom_number(t.gpu_quantile)}, "
+        f"{sel.promql()}[{recent_range(c) if part == 'recent' else c.window}]))"
+    )
+
+
+# The GPU ratios several features read (the precise ones, and all methods for gpu_busy_ratio): each
+# read once, its median per GPU reduced to the busiest GPU of each method (one input per signal).
+_GPU_INPUTS = {GPU_DRAM_BANDWIDTH_UTILIZATION: "gpu_dram_bandwidth_by_method", GPU_SM_ACTIVE: "gpu_sm_active_by_method"}
+
+
+def _gpu_input(c: PromContext, t: Thresholds, signal: str) -> str:
+    rng = recent_range(c)
+    expr = f"max by ({c.gpu_keys}, method) (quantile_over_time({prom_number(t.gpu_quantile)}, {signal}[{rng}]))"
+    return c.input(_GPU_INPUTS[signal], rng, expr)
+
+
+def gpu_precise_promql(signal: str) -> Renderer:
+    """The busiest GPU's median of ``signal`` over the state sub-window, GPM or DCGM only."""
+    return lambda c, t: f'max by ({c.gpu_keys}) ({_gpu_input(c, t, signal)}{{method!="{METHOD_NVML_UTIL}"}})'
+
+
+def _hits_inputs(c: PromContext) -> tuple[str, str]:
+    """The prefix-hit counters' increases over the window, each read once: by tier (per engine and
+    tier) and the engine's own (per engine)."""
+    k = c.engine_keys
+    by_tier = c.input(
+        "prefix_cache_hits_by_tier_increase",
+        c.window,
+        f"sum by ({k}, tier) (increase({PREFIX_CACHE_HITS_BY_TIER}[{c.window}]))",
+    )
+    engine = c.input(
+        "prefix_cache_hits_increase", c.window, f"sum by ({k}) (increase({PREFIX_CACHE_HITS}[{c.window}]))"
+    )
+    return by_tier, engine
+
+
+def _tier_sum(c: PromContext, by_tier: str, sel: Selector) -> str:
+    inner = ",".join(f'{label}{op}"{value}"' for label, op, value in sel.matchers)
+    return f"sum by ({c.engine_keys}) ({by_tier}{{{inner}}})" if inner else f"sum by ({c.engine_keys}) ({by_tier})"
+
+
+def _total_hits_promql(c: PromContext) -> str:
+    """``total_hit_tokens`` in PromQL (each alternative only where the ones before it are absent)."""
+    k = c.engine_keys
+    by_tier, engine = _hits_inputs(c)
+    tiers, device = _tier_sum(c, by_tier, TIER_ALL), _tier_sum(c, by_tier, TIER_DEVICE)
+    return f"(({tiers} and on({k}) {device}) or ({engine} + on({k}) {tiers}) or {tiers} or {engine})"
+
+
+def slow_tier_fraction_promql(c: PromContext, t: Thresholds) -> str:
+    by_tier, _ = _hits_inputs(c)
+    total = _total_hits_promql(c)
+    return f"({_tier_sum(c, by_tier, TIER_SLOW)} or on({c.engine_keys}) {total} * 0) / on({c.engine_keys}) {total}"
+
+
+def gpu_busy_promql(c: PromContext, t: Thresholds) -> str:
+    names = "|".join(_gpu_input(c, t, signal) for signal in (GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE))
+    return f'max by ({c.gpu_keys}) ({{__name__=~"{names}"}})'
+
+
+def quantile_promql(q: Callable[[Thresholds], float], part: Part, histogram: str = INTER_TOKEN_LATENCY) -> Renderer:
+    def render(c: PromContext, t: Thresholds) -> str:
+        rng = {
+            "all": f"[{c.window}]",
+            "recent": f"[{recent_range(c)}]",
+            "late": f"[{c.third}]",
+            "early": f"[{c.third}] offset {c.two_thirds}",
+        }[part]
+        return (
+            f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) (increase({histogram}_bucket{rng})))"
+        )
+
+    return render
+
+
+def itl_quantile_promql(q: Callable[[Thresholds], float], part: Part) -> Renderer:
+    """An ITL quantile over ``part`` from the engine's bucket increases, recorded once per range and
+    read by every quantile over it. The early third reads that record as it was two thirds of a
+    window ago: the same increase where the evaluation interval divides the offset (the rule files
+    sized for a scrape interval: 8 intervals), else the evaluation before (and none in the first
+    two thirds of a window after the rules start); only the ITL-trend note reads it, no alert."""
+
+    def render(c: PromContext, t: Thresholds) -> str:
+        rng = c.range_of(part)
+        buckets = c.input(
+            "itl_bucket_increase",
+            rng,
+            f"sum by ({c.engine_keys}, le) (increase({INTER_TOKEN_LATENCY}_bucket[{rng}]))",
+        )
+        offset = f" offset {c.two_thirds}" if part == "early" else ""
+        return f"histogram_quantile({prom_number(q(t))}, {buckets}{offset})"
+
+    return render
+
+
+def mean_time_per_token_promql(c: PromContext, t: Thresholds) -> str:
+    """Generation seconds over generation tokens, as rates (the same ratio as of the increases): the
+    tokens' rate is the recorded ``generation_tokens_per_second``."""
+    return (
+        f"sum by ({c.engine_keys}) (rate({GENERATION_SECONDS}[{c.window}])) "
+        f"/ on({c.engine_keys}) {c.record('generation_tokens_per_second', 'all')}"
+    )
+
+
+def recent_range(c: PromContext) -> str:
+    """The state sub-window's duration (the window where it is not set)."""
+    return c.recent or c.window
