@@ -1,13 +1,17 @@
 """Argument values a verb checks itself, in its own words: a number within bounds, and the
-thresholds of ``--thresholds FILE``. (``kvdoctor/flags.py`` has the value types every verb shares.)"""
+thresholds of ``--thresholds FILE``; and the value types every verb shares (``kvdoctor/flags.py``
+declares the flags that use them)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from kvdoctor.errors import UsageError
+from kvdoctor.rules.promql import parse_duration
 from kvdoctor.rules.thresholds import Thresholds
 
 N = TypeVar("N", int, float)
@@ -32,3 +36,88 @@ def read_thresholds(path: str | None) -> Thresholds:
         return Thresholds.from_yaml(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def boolean(text: str) -> bool:
+    """true/false, 1/0, yes/no, on/off (any case)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+
+
+def _number(text: str, kind: Callable[[str], float], what: str) -> float:
+    try:
+        value = kind(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float, "a positive number")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int, "a positive integer"))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def integer(text: str) -> int:
+    return int(_number(text, int, "an integer"))
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    value = _number(text, float, "a number in (0, 1]")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    value = int(_number(text, int, "a port number"))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port between 0 and 65535, got {text!r}")
+    return value
+
+
+def url(text: str) -> str:
+    """An http(s) URL (``host:port`` alone means http); the text as given, checked."""
+    value = text.strip()
+    parts = urlsplit(value if "://" in value else "http://" + value)
+    try:
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"has a bad port: {text!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+        raise argparse.ArgumentTypeError(f"must be an http(s) URL such as http://127.0.0.1:9745, got {text!r}")
+    return value
+
+
+def duration(text: str) -> float:
+    """A Prometheus duration (15s, 1m, 1m30s) or plain seconds -> seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -16,17 +16,30 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Sequence
+from importlib import import_module
+from types import ModuleType
 
 from kvdoctor import flags
-from kvdoctor.commands import dashboard, demo, diagnose, exporter, grafana, ledger, record, rules, stress, version
+from kvdoctor.commands import version
 from kvdoctor.errors import EXIT_STATUS_HELP, EXIT_UNREADABLE, EXIT_USAGE, SourceUnreadable, UsageError
 from kvdoctor.sources.http import SourceError
 
-# Command modules, in the order ``kvdoctor --help`` lists them.
-COMMANDS = (demo, exporter, dashboard, diagnose, record, ledger, rules, grafana, stress, version)
+# The verbs, in the order ``kvdoctor --help`` lists them: each is the module kvdoctor.commands.<verb>.
+VERBS = ("demo", "exporter", "dashboard", "diagnose", "record", "ledger", "rules", "grafana", "stress", "version")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_modules(argv: Sequence[str] | None = None) -> list[ModuleType]:
+    """The command modules a command line needs: only its verb's where it names one (a verb's module
+    may import the exporter, the simulator or numpy: ``kvdoctor diagnose`` need not wait for the
+    others to load), else every verb's (for ``kvdoctor --help`` and for a verb that does not exist)."""
+    verb = next((a for a in argv or () if not a.startswith("-")), None)
+    names = (verb,) if verb in VERBS else VERBS
+    return [import_module(f"kvdoctor.commands.{name}") for name in names]
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every verb, or (given ``argv``) of the verb ``argv`` names alone."""
     parser = flags.Parser(
         prog="kvdoctor",
         description="Says why LLM decode is slow.\n\nexamples:\n  kvdoctor demo\n  kvdoctor diagnose --exporter "
@@ -35,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=version.version_line(), help="print the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
+    for module in command_modules(argv):
         description = getattr(module, "DESCRIPTION", module.HELP)
         p = sub.add_parser(
             module.NAME,
@@ -65,7 +78,8 @@ def _action_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.Argum
 
 def parse_arguments(argv: list[str] | None = None, environ=None) -> argparse.Namespace:
     """The namespace ``kvdoctor ARGV`` runs with: the flags, over their environment variables."""
-    return flags.parse(build_parser(), sys.argv[1:] if argv is None else argv, environ)
+    argv = sys.argv[1:] if argv is None else argv
+    return flags.parse(build_parser(argv), argv, environ)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,17 +17,23 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
-from urllib.parse import urlsplit
 
-from kvdoctor.rules.promql import parse_duration
+from kvdoctor.arguments import boolean as boolean
+from kvdoctor.arguments import duration as duration
+from kvdoctor.arguments import fraction as fraction
+from kvdoctor.arguments import integer as integer
+from kvdoctor.arguments import non_negative_float as non_negative_float
+from kvdoctor.arguments import port as port
+from kvdoctor.arguments import positive_float as positive_float
+from kvdoctor.arguments import positive_int as positive_int
+from kvdoctor.arguments import url as url
 
 ENV_PREFIX = "KVDOCTOR_"
 
@@ -77,94 +83,6 @@ DEPRECATED_VARIABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "KVDOCTOR_DASHBOARD_EXPORTER_URL": ("KVDOCTOR_EXPORTER", ("dashboard",)),
     "KVDOCTOR_DASHBOARD_PROMETHEUS_URL": ("KVDOCTOR_PROMETHEUS", ("dashboard",)),
 }
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-# ------------------------------------------------------------------------------ value types
-
-
-def boolean(text: str) -> bool:
-    """true/false, 1/0, yes/no, on/off (any case)."""
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
-
-
-def _number(text: str, kind: Callable[[str], float], what: str) -> float:
-    try:
-        value = kind(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _number(text, float, "a positive number")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(text, float, "a number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(_number(text, int, "a positive integer"))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def integer(text: str) -> int:
-    return int(_number(text, int, "an integer"))
-
-
-def fraction(text: str) -> float:
-    """A number in (0, 1]."""
-    value = _number(text, float, "a number in (0, 1]")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
-
-
-def port(text: str) -> int:
-    value = int(_number(text, int, "a port number"))
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port between 0 and 65535, got {text!r}")
-    return value
-
-
-def url(text: str) -> str:
-    """An http(s) URL (``host:port`` alone means http); the text as given, checked."""
-    value = text.strip()
-    parts = urlsplit(value if "://" in value else "http://" + value)
-    try:
-        parts.port  # noqa: B018  (raises on a bad port)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"has a bad port: {text!r}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
-        raise argparse.ArgumentTypeError(f"must be an http(s) URL such as http://127.0.0.1:9745, got {text!r}")
-    return value
-
-
-def duration(text: str) -> float:
-    """A Prometheus duration (15s, 1m, 1m30s) or plain seconds -> seconds."""
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
 
 # ------------------------------------------------------------------------------ declaring flags
 

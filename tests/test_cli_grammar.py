@@ -12,6 +12,8 @@ import contextlib
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -406,3 +408,28 @@ def test_record_json_prints_its_summary(fake_server, tmp_path):
     assert summary["output"] == str(out) and out.is_file()
     assert summary["snapshots"] >= 3 and summary["mode"] == "raw vllm /metrics" and summary["stopped_early"] is False
     assert "wrote" in result.err  # the human summary stays on stderr
+
+
+# ------------------------------------------------------------------------- start-up: one verb loads
+
+
+def test_each_verb_is_the_command_module_of_its_name():
+    assert [module.NAME for module in cli.command_modules()] == list(cli.VERBS)
+
+
+def test_a_command_line_loads_only_its_verbs_module():
+    """`kvdoctor diagnose` (run by on-call, timed by the fleet benchmark) must not wait for the
+    exporter's web stack or the simulator to import."""
+    probe = (
+        "import sys\n"
+        "from kvdoctor import cli\n"
+        "cli.parse_arguments(['diagnose', '--replay', 'trace.txt'])\n"
+        "watched = ('kvdoctor.commands.', 'fastapi', 'kvdoctor.simulator')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(watched))\n"
+        "print(' '.join(loaded))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert "kvdoctor.commands.diagnose" in out
+    assert not [m for m in out if m.startswith(("fastapi", "kvdoctor.simulator", "kvdoctor.commands.demo"))], out
+    everything = cli.build_parser()
+    assert set(flags.verb_parsers(everything)) >= set(cli.VERBS)
