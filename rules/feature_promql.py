@@ -3,8 +3,7 @@
 ``rules/features.py`` pairs each with its Python computation. A renderer takes a ``PromContext``
 (the window as PromQL durations, the keys) and the thresholds; where several features read one raw
 family, they ask the context for a shared input (``PromContext.input``), which ``rules/promql.py``
-records once, before the features: the ITL histogram's bucket increase per engine and range, the
-GPU ratios per pod and method, the prefix-hit counters.
+records once, before the features: the GPU ratios per pod and method, the prefix-hit counters.
 """
 
 from __future__ import annotations
@@ -153,26 +152,6 @@ def quantile_promql(q: Callable[[Thresholds], float], part: Part, histogram: str
         return (
             f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) (increase({histogram}_bucket{rng})))"
         )
-
-    return render
-
-
-def itl_quantile_promql(q: Callable[[Thresholds], float], part: Part) -> Renderer:
-    """An ITL quantile over ``part`` from the engine's bucket increases, recorded once per range and
-    read by every quantile over it. The early third reads that record as it was two thirds of a
-    window ago: the same increase where the evaluation interval divides the offset (the rule files
-    sized for a scrape interval: 8 intervals), else the evaluation before (and none in the first
-    two thirds of a window after the rules start); only the ITL-trend note reads it, no alert."""
-
-    def render(c: PromContext, t: Thresholds) -> str:
-        rng = c.range_of(part)
-        buckets = c.input(
-            "itl_bucket_increase",
-            rng,
-            f"sum by ({c.engine_keys}, le) (increase({INTER_TOKEN_LATENCY}_bucket[{rng}]))",
-        )
-        offset = f" offset {c.two_thirds}" if part == "early" else ""
-        return f"histogram_quantile({prom_number(q(t))}, {buckets}{offset})"
 
     return render
 

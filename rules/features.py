@@ -28,7 +28,6 @@ from .feature_promql import (
     gpu_busy_promql,
     gpu_median_max_promql,
     gpu_precise_promql,
-    itl_quantile_promql,
     mean_time_per_token_promql,
     quantile_promql,
     slow_tier_fraction_promql,
@@ -77,8 +76,14 @@ class Feature:
     signals: tuple[str, ...]  # canonical signals read
     note: str  # what the number is, for evidence
     python: PythonFeature
-    promql: Callable[[PromContext, Thresholds], str]
+    # its recording rule's expression; None: Python only (a note's input that no condition of the
+    # tree and no reader of the records needs, so the rule file does not pay for it)
+    promql: Callable[[PromContext, Thresholds], str] | None
     part: Part = "all"  # the part of the window it reads (names its recording rule)
+
+    @property
+    def recorded(self) -> bool:
+        return self.promql is not None
 
     @property
     def signal(self) -> str:
@@ -169,7 +174,9 @@ def _engine_rate(sel: Selector, scale: int = 1) -> tuple[PythonFeature, Callable
 
 
 def _itl_median_of_third(part: Part, which: str) -> Feature:
-    """``itl_<part>_median_seconds``: the median inter-token latency in the window's ``which`` third."""
+    """``itl_<part>_median_seconds``: the median inter-token latency in the window's ``which`` third.
+    Python only: the trend note on a healthy verdict reads it, no condition of the tree, so no rule
+    records it (two more passes over every ITL bucket series, each costing what reading them does)."""
     return Feature(
         f"itl_{part}_median_seconds",
         ENGINE,
@@ -177,7 +184,7 @@ def _itl_median_of_third(part: Part, which: str) -> Feature:
         (INTER_TOKEN_LATENCY,),
         f"median inter-token latency in the window's {which} third",
         _quantile(lambda t: 0.5, part),
-        itl_quantile_promql(lambda t: 0.5, part),
+        None,
         part=part,
     )
 
@@ -280,7 +287,7 @@ FEATURES: dict[str, Feature] = {
             (INTER_TOKEN_LATENCY,),
             f"inter-token latency quantile (itl_quantile) from the histogram's bucket increases {_STATE}",
             _quantile(lambda t: t.itl_quantile, "recent"),
-            itl_quantile_promql(lambda t: t.itl_quantile, "recent"),
+            quantile_promql(lambda t: t.itl_quantile, "recent"),
             part="recent",
         ),
         _itl_median_of_third("early", "first"),

@@ -3,14 +3,14 @@
 Everything is generated from ``rules/tree.py`` (its features and conditions) and ``rules/thresholds.py``,
 as one group evaluated in order, each rule reading what the ones before it recorded:
 
-- the shared inputs: a raw family several features read is read once, by its own rule
-  (``kvdoctor:itl_bucket_increase:<range>``: the ITL histogram's bucket increase per engine, which
-  every ITL quantile reads; the GPU ratios per pod and method; the prefix-hit counters), so every
-  raw series the rules need is read by exactly one rule;
-- each ``Feature`` becomes ``kvdoctor:<feature>:<range>`` (``<range>``: the range it reads, e.g.
+- the shared inputs: a raw family several features read is read once, by its own rule (the GPU
+  ratios per pod and method; the prefix-hit counters), so every raw series the rules need is read
+  by exactly one rule;
+- each recorded ``Feature`` becomes ``kvdoctor:<feature>:<range>`` (``<range>``: the range it reads, e.g.
   ``kv_usage`` over the state sub-window), per engine (``namespace, pod, model_name, engine``) or
   per pod's GPUs (``namespace, pod``), with ``rate``/``increase``/``quantile_over_time``/
-  ``histogram_quantile`` over the same ranges the Python evaluator uses;
+  ``histogram_quantile`` over the same ranges the Python evaluator uses (the ITL trend's medians
+  are Python only: no condition reads them, and each would cost another pass over every bucket);
 - ``kvdoctor:itl_slo_seconds`` is the SLO each pod publishes; a comparison with the SLO reads it
   per pod and falls back to the export-time SLO where a pod publishes none, so one rule file serves
   deployments with different SLOs;
@@ -104,6 +104,8 @@ def prom_context(thresholds: Thresholds) -> PromContext:
 
 def record_name(feature: str, thresholds: Thresholds) -> str:
     """The recording rule of ``feature``, named after the range it reads: ``kvdoctor:kv_usage:15s``."""
+    if not FEATURES[feature].recorded:
+        raise ValueError(f"{feature} is computed in Python only: no rule records it")
     return prom_context(thresholds).record(feature, FEATURES[feature].part)
 
 
@@ -314,12 +316,14 @@ def _reads_slo(param: Param) -> bool:
 
 
 def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS) -> list[Rule]:
-    """The shared inputs (each raw family several features read, read once), one rule per feature,
+    """The shared inputs (each raw family several features read, read once), one rule per recorded feature,
     the pods' SLO, one per named condition of the tree (1 where it holds), the verdict of every
     active engine, and the sources that are down."""
     ctx = prom_context(thresholds)
     features: list[Rule] = [
-        {"record": ctx.record(name, f.part), "expr": f.promql(ctx, thresholds)} for name, f in FEATURES.items()
+        {"record": ctx.record(name, f.part), "expr": f.promql(ctx, thresholds)}
+        for name, f in FEATURES.items()
+        if f.promql is not None
     ]
     inputs: list[Rule] = [{"record": name, "expr": expr} for name, expr in ctx.inputs.items()]
     compiler = Compiler(thresholds, slo_seconds)

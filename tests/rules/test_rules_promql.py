@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from kvdoctor.rules import promql, tree, units
+from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.thresholds import Thresholds
 
@@ -75,11 +76,16 @@ def test_every_alert_is_complete_and_has_a_runbook(name):
         assert "kvdoctor diagnose" in runbook and "--" in runbook  # names the engine flags
 
 
-def test_recording_rules_cover_every_feature_and_named_condition():
+def test_recording_rules_cover_every_recorded_feature_and_named_condition():
     records = {r["record"]: r["expr"] for r in _rules() if "record" in r}
     t = promql.rule_thresholds(None, None)
-    for name in FEATURES:
-        assert promql.record_name(name, t) in records
+    for name, feature in FEATURES.items():
+        if feature.recorded:
+            assert promql.record_name(name, t) in records
+        else:  # Python only: no rule, and no reader can ask for one
+            assert not any(r.split(":")[1] == name for r in records), name
+            with pytest.raises(ValueError, match="Python only"):
+                promql.record_name(name, t)
     for condition in tree.NAMED_CONDITIONS:
         assert f"kvdoctor:{condition.name}" in records
     assert records["kvdoctor:itl_slo_seconds"] == "max by (namespace, pod) (kvdoctor_inter_token_latency_slo_seconds)"
@@ -162,8 +168,7 @@ _COMPUTES = re.compile(r"\b(rate|increase|irate|delta|\w+_over_time|histogram_qu
 @pytest.mark.parametrize("interval", [1, 5, 15, 30, 60, 120])
 def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
     """Each raw series the rules need is read by exactly one rule, a recording rule; an alert reads
-    only records and computes no rate, quantile or range of its own. (Below a 5 s scrape the ITL
-    p95's state sub-window is shorter than the thirds of the trend: its buckets are read once per range.)"""
+    only records and computes no rate, quantile or range of its own."""
     doc = yaml.safe_load(promql.render_rules_yaml(scrape_interval_seconds=interval))
     readers: dict[str, list[str]] = {}
     for rule in doc["groups"][0]["rules"]:
@@ -172,8 +177,7 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
             assert not _ranges(rule["expr"]), rule["alert"]
             continue
         for name in set(_RAW.findall(rule["expr"])):
-            key = name + "".join(_ranges(rule["expr"])) if interval < 5 else name
-            readers.setdefault(key, []).append(rule["record"])
+            readers.setdefault(name, []).append(rule["record"])
         assert all(rule["expr"].count(name) == 1 for name in set(_RAW.findall(rule["expr"]))), rule["record"]
     shared = {name: rules for name, rules in readers.items() if len(rules) > 1}
     assert not shared, shared
@@ -182,21 +186,27 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
     )
 
 
-def test_the_itl_quantiles_read_one_recorded_bucket_increase():
+def test_the_itl_p95_reads_the_buckets_itself_and_the_trend_medians_are_python_only():
+    """One pass over the ITL buckets: the p95 rule's. The trend's medians would each cost another
+    pass over every bucket series, and no condition of the tree (so no alert) reads them."""
     rules = {r["record"]: r["expr"] for r in _rules() if "record" in r}
     t = promql.rule_thresholds(None, None)
-    buckets = "kvdoctor:itl_bucket_increase:60s"
-    assert rules[buckets].startswith("sum by (namespace, pod, model_name, engine, le) (increase(")
-    assert rules[promql.record_name("itl_p95_seconds", t)] == f"histogram_quantile(0.95, {buckets})"
-    assert rules[promql.record_name("itl_late_median_seconds", t)] == f"histogram_quantile(0.5, {buckets})"
-    assert rules[promql.record_name("itl_early_median_seconds", t)] == f"histogram_quantile(0.5, {buckets} offset 120s)"
+    assert rules[promql.record_name("itl_p95_seconds", t)] == (
+        "histogram_quantile(0.95, sum by (namespace, pod, model_name, engine, le) "
+        "(increase(kvdoctor_inter_token_latency_seconds_bucket[60s])))"
+    )
+    read_by_the_tree = {n for b in tree.BRANCHES for n in features_of(b.condition)}
+    read_by_the_tree |= {n for c in tree.NAMED_CONDITIONS for n in features_of(c.condition)}
+    for name in ("itl_early_median_seconds", "itl_late_median_seconds"):
+        assert not FEATURES[name].recorded and name not in read_by_the_tree
+    assert all(FEATURES[n].recorded for n in read_by_the_tree)
 
 
 def test_window_and_thresholds_flow_into_the_expressions():
     t = Thresholds(window_seconds=120, kv_ceiling_ratio=0.95)
     doc = yaml.safe_load(promql.render_rules_yaml(t, slo_seconds=0.05, scrape_interval_seconds=1))
     text = "\n".join(str(rule) for rule in doc["groups"][0]["rules"])
-    assert "[120s]" in text and "kvdoctor:itl_bucket_increase:40s offset 80s" in text and "[40s]" in text
+    assert "[120s]" in text and "kvdoctor_inter_token_latency_seconds_bucket[15s]" in text  # window, state
     assert "kvdoctor:kv_usage:15s >= 0.95" in text
     assert "kvdoctor:itl_p95_seconds:15s >= 0.05 unless" in text
     assert "0.05 s" not in text and "50 ms where it publishes none" in text
