@@ -54,6 +54,9 @@ class LlamaServer(EngineServer):
     parallel: int = 4
     context: int = 2048  # all slots together
     threads: int = 1
+    # HTTP threads: more than the tests' clients, so /slots and /metrics are answered while every
+    # client holds a thread (the default, per core, left a probe waiting 30 s on 2 cores)
+    http_threads: int = 32
     starts: int = 0
 
     @property
@@ -71,6 +74,8 @@ class LlamaServer(EngineServer):
             self.port,
             "--threads",
             self.threads,
+            "--threads-http",
+            self.http_threads,
             "--parallel",
             self.parallel,
             "--ctx-size",
