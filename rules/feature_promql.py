@@ -54,7 +54,6 @@ class PromContext:
 
     window: str  # e.g. "60s"
     third: str  # window / 3
-    two_thirds: str  # 2 x window / 3, the offset of the first third
     recent: str = ""  # the state sub-window (Thresholds.state_window_seconds); "" means the window
     engine_keys: str = ", ".join(ENGINE_KEYS)
     gpu_keys: str = ", ".join(GPU_KEYS)
@@ -142,16 +141,13 @@ def gpu_busy_promql(c: PromContext, t: Thresholds) -> str:
 
 
 def quantile_promql(q: Callable[[Thresholds], float], part: Part, histogram: str = INTER_TOKEN_LATENCY) -> Renderer:
+    """A quantile of ``histogram`` over ``part``, straight from its buckets: the one rule reading them."""
+
     def render(c: PromContext, t: Thresholds) -> str:
-        rng = {
-            "all": f"[{c.window}]",
-            "recent": f"[{recent_range(c)}]",
-            "late": f"[{c.third}]",
-            "early": f"[{c.third}] offset {c.two_thirds}",
-        }[part]
-        return (
-            f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) (increase({histogram}_bucket{rng})))"
-        )
+        if part == "early":
+            raise ValueError("the first third is Python only (the trend note): no rule reads it")
+        buckets = f"{histogram}_bucket[{c.range_of(part)}]"
+        return f"histogram_quantile({prom_number(q(t))}, sum by ({c.engine_keys}, le) (increase({buckets})))"
 
     return render
 

@@ -97,7 +97,6 @@ def prom_context(thresholds: Thresholds) -> PromContext:
     return PromContext(
         window=duration(w),
         third=duration(w / 3),
-        two_thirds=duration(2 * w / 3),
         recent=duration(min(thresholds.state_window_seconds, w)),
     )
 
