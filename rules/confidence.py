@@ -7,8 +7,11 @@ thinner (no token counter, no GPU counters, a mean instead of a p95). It then lo
 and where a value within 5% of a threshold decides it, and it is capped below every *competitor*:
 an earlier branch of another verdict that could have held had its missing signals been measured,
 and -- where the branch rests on an absence -- what the tree says once that absence is filled in
-(each candidate value of the missing features it reads, recursively). So a signal fewer never
-makes a verdict more confident (tests/rules/test_rules_properties.py checks it).
+(each candidate value of the missing features it reads, recursively; a competitor's own absences,
+such as the GPU counters a verdict made without them needs, stay missing). So a signal fewer does
+not make a verdict more confident (tests/rules/test_rules_properties.py checks it on simulated
+windows; on contrived feature values, such as a p95 of 0 beside a mean of 1 s, the search, which
+stops at a competitor already on its stack, can still be 0.05 off).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 from collections.abc import Iterator, Mapping
 
 from . import tree
-from .conditions import Cmp, CmpFeatures, could_hold, must_hold
+from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Present, could_hold, must_hold
 from .knee import JUMP, RISES_WITH_KV
 from .tree import Branch
 
@@ -80,15 +83,15 @@ def dynamic_base(branch: Branch, values: Mapping[str, float], knee_kind: str | N
 _LATENCY_JUDGED = frozenset(b.id for b in tree.BRANCHES if b.step in (3, 4) and b.id != "unmeasured")
 
 
-# Per feature, the thresholds the tree compares it with and the features it is compared against.
+# Per feature, the thresholds the tree compares it with and the comparisons with another feature.
 _THRESHOLDS: dict[str, list[Cmp]] = {}
-_PARTNERS: dict[str, set[str]] = {}
+_PAIRS: dict[str, list[CmpFeatures]] = {}
 for _atom in (a for b in tree.BRANCHES for a in tree.BRANCH_ATOMS[b.id]):
     if isinstance(_atom, Cmp):
         _THRESHOLDS.setdefault(_atom.feature, []).append(_atom)
     elif isinstance(_atom, CmpFeatures):
-        _PARTNERS.setdefault(_atom.left, set()).add(_atom.right)
-        _PARTNERS.setdefault(_atom.right, set()).add(_atom.left)
+        _PAIRS.setdefault(_atom.left, []).append(_atom)
+        _PAIRS.setdefault(_atom.right, []).append(_atom)
 # Per branch, the features its condition reads.
 _READS = {
     b.id: sorted(
@@ -109,16 +112,54 @@ def _candidates(feature: str, values: Mapping[str, float], params: Mapping[str, 
         thr = atom.threshold.value(params)
         step = max(abs(thr) * NEAR, 1e-3)
         out.update((thr - step, thr + step))
-    for partner in _PARTNERS.get(feature, ()):
-        other = values.get(partner, math.nan)
-        if not math.isnan(other):
-            out.update((other * (1 - NEAR), other * (1 + NEAR), other + 0.2, max(0.0, other - 0.2)))
+    for pair in _PAIRS.get(feature, ()):
+        boundary = _boundary(pair, feature, values, params)
+        if not math.isnan(boundary):
+            out.update((boundary * (1 - NEAR), boundary * (1 + NEAR), boundary + 0.2, max(0.0, boundary - 0.2)))
     return sorted(v for v in out if v >= 0) or [1.0]
 
 
-def _filled_in(branch: Branch, values: Mapping[str, float], params: Mapping[str, float]) -> Iterator[dict[str, float]]:
-    """``values`` with the missing features ``branch``'s condition reads filled in, every way."""
+def _boundary(pair: CmpFeatures, feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> float:
+    """The value of ``feature`` at which ``left <op> right x scale + offset`` turns, given the other
+    side's measured value (NaN where it is missing too)."""
+    scale = pair.scale.value(params) if pair.scale else 1.0
+    offset = pair.offset.value(params) if pair.offset else 0.0
+    if feature == pair.left:
+        return values.get(pair.right, math.nan) * scale + offset
+    return (values.get(pair.left, math.nan) - offset) / scale if scale else math.nan
+
+
+def _asks_absent(cond: Condition, negated: bool = False) -> Iterator[str]:
+    """The features ``cond`` holds for want of (a ``Present`` under an odd number of ``Not``)."""
+    if isinstance(cond, Present) and negated:
+        yield cond.feature
+    elif isinstance(cond, (All, Any)):
+        for term in cond.terms:
+            yield from _asks_absent(term, negated)
+    elif isinstance(cond, Not):
+        yield from _asks_absent(cond.term, not negated)
+    elif isinstance(cond, Named):
+        yield from _asks_absent(cond.condition, negated)
+
+
+# Per branch, the features it holds for want of and compares with nothing: for those, staying
+# unmeasured is one of the ways to fill them in (a verdict made for want of GPU counters holds only
+# while they stay missing). A feature also compared with a threshold is covered by the values on
+# either side of it (and leaving it out too would multiply the search for little).
+_ASKS_ABSENT = {
+    b.id: frozenset(_asks_absent(b.condition)) - {a.feature for a in tree.BRANCH_ATOMS[b.id] if isinstance(a, Cmp)}
+    for b in tree.BRANCHES
+}
+
+
+def _filled_in(
+    branch: Branch, values: Mapping[str, float], params: Mapping[str, float], for_it: bool = False
+) -> Iterator[dict[str, float]]:
+    """``values`` with the missing features ``branch``'s condition reads filled in, every way; ``for_it``:
+    the ways that could let it hold (what it holds for want of stays missing)."""
     free = [name for name in _READS[branch.id] if _missing(values, name)]
+    if for_it:
+        free = [name for name in free if name not in _ASKS_ABSENT[branch.id]]
     choices = [_candidates(name, values, params) for name in free]
     for combination in itertools.product(*choices):
         yield {**values, **dict(zip(free, combination, strict=True))}
@@ -184,7 +225,7 @@ class _Assessment:
         # an earlier branch that could have held: as sure as it would be where its absences are filled in
         for earlier in tree.BRANCHES[: tree.BRANCHES.index(branch)]:
             if earlier.verdict != branch.verdict and could_hold(earlier.condition, values, params):
-                for filled in _filled_in(earlier, values, params):
+                for filled in _filled_in(earlier, values, params, for_it=True):
                     if self.branch_of(filled) is earlier:
                         compete(earlier, filled)
                 caps.append(dynamic_base(earlier, values, self.knee_kind) - COMPETITOR_PENALTY)

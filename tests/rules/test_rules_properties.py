@@ -160,6 +160,26 @@ def test_dropping_any_one_signal_never_raises_and_never_adds_confidence(scenario
         )
 
 
+def test_a_verdict_that_holds_for_want_of_gpu_counters_caps_the_guess_made_without_its_token_counter():
+    # prefill-heavy without GPU counters (compute_bound) holds only while the counters stay missing
+    # and only at prompt rates past prefill_heavy_ratio x the generation rate; without the prompt
+    # counter, the bandwidth guess must not be surer than that verdict was
+    params = tree.parameters(T, DEFAULT_SLO_SECONDS)
+    values = {
+        "itl_p95_seconds": 3 * DEFAULT_SLO_SECONDS,
+        "generation_tokens_per_second": 5.0,
+        "prompt_tokens_per_second": 5.0 * T.prefill_heavy_ratio * 2,
+        "requests_running": 1.0,
+    }
+    values = {name: values.get(name, math.nan) for name in _FEATURES}
+    assert tree.choose_branch(values, params).id == "prefill_heavy_no_gpu"
+    full, _ = confidence.assess(values, params, None)
+    without_prompt = {**values, "prompt_tokens_per_second": math.nan}
+    assert tree.choose_branch(without_prompt, params).verdict == "memory_bandwidth_bound"
+    fewer, unresolved = confidence.assess(without_prompt, params, None)
+    assert fewer <= full and "compute_bound" in unresolved
+
+
 # --------------------------------------------------------------- the memoised search
 
 _CMPS = list(dict.fromkeys(a for b in tree.BRANCHES for a in tree.BRANCH_ATOMS[b.id] if isinstance(a, Cmp)))
