@@ -157,17 +157,23 @@ def _holds(cond: Condition, values: Mapping[str, float], params: Mapping[str, fl
     raise TypeError(f"not a condition: {cond!r}")
 
 
-def atoms(cond: Condition) -> Iterator[Atom]:
-    """The comparisons a condition reads, in order."""
+def signed_atoms(cond: Condition, negated: bool = False) -> Iterator[tuple[Atom, bool]]:
+    """The comparisons a condition reads, in order, each with whether it sits under an odd number
+    of ``Not`` (the condition then holds where the comparison fails)."""
     if isinstance(cond, (Cmp, CmpFeatures, Present)):
-        yield cond
+        yield cond, negated
     elif isinstance(cond, (All, Any)):
         for term in cond.terms:
-            yield from atoms(term)
+            yield from signed_atoms(term, negated)
     elif isinstance(cond, Not):
-        yield from atoms(cond.term)
+        yield from signed_atoms(cond.term, not negated)
     elif isinstance(cond, Named):
-        yield from atoms(cond.condition)
+        yield from signed_atoms(cond.condition, negated)
+
+
+def atoms(cond: Condition) -> Iterator[Atom]:
+    """The comparisons a condition reads, in order."""
+    return (atom for atom, _ in signed_atoms(cond))
 
 
 def features_of(cond: Condition) -> list[str]:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterator, Mapping
 
 from . import tree
-from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Present, could_hold, must_hold
+from .conditions import Cmp, CmpFeatures, Present, could_hold, must_hold, right_side, signed_atoms
 from .knee import JUMP, RISES_WITH_KV
 from .tree import Branch
 
@@ -122,24 +122,11 @@ def _candidates(feature: str, values: Mapping[str, float], params: Mapping[str, 
 def _boundary(pair: CmpFeatures, feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> float:
     """The value of ``feature`` at which ``left <op> right x scale + offset`` turns, given the other
     side's measured value (NaN where it is missing too)."""
+    if feature == pair.left:
+        return right_side(pair, values, params)
     scale = pair.scale.value(params) if pair.scale else 1.0
     offset = pair.offset.value(params) if pair.offset else 0.0
-    if feature == pair.left:
-        return values.get(pair.right, math.nan) * scale + offset
     return (values.get(pair.left, math.nan) - offset) / scale if scale else math.nan
-
-
-def _asks_absent(cond: Condition, negated: bool = False) -> Iterator[str]:
-    """The features ``cond`` holds for want of (a ``Present`` under an odd number of ``Not``)."""
-    if isinstance(cond, Present) and negated:
-        yield cond.feature
-    elif isinstance(cond, (All, Any)):
-        for term in cond.terms:
-            yield from _asks_absent(term, negated)
-    elif isinstance(cond, Not):
-        yield from _asks_absent(cond.term, not negated)
-    elif isinstance(cond, Named):
-        yield from _asks_absent(cond.condition, negated)
 
 
 # Per branch, the features it holds for want of and compares with nothing: for those, staying
@@ -147,7 +134,8 @@ def _asks_absent(cond: Condition, negated: bool = False) -> Iterator[str]:
 # while they stay missing). A feature also compared with a threshold is covered by the values on
 # either side of it (and leaving it out too would multiply the search for little).
 _ASKS_ABSENT = {
-    b.id: frozenset(_asks_absent(b.condition)) - {a.feature for a in tree.BRANCH_ATOMS[b.id] if isinstance(a, Cmp)}
+    b.id: frozenset(a.feature for a, negated in signed_atoms(b.condition) if isinstance(a, Present) and negated)
+    - {a.feature for a in tree.BRANCH_ATOMS[b.id] if isinstance(a, Cmp)}
     for b in tree.BRANCHES
 }
 
