@@ -32,7 +32,9 @@ def test_thresholds_and_slo_change_the_rules(tmp_path, capsys):
     th.write_text("kv_ceiling_ratio: 0.95\n")
     assert main(["rules", "export", "--thresholds", str(th), "--slo-ms", "50"]) == 0
     text = capsys.readouterr().out
-    assert "kvdoctor:kv_usage:60s >= 0.95" in text and "kvdoctor:itl_p95_seconds:60s >= 0.05 unless" in text
+    records = {r.get("record"): r["expr"] for r in yaml.safe_load(text)["groups"][0]["rules"]}
+    assert "kvdoctor:kv_usage:60s >= 0.95" in records["kvdoctor:verdict"]
+    assert records["kvdoctor:itl_slo_seconds"].endswith(" * 0.05")  # the SLO of pods that publish none
 
 
 def test_scrape_interval_sizes_every_range(capsys):

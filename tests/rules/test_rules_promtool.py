@@ -6,6 +6,7 @@ every minute (``--scrape-interval 1m``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -79,3 +80,46 @@ def test_the_agreement_test_catches_drift(tmp_path):
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode != 0
     assert "KVCacheCapacityPressure" in result.stdout + result.stderr
+
+
+def test_an_engine_scraped_by_two_jobs_keeps_one_itl_p95_with_the_same_value(tmp_path):
+    """The p95 is taken per scraped histogram, then the largest per engine: the same histogram under
+    two jobs must still be one series per engine (the verdict's joins are one-to-one) with the value
+    of one histogram. Per second, 1 token <= 50 ms, 5 <= 100 ms, 10 <= 200 ms, 10 in all: the 9.5th
+    of 10 lies 4.5/5 into (0.1, 0.2], so p95 = 0.19 s."""
+    rules, thresholds = _rules_for(tmp_path, 1)
+    record = promql.record_name("itl_p95_seconds", thresholds)
+    per_second = {"0.05": 1, "0.1": 5, "0.2": 10, "+Inf": 10}
+
+    def buckets(pod: str, job: str) -> list[dict]:
+        labels = f'namespace="ns", pod="{pod}", model_name="m", engine="vllm", job="{job}"'
+        return [
+            {"series": f'kvdoctor_inter_token_latency_seconds_bucket{{{labels}, le="{le}"}}', "values": f"0+{n}x120"}
+            for le, n in per_second.items()
+        ]
+
+    engine = 'namespace="ns", model_name="m", engine="vllm"'
+    doc = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1s",
+        "tests": [
+            {
+                "interval": "1s",
+                "input_series": buckets("twice", "a") + buckets("twice", "b") + buckets("once", "a"),
+                "promql_expr_test": [
+                    {
+                        "expr": record,
+                        "eval_time": "90s",
+                        "exp_samples": [
+                            {"labels": f'{record}{{{engine}, pod="once"}}', "value": 0.19},
+                            {"labels": f'{record}{{{engine}, pod="twice"}}', "value": 0.19},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "two-jobs.test.yaml"
+    test_file.write_text(json.dumps(doc))
+    result = _promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
