@@ -361,7 +361,6 @@ def _fill(text: str, thresholds: Thresholds, slo_seconds: float) -> str:
 def alert_rules(
     thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS, runbook_base_url: str = RUNBOOK_BASE_URL
 ) -> list[Rule]:
-    compiler = Compiler(thresholds, slo_seconds)
     rules: list[Rule] = []
     for spec in ALERTS:
         if spec.verdict is None:
@@ -370,11 +369,10 @@ def alert_rules(
             raise ValueError(f"alert {spec.name} stands for a verdict but names no value feature")
         else:
             value = record_name(spec.value_feature, thresholds)
-            # $value is the alert's headline number, NaN where the engine does not export it
-            expr = (
-                f"(\n  {value}\n  or {ENGINE_ON} ({compiler.universe} * NaN)\n)\n"
-                f"and {ENGINE_ON} {VERDICT_RECORD} == {verdict_code(spec.verdict)}"
-            )
+            # $value is the alert's headline number, NaN where the engine does not export it. The
+            # verdict filters first: each join then holds the few pods with this verdict, not the fleet
+            is_verdict = f"{VERDICT_RECORD} == {verdict_code(spec.verdict)}"
+            expr = f"(\n  {value}\n  and {ENGINE_ON} {is_verdict}\n)\nor {ENGINE_ON} ({is_verdict}) * NaN"
         rules.append(
             {
                 "alert": spec.name,

@@ -164,8 +164,12 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
 def test_each_verdict_alert_reads_the_verdict_record(name):
     spec = promql.ALERT_BY_NAME[name]
     expr = _alerts()[name]["expr"]
-    assert expr.endswith(
-        f"and on(namespace, pod, model_name, engine) kvdoctor:verdict == {promql.verdict_code(spec.verdict)}"
+    is_verdict = f"kvdoctor:verdict == {promql.verdict_code(spec.verdict)}"
+    value = promql.record_name(spec.value_feature, promql.rule_thresholds(None, None))
+    # the value where the engine has it, else NaN; both sides filtered by the verdict first
+    assert expr == (
+        f"(\n  {value}\n  and on(namespace, pod, model_name, engine) {is_verdict}\n)\n"
+        f"or on(namespace, pod, model_name, engine) ({is_verdict}) * NaN"
     )
 
 
