@@ -69,6 +69,7 @@ class Sample:
     phase: str
     rss: float
     evaluations: dict[str, tuple[str, float]]  # group -> (lastEvaluation, evaluationTime)
+    alerting: dict[str, float]  # group -> seconds its alerting rules took in that evaluation
     missed: dict[str, float]  # group -> iterations missed so far
     active: set[tuple[str, str, str]]  # (namespace, pod, alertname), pending or firing
     head_series: float
@@ -115,19 +116,24 @@ class Watcher:
 
     def sample(self) -> Sample:
         assert self.prom.process is not None
-        groups = self.http.get("/api/v1/rules", params={"type": "record"}).json()["data"]["groups"]
+        # one read gives each group's time, its alerting rules' share and their active alerts
+        groups = self.http.get("/api/v1/rules").json()["data"]["groups"]
         evaluations = {g["name"]: (g["lastEvaluation"], float(g["evaluationTime"])) for g in groups}
+        alerting_rules = {g["name"]: [r for r in g["rules"] if r["type"] == "alerting"] for g in groups}
+        alerting = {name: sum(float(r["evaluationTime"]) for r in rules) for name, rules in alerting_rules.items()}
         own = self.http.get("/metrics").text
         missed = {group: float(value) for group, value in _MISSED.findall(own)}
         head = _HEAD.search(own)
-        alerts = self.http.get("/api/v1/alerts").json()["data"]["alerts"]
         active = {
             (a["labels"].get("namespace", ""), a["labels"].get("pod", ""), a["labels"]["alertname"])
-            for a in alerts
+            for rules in alerting_rules.values()
+            for r in rules
+            for a in r["alerts"]
             if a["state"] in ("pending", "firing")
         }
         rss = _rss_bytes(self.prom.process.pid)
-        return Sample(time.time(), self.phase, rss, evaluations, missed, active, float(head.group(1)) if head else 0.0)
+        head_series = float(head.group(1)) if head else 0.0
+        return Sample(time.time(), self.phase, rss, evaluations, alerting, missed, active, head_series)
 
     def dump(self, path: Path) -> None:
         """Every sample as JSON (what the figures were made of)."""
@@ -145,6 +151,15 @@ def evaluation_times(samples: list[Sample], group: str) -> list[float]:
         if group in s.evaluations:
             at, seconds = s.evaluations[group]
             seen[at] = seconds
+    return list(seen.values())
+
+
+def alerting_times(samples: list[Sample], group: str) -> list[float]:
+    """Per distinct evaluation of ``group`` in ``samples``: the seconds its alerting rules took."""
+    seen: dict[str, float] = {}
+    for s in samples:
+        if group in s.evaluations:
+            seen[s.evaluations[group][0]] = s.alerting.get(group, 0.0)
     return list(seen.values())
 
 
