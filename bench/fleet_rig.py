@@ -10,6 +10,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,23 +145,23 @@ class Watcher:
         return [s for s in self.samples if s.phase == phase]
 
 
-def evaluation_times(samples: list[Sample], group: str) -> list[float]:
-    """Each distinct evaluation of ``group`` seen in ``samples``: its duration in seconds."""
+def _per_evaluation(samples: list[Sample], group: str, value: Callable[[Sample], float]) -> list[float]:
+    """``value`` of each distinct evaluation of ``group`` seen in ``samples`` (the latest sample of it)."""
     seen: dict[str, float] = {}
     for s in samples:
         if group in s.evaluations:
-            at, seconds = s.evaluations[group]
-            seen[at] = seconds
+            seen[s.evaluations[group][0]] = value(s)
     return list(seen.values())
+
+
+def evaluation_times(samples: list[Sample], group: str) -> list[float]:
+    """Each distinct evaluation of ``group`` seen in ``samples``: its duration in seconds."""
+    return _per_evaluation(samples, group, lambda s: s.evaluations[group][1])
 
 
 def alerting_times(samples: list[Sample], group: str) -> list[float]:
     """Per distinct evaluation of ``group`` in ``samples``: the seconds its alerting rules took."""
-    seen: dict[str, float] = {}
-    for s in samples:
-        if group in s.evaluations:
-            seen[s.evaluations[group][0]] = s.alerting.get(group, 0.0)
-    return list(seen.values())
+    return _per_evaluation(samples, group, lambda s: s.alerting.get(group, 0.0))
 
 
 def missed_during(samples: list[Sample], group: str) -> float:
