@@ -14,36 +14,26 @@ from typing import Any
 from dash import dcc, html
 
 from kvdoctor.dashboard import figures
-from kvdoctor.dashboard.derive import severity
+from kvdoctor.rules import verdicts
 from kvdoctor.rules.actions import FIX, GROUP_TITLES, MITIGATE, SHOWN_PER_GROUP
 from kvdoctor.rules.render import feature_label
 
-VERDICT_TITLES: dict[str, str] = {
-    "kv_thrashing": "KV thrashing",
-    "kv_capacity_pressure": "KV capacity pressure",
-    "kv_tier_miss": "KV served from a slow tier",
-    "request_queueing": "Requests queue",
-    "memory_bandwidth_bound": "Decode is HBM-bandwidth bound",
-    "compute_bound": "Compute bound",
-    "host_overhead_bound": "Host overhead bound",
-    "healthy": "Healthy",
-    "idle": "Idle",
-}
-
 
 def verdict_title(verdict: str | None) -> str:
-    if not verdict:
-        return "No verdict"
-    return VERDICT_TITLES.get(verdict, verdict.replace("_", " ").capitalize())
+    return verdicts.title(verdict)
 
 
 def verdict_class(verdict: str | None) -> str:
-    level = severity(verdict)
-    if verdict in ("healthy",):
-        return "verdict-ok"
-    if verdict in ("idle",) or not verdict:
-        return "verdict-idle"
-    return "verdict-bad" if level >= 5 else "verdict-warn"
+    """The banner's class: the catalogue's severity (rules/verdicts.py)."""
+    return _SEVERITY_CLASS[verdicts.severity(verdict)] if verdict else "verdict-idle"
+
+
+_SEVERITY_CLASS = {
+    verdicts.CRITICAL: "verdict-bad",
+    verdicts.WARNING: "verdict-warn",
+    verdicts.OK: "verdict-ok",
+    verdicts.QUIET: "verdict-idle",
+}
 
 
 def format_number(value: Any, unit: str = "") -> str:
@@ -97,37 +87,44 @@ def format_with_unit(value: Any, unit: str) -> str:
     return format_number(v, unit)
 
 
+def evidence_row_text(item: Mapping) -> str:
+    """An evidence row in on-call words: the rules' own text, else (an older exporter) label and value."""
+    text = str(item.get("text") or "")
+    if text:
+        return text
+    feature = str(item.get("feature") or "")
+    label = str(item.get("label") or (feature_label(feature) if feature else item.get("signal", "")))
+    if not item.get("measured", True):
+        return f"{label}: not measured"
+    unit = str(item.get("unit") or "")
+    comparison = COMPARISONS.get(str(item.get("comparison") or ""), "")
+    threshold = item.get("threshold")
+    against = (
+        f" (threshold {comparison} {format_with_unit(threshold, unit)})" if threshold is not None and comparison else ""
+    )
+    return f"{label}: {format_with_unit(item.get('value'), unit)}{against}"
+
+
 def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
+    """The evidence in words, one row per quantity: what decided the verdict, then what explains it."""
     rows = []
     for item in evidence:
         measured = item.get("measured", True)
-        unit = str(item.get("unit") or "")
-        comparison = COMPARISONS.get(str(item.get("comparison") or ""), str(item.get("comparison") or ""))
-        threshold = item.get("threshold")
-        against = f"{comparison} {format_with_unit(threshold, unit)}" if threshold is not None else ""
-        signal = str(item.get("signal", ""))
-        feature = str(item.get("feature") or "")
-        label = str(item.get("label") or (feature_label(feature) if feature else signal))
-        names = " · ".join(dict.fromkeys(n for n in (feature, signal) if n))  # the internal names
+        holds = item.get("holds")
+        role = "explains" if item.get("context") else ("decides" if holds is not None else "")
         rows.append(
             html.Tr(
                 [
-                    html.Td(
-                        html.Span(label, title=names, className="evidence-label"),
-                        className="evidence-signal",
-                    ),
-                    html.Td(format_with_unit(item.get("value"), unit), className="evidence-value"),
-                    html.Td(against, className="evidence-threshold"),
-                    html.Td("" if measured else "not measured", className="evidence-measured"),
-                    html.Td(str(item.get("note") or "")),
+                    html.Td(evidence_row_text(item), className="evidence-signal"),
+                    html.Td(role if measured else "not measured", className="evidence-measured"),
                 ],
                 className="" if measured else "not-measured",
-                **({"data-holds": str(item["holds"]).lower()} if item.get("holds") is not None else {}),
+                **({"data-holds": str(holds).lower()} if holds is not None else {}),
             )
         )
     if not rows:
         return None
-    head = html.Thead(html.Tr([html.Th(h) for h in ("signal", "value", "threshold", "", "note")]))
+    head = html.Thead(html.Tr([html.Th(h) for h in ("measured", "")]))
     return html.Table([head, html.Tbody(rows)], className="evidence")
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.stats import histogram_quantile_rows
+from kvdoctor.rules.verdicts import CATALOGUE, rank
 from kvdoctor.rules.window import Labels, Window
 
 # Label filters a target may carry; anything else in a target string is ignored.
@@ -25,23 +26,9 @@ GPU_TARGET_LABELS = ("pod", "gpu")
 TARGET_LABELS = ("pod", "engine", "model_name", "dp_rank", "gpu")
 
 
-# Display order of verdicts, the worst first. Names are the rules' VERDICTS.
-VERDICT_SEVERITY: dict[str, int] = {
-    "kv_thrashing": 7,
-    "kv_capacity_pressure": 6,
-    "kv_tier_miss": 5,
-    "request_queueing": 5,
-    "memory_bandwidth_bound": 4,
-    "compute_bound": 3,
-    "host_overhead_bound": 3,
-    "healthy": 1,
-    "idle": 0,
-}
-UNKNOWN_SEVERITY = 2
-
-
 def severity(verdict: str | None) -> int:
-    return VERDICT_SEVERITY.get(verdict or "", UNKNOWN_SEVERITY)
+    """Higher is worse: the catalogue's rank turned around (rules/verdicts.py holds the one order)."""
+    return len(CATALOGUE) - rank(verdict)
 
 
 # --------------------------------------------------------------------------------------- targets

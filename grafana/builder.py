@@ -24,10 +24,11 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.rules import signals as S
-from kvdoctor.rules.diagnosis import VERDICTS
-from kvdoctor.rules.promql import ALERTS, RUNBOOK_BASE_URL, duration, rule_thresholds
+from kvdoctor.rules import verdicts as catalogue
+from kvdoctor.rules.promql import RUNBOOK_BASE_URL, duration, rule_thresholds
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import RATIO
+from kvdoctor.rules.verdicts import VERDICTS
 
 from . import queries as q
 from .queries import Query
@@ -41,18 +42,12 @@ DATASOURCE_VARIABLE = "datasource"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")
 REF_IDS = "ABCDEFGH"
 
-# Verdict colours: healthy green, idle grey, a verdict with an alert in its alert's severity colour.
-SEVERITY_COLOURS = {"critical": "red", "warning": "orange", "info": "blue"}
-VERDICT_COLOURS = {"healthy": "green", "idle": "text"}
 THRESHOLD_COLOUR = "red"
 
 
 def verdict_colour(verdict: str) -> str:
-    """A verdict's colour on the verdict panels (its alert's severity; warning where it has none)."""
-    if verdict in VERDICT_COLOURS:
-        return VERDICT_COLOURS[verdict]
-    severity = next((a.severity for a in ALERTS if a.verdict == verdict), "warning")
-    return SEVERITY_COLOURS.get(severity, "orange")
+    """A verdict's colour on the verdict panels: the catalogue's (rules/verdicts.py)."""
+    return catalogue.verdict(verdict).colour
 
 
 def _value_map(entries: dict[str, tuple[str, str]]) -> dm.ValueMap:
@@ -177,7 +172,7 @@ def series_panel(
 
 
 def verdict_now_panel() -> table.Panel:
-    verdicts = _value_map({v: (v, verdict_colour(v)) for v in VERDICTS})
+    verdicts = _value_map({v: (catalogue.title(v), verdict_colour(v)) for v in VERDICTS})
     return (
         table.Panel()
         .show_header(True)
@@ -205,7 +200,7 @@ def verdict_now_panel() -> table.Panel:
 
 
 def verdict_history_panel() -> statetimeline.Panel:
-    codes = _value_map({str(q.verdict_code(v)): (v, verdict_colour(v)) for v in VERDICTS})
+    codes = _value_map({str(catalogue.verdict_code(v)): (catalogue.title(v), verdict_colour(v)) for v in VERDICTS})
     return (
         statetimeline.Panel()
         .title("Verdict over time")
@@ -230,7 +225,8 @@ def browsable(url: str) -> bool:
 
 
 def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel:
-    severities = _value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})
+    alert_severities = (catalogue.CRITICAL, catalogue.WARNING, catalogue.INFO)
+    severities = _value_map({s: (s, catalogue.SEVERITY_COLOURS[s]) for s in alert_severities})
     columns = ["alertname", "severity", "namespace", "pod", "model_name", "source"]
     where = f"{runbook_base_url}<alert>.md"
     panel = (

@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass
 
 from kvdoctor.rules import signals as S
-from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.promql import ALERTS, record_name
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
+from kvdoctor.rules.verdicts import VERDICTS, verdict_code
 
 NAMESPACE = "namespace"
 POD = "pod"
@@ -66,11 +66,6 @@ def per_pod(feature: str, legend: str, thresholds: Thresholds, threshold: float 
 
 
 # ---------------------------------------------------------------------------------- verdicts
-
-
-def verdict_code(verdict: str) -> int:
-    """The number a verdict is drawn as on the verdict timeline: its place in the tree, from 1."""
-    return VERDICTS.index(verdict) + 1
 
 
 def verdict_now() -> Query:

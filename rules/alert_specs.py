@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .verdicts import ALERT_OF
+
 # The runbooks shipped in this repository, relative to its root (docs/runbooks/<Alert>.md): the one
 # address that is real wherever the repository is cloned, mirrored or vendored. Give
 # `kvdoctor rules export --runbook-base-url` (helm: monitoring.prometheusRule.runbookBaseUrl)
@@ -41,7 +43,7 @@ _SLO = "its SLO (the pod's kvdoctor_inter_token_latency_slo_seconds; {slo} where
 
 ALERTS: tuple[AlertSpec, ...] = (
     AlertSpec(
-        "KVCacheThrashing",
+        ALERT_OF["kv_thrashing"],
         "kv_thrashing",
         "critical",
         "5m",
@@ -52,7 +54,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "requests recompute their whole prefix and queue again.",
     ),
     AlertSpec(
-        "KVCacheTierMiss",
+        ALERT_OF["kv_tier_miss"],
         "kv_tier_miss",
         "warning",
         "10m",
@@ -63,7 +65,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "is served from a slow tier and the transfer is not hidden behind compute.",
     ),
     AlertSpec(
-        "KVCacheCapacityPressure",
+        ALERT_OF["kv_capacity_pressure"],
         "kv_capacity_pressure",
         "warning",
         "10m",
@@ -73,7 +75,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "is over {ttft}): admission is limited by KV capacity (no preemption yet; thrashing is next).",
     ),
     AlertSpec(
-        "RequestsQueueing",
+        ALERT_OF["request_queueing"],
         "request_queueing",
         "warning",
         "10m",
@@ -84,7 +86,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "SGLang --max-running-requests) or the load is the limit.",
     ),
     AlertSpec(
-        "DecodeMemoryBandwidthBound",
+        ALERT_OF["memory_bandwidth_bound"],
         "memory_bandwidth_bound",
         "warning",
         "10m",
@@ -95,7 +97,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "whole KV of the batch, so latency grows with context. A prefix-cache hit does not help here.",
     ),
     AlertSpec(
-        "DecodeComputeBound",
+        ALERT_OF["compute_bound"],
         "compute_bound",
         "warning",
         "10m",
@@ -105,7 +107,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "bandwidth below them: prefill-heavy traffic or a very large batch.",
     ),
     AlertSpec(
-        "DecodeHostOverheadBound",
+        ALERT_OF["host_overhead_bound"],
         "host_overhead_bound",
         "warning",
         "10m",

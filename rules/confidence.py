@@ -26,23 +26,9 @@ from .conditions import Cmp, CmpFeatures, Present, could_hold, must_hold, right_
 from .knee import JUMP, RISES_WITH_KV
 from .tree import Branch
 
-# How sure each branch is when it fires cleanly.
-BASE = {
-    "idle": 0.95,
-    "thrashing_preemptions": 0.9,
-    "thrashing_swapping": 0.85,
-    "thrashing_reload": 0.8,
-    "tier_miss": 0.8,
-    "capacity_pressure": 0.8,
-    "request_queueing": 0.8,
-    "healthy": 0.85,
-    "bandwidth_high": 0.85,
-    "sm_high": 0.8,
-    "gpu_idle": 0.75,
-    "prefill_heavy_no_gpu": 0.45,
-    "decode_default": 0.55,
-    "unmeasured": 0.3,
-}
+# How sure each branch is when it fires cleanly: its verdict's (rules/verdicts.py) unless the branch
+# says otherwise (a fallback, a thinner measurement of the same verdict).
+BASE = {b.id: b.base for b in tree.BRANCHES}
 COMPETITOR_PENALTY = 0.05  # below a competitor's own confidence (at least the two penalties below together)
 UNCERTAIN_PENALTY = 0.025  # the branch rests on an absence; a value near its threshold decides it
 MEAN_PENALTY = 0.15  # the latency measure is a mean time per token, not a p95
@@ -70,6 +56,8 @@ def dynamic_base(branch: Branch, values: Mapping[str, float], knee_kind: str | N
             c = min(c, GPU_BLIND_CAP)  # idle on one counter: the one not read could be busy
     if branch.id == "thrashing_preemptions" and knee_kind == JUMP:
         c += 0.05
+    if branch.id == "unmeasured" and _missing(values, "requests_waiting"):
+        c -= 0.05  # nor can it tell whether requests wait (a queue gauge may show a queue: less sure still)
     if branch.id == "idle" and _missing(values, "generation_tokens_per_second"):
         c = 0.6  # judged without a token counter
     if _missing(values, "itl_p95_seconds") and branch.id in _LATENCY_JUDGED:
@@ -80,7 +68,7 @@ def dynamic_base(branch: Branch, values: Mapping[str, float], knee_kind: str | N
 
 
 # Branches whose verdict rests on the latency measure (a mean costs confidence there).
-_LATENCY_JUDGED = frozenset(b.id for b in tree.BRANCHES if b.step in (3, 4) and b.id != "unmeasured")
+_LATENCY_JUDGED = frozenset(b.id for b in tree.BRANCHES if b.step in (3, 4) and b.id != "unmeasured")  # ITL decided
 
 
 # Per feature, the thresholds the tree compares it with and the comparisons with another feature.

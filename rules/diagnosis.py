@@ -22,8 +22,11 @@ import numpy as np
 
 from . import features, render, stats, tree
 from .actions import Action, LedgerFacts, plan_actions
+from .conditions import evaluate
 from .confidence import confidence as assess_confidence
+from .confidence import dynamic_base
 from .context import Context, context_to_json, published_context, resolve
+from .headlines import HeadlineFacts
 from .knee import Knee, detect_knee
 from .ledger import GpuSpec, lookup_gpu
 from .render import Evidence, json_number
@@ -44,12 +47,14 @@ from .signals import (
     SIGNALS,
 )
 from .thresholds import DEFAULT_THRESHOLDS, Thresholds
-from .tree import SLOW_VERDICTS as SLOW_VERDICTS
-from .tree import VERDICTS as VERDICTS
+from .units import plural
+from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
+from .verdicts import rank as verdict_rank
+from .verdicts import verdict as catalogue_entry
 from .view import Selector, WindowView
 from .window import Window
 
-__all__ = ["SLOW_VERDICTS", "VERDICTS", "Context", "Diagnosis", "diagnose"]
+__all__ = ["MIN_WINDOW_SAMPLES", "SLOW_VERDICTS", "VERDICTS", "Context", "Contributor", "Diagnosis", "diagnose"]
 
 # The WindowView's batches: the tree's, plus the series read here beyond its features.
 _BATCHES = (
@@ -58,6 +63,33 @@ _BATCHES = (
     (INTER_TOKEN_LATENCY + "_sum", INTER_TOKEN_LATENCY + "_count"),  # the knee's
 )
 _FEW_SAMPLES = 10
+# The fewest snapshots a window needs to be judged: a rate or a growth needs two samples in the
+# state sub-window, and one more keeps a single late scrape from deciding. Fewer: verdict unknown.
+MIN_WINDOW_SAMPLES = 3
+QUEUEING = "request_queueing"
+
+
+@dataclass(frozen=True)
+class Contributor:
+    """A cause present beside the verdict (the differential): its own branch held, or it is the queue
+    a slow decode builds (``consequence``)."""
+
+    verdict: str
+    confidence: float
+    summary: str
+    evidence: list[Evidence]
+    consequence: bool = False
+    branch: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "confidence": round(self.confidence, 3),
+            "consequence": self.consequence,
+            "summary": self.summary,
+            "branch": self.branch,
+            "evidence": [e.to_json() for e in self.evidence],
+        }
 
 
 @dataclass(frozen=True)
@@ -77,6 +109,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)  # what a fast engine's operator should still know
     unresolved: list[str] = field(default_factory=list)  # verdicts missing signals could not rule out
     context: Context = field(default_factory=Context)
+    differential: list[Contributor] = field(default_factory=list)  # other causes present, ranked
 
     @property
     def slow(self) -> bool:
@@ -98,6 +131,7 @@ class Diagnosis:
             "window": {"seconds": self.window_seconds, "samples": self.samples},
             "ledger": {k: json_number(v) for k, v in self.ledger.items()},
             "context": context_to_json(self.context),
+            "differential": [c.to_json() for c in self.differential],
         }
 
 
@@ -105,10 +139,13 @@ class Diagnosis:
 
 
 def diagnose(window: Window, context: Context | None = None, thresholds: Thresholds | None = None) -> Diagnosis:
-    """The verdict for ``window`` with its evidence, actions, knee and what was missing."""
+    """The verdict for ``window`` with its evidence, actions, knee, differential and what was missing;
+    ``unknown`` for a window of fewer than ``MIN_WINDOW_SAMPLES`` snapshots."""
     t = thresholds or DEFAULT_THRESHOLDS
     view = WindowView(window, recent_seconds=t.state_window_seconds, batches=_BATCHES)
     ctx = resolve(context, _published(view))
+    if len(view) < MIN_WINDOW_SAMPLES:
+        return _unknown(window, view, ctx, t)
     slo = ctx.slo
     values = features.compute_features(view, t)
     params = tree.parameters(t, slo)
@@ -123,7 +160,8 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
     if hit_ratio is not None:
         evidence.append(render.hit_ratio_evidence(hit_ratio, t))
     notes = render.notes(values, slo, t) if branch.verdict == "healthy" else []  # a slow verdict says it all
-    headline = render.headline(branch, values, slo, t, knee, hit_ratio, facts, view)
+    span = float(view.end - view.start) if len(view) else None
+    headline = render.headline(branch, HeadlineFacts(values, slo, t, knee, facts, span), hit_ratio)
     if notes:
         headline += ". Note: " + "; ".join(notes)
     return Diagnosis(
@@ -141,6 +179,67 @@ def diagnose(window: Window, context: Context | None = None, thresholds: Thresho
         ledger=_ledger_numbers(facts, values),
         notes=notes,
         unresolved=unresolved,
+        context=ctx,
+        differential=differential(branch, values, params, confidence, knee.kind),
+    )
+
+
+def differential(
+    chosen: tree.Branch,
+    values: dict[str, float],
+    params: dict[str, float],
+    confidence: float,
+    knee_kind: str | None = None,
+) -> list[Contributor]:
+    """Every other cause whose own condition holds on ``values`` (fallbacks excepted), each as sure as
+    its branch would be but never surer than the verdict, then the queue a slow decode builds; worst
+    first within equal confidence."""
+    out: dict[str, Contributor] = {}
+    if chosen.verdict not in SLOW_VERDICTS:
+        return []
+    for branch in tree.DIFFERENTIAL_BRANCHES:
+        if branch.verdict in (chosen.verdict, *out):
+            continue
+        if evaluate(branch.condition, values, params):
+            sure = min(dynamic_base(branch, values, knee_kind), confidence)
+            rows = [e for e in render.evidence(branch, values, params) if not e.context]
+            out[branch.verdict] = Contributor(branch.verdict, sure, branch.summary, rows, branch=branch.id)
+    ranked = sorted(out.values(), key=lambda c: (-c.confidence, verdict_rank(c.verdict)))
+    if chosen.verdict != QUEUEING and evaluate(tree.QUEUE_CONSEQUENCE, values, params):
+        waiting = values["requests_waiting"]
+        ranked.append(
+            Contributor(
+                QUEUEING,
+                confidence,
+                f"{plural(waiting, 'request')} waiting: a consequence of the slowness, not its cause",
+                [
+                    render.context_row("requests_waiting", values, params),
+                    render.context_row("ttft_p95_seconds", values, params),
+                ],
+                consequence=True,
+                branch="queue_consequence",
+            )
+        )
+    return ranked
+
+
+def _unknown(window: Window, view: WindowView, ctx: Context, t: Thresholds) -> Diagnosis:
+    """The answer for a window too short to judge: says how short, claims nothing."""
+    got = plural(len(view), "snapshot")
+    reason = f"{got} in the window; the tree needs at least {MIN_WINDOW_SAMPLES} (a rate needs two in its range)"
+    span = float(view.end - view.start) if len(view) else None
+    facts = HeadlineFacts({}, ctx.slo, t, Knee(note="too few samples"), LedgerFacts(), span, reason)
+    return Diagnosis(
+        verdict=UNKNOWN,
+        confidence=0.0,
+        headline=catalogue_entry(UNKNOWN).headline(UNKNOWN, facts),
+        evidence=[],
+        actions=[],
+        knee=Knee(note="too few samples"),
+        missing=_missing_signals(view),
+        branch=UNKNOWN,
+        window_seconds=float(window.end - window.start) if len(window) else 0.0,
+        samples=len(window),
         context=ctx,
     )
 

@@ -102,17 +102,13 @@ def gpu_precise_promql(signal: str) -> Renderer:
 
 
 def _hits_inputs(c: PromContext) -> tuple[str, str]:
-    """The prefix-hit counters' increases over the window, each read once: by tier (per engine and
-    tier) and the engine's own (per engine)."""
-    k = c.engine_keys
+    """The prefix-hit counters' increases over the state sub-window, each read once: by tier (per
+    engine and tier) and the engine's own (per engine)."""
+    k, rng = c.engine_keys, recent_range(c)
     by_tier = c.input(
-        "prefix_cache_hits_by_tier_increase",
-        c.window,
-        f"sum by ({k}, tier) (increase({PREFIX_CACHE_HITS_BY_TIER}[{c.window}]))",
+        "prefix_cache_hits_by_tier_increase", rng, f"sum by ({k}, tier) (increase({PREFIX_CACHE_HITS_BY_TIER}[{rng}]))"
     )
-    engine = c.input(
-        "prefix_cache_hits_increase", c.window, f"sum by ({k}) (increase({PREFIX_CACHE_HITS}[{c.window}]))"
-    )
+    engine = c.input("prefix_cache_hits_increase", rng, f"sum by ({k}) (increase({PREFIX_CACHE_HITS}[{rng}]))")
     return by_tier, engine
 
 

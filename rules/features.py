@@ -100,24 +100,24 @@ _DRAM_PRECISE = Selector(GPU_DRAM_BANDWIDTH_UTILIZATION, _PRECISE)
 _SM_PRECISE = Selector(GPU_SM_ACTIVE, _PRECISE)
 
 
-def total_hit_tokens(v: WindowView) -> float:
+def total_hit_tokens(v: WindowView, part: Part = "all") -> float:
     """Prefix-cache hit tokens over the window, every tier counted once: the by-tier counters where
     they include the GPU's own tier (they then add up to every hit), else the engine's hit counter
     (its GPU cache) plus the tiers' (LMCache, KVBM); whichever exists alone; NaN if neither."""
-    by_tier = v.sum_increase(_TIER_ALL)
-    engine = v.sum_increase(Selector(PREFIX_CACHE_HITS))
+    by_tier = v.sum_increase(_TIER_ALL, part)
+    engine = v.sum_increase(Selector(PREFIX_CACHE_HITS), part)
     if not math.isnan(by_tier):
-        if not math.isnan(v.sum_increase(_TIER_DEVICE)) or math.isnan(engine):
+        if not math.isnan(v.sum_increase(_TIER_DEVICE, part)) or math.isnan(engine):
             return by_tier
         return engine + by_tier
     return engine
 
 
 def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
-    total = total_hit_tokens(v)
+    total = total_hit_tokens(v, "recent")
     if math.isnan(total):
         return math.nan
-    slow = v.sum_increase(_TIER_SLOW)
+    slow = v.sum_increase(_TIER_SLOW, "recent")
     slow = 0.0 if math.isnan(slow) else slow
     with np.errstate(invalid="ignore", divide="ignore"):
         return float(np.float64(slow) / np.float64(total))
@@ -164,12 +164,23 @@ def _engine_high(signal: str) -> tuple[PythonFeature, Callable[[PromContext, Thr
     )
 
 
-def _engine_rate(sel: Selector, scale: int = 1) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
-    """The per-second rate of counter ``sel`` over the window (times ``scale``), summed over the engine's ranks."""
+def _engine_rate(
+    sel: Selector, scale: int = 1, part: Part = "all"
+) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
+    """The per-second rate of counter ``sel`` over ``part`` of the window (times ``scale``), summed
+    over the engine's ranks."""
     times = f" * {scale}" if scale != 1 else ""
     return (
-        lambda v, t: v.sum_rate(sel) * scale,
-        lambda c, t: f"sum by ({c.engine_keys}) (rate({sel.promql()}[{c.window}])){times}",
+        lambda v, t: v.sum_rate(sel, part) * scale,
+        lambda c, t: f"sum by ({c.engine_keys}) (rate({sel.promql()}[{c.range_of(part)}])){times}",
+    )
+
+
+def _engine_growth(sel: Selector) -> tuple[PythonFeature, Callable[[PromContext, Thresholds], str]]:
+    """How fast gauge ``sel`` grows over the state sub-window, per minute, summed over the engine's ranks."""
+    return (
+        lambda v, t: v.sum_deriv(sel, "recent") * 60,
+        lambda c, t: f"sum by ({c.engine_keys}) (deriv({sel.promql()}[{_recent(c)}])) * 60",
     )
 
 
@@ -229,6 +240,15 @@ FEATURES: dict[str, Feature] = {
             part="recent",
         ),
         Feature(
+            "queue_growth_per_minute",
+            ENGINE,
+            PER_MINUTE,
+            (REQUESTS_WAITING,),
+            f"growth of the queue (requests waiting), per minute, the slope of a least-squares line {_STATE}",
+            *_engine_growth(Selector(REQUESTS_WAITING)),
+            part="recent",
+        ),
+        Feature(
             "requests_swapped",
             ENGINE,
             REQUESTS,
@@ -242,8 +262,9 @@ FEATURES: dict[str, Feature] = {
             ENGINE,
             PER_MINUTE,
             (PREEMPTIONS,),
-            "preemptions (or retractions) per minute over the window (counter history and resets handled)",
-            *_engine_rate(Selector(PREEMPTIONS), 60),
+            f"preemptions (or retractions) per minute {_STATE} (counter history and resets handled)",
+            *_engine_rate(Selector(PREEMPTIONS), 60, "recent"),
+            part="recent",
         ),
         Feature(
             "kv_usage",
@@ -268,17 +289,20 @@ FEATURES: dict[str, Feature] = {
             ENGINE,
             BYTES_PER_SECOND,
             (KV_TRANSFER_BYTES,),
-            "KV bytes per second moved into the GPU from another tier",
-            *_engine_rate(_TO_GPU),
+            f"KV bytes per second moved into the GPU from another tier {_STATE}",
+            *_engine_rate(_TO_GPU, 1, "recent"),
+            part="recent",
         ),
         Feature(
             "slow_tier_hit_fraction",
             ENGINE,
             RATIO,
             (PREFIX_CACHE_HITS_BY_TIER, PREFIX_CACHE_HITS),
-            "share of prefix-cache hit tokens (every tier counted once) served from a tier other than the GPU",
+            "share of prefix-cache hit tokens (every tier counted once) served from a tier other than the GPU "
+            + _STATE,
             _slow_tier_fraction,
             slow_tier_fraction_promql,
+            part="recent",
         ),
         Feature(
             "itl_p95_seconds",
@@ -307,18 +331,20 @@ FEATURES: dict[str, Feature] = {
             ENGINE,
             SECONDS,
             (TIME_TO_FIRST_TOKEN,),
-            "time-to-first-token quantile (ttft_quantile) from the histogram's bucket increases over the window",
-            _quantile(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
-            quantile_promql(lambda t: t.ttft_quantile, "all", TIME_TO_FIRST_TOKEN),
+            f"time-to-first-token quantile (ttft_quantile) from the histogram's bucket increases {_STATE}",
+            _quantile(lambda t: t.ttft_quantile, "recent", TIME_TO_FIRST_TOKEN),
+            quantile_promql(lambda t: t.ttft_quantile, "recent", TIME_TO_FIRST_TOKEN),
+            part="recent",
         ),
         Feature(
             "pcie_receive_bytes_per_second",
             GPU,
             BYTES_PER_SECOND,
             (GPU_PCIE_RX,),
-            "PCIe receive bandwidth, median over the window, busiest GPU",
-            _gpu_median_max(Selector(GPU_PCIE_RX)),
-            gpu_median_max_promql(Selector(GPU_PCIE_RX)),
+            f"PCIe receive bandwidth, median {_STATE}, busiest GPU",
+            _gpu_median_max(Selector(GPU_PCIE_RX), "recent"),
+            gpu_median_max_promql(Selector(GPU_PCIE_RX), "recent"),
+            part="recent",
         ),
         Feature(
             "dram_bandwidth_ratio",

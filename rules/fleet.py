@@ -30,11 +30,12 @@ from .promql import record_pattern, record_range_seconds
 from .records import attributes
 from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
 from .thresholds import DEFAULT_SLO_SECONDS
-from .tree import SLOW_VERDICTS, VERDICTS
+from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
+from .verdicts import rank as verdict_rank
 
 POD_KEYS = GPU_KEYS  # ("namespace", "pod"): a fleet row is a pod
-UNKNOWN = "unknown"  # the verdict of a pod whose exporter publishes none (too old, or just started)
-FLEET_VERDICTS = (*VERDICTS, UNKNOWN)  # the order counts are listed in
+# The order counts are listed in; ``unknown`` is also the verdict of a pod whose exporter publishes none.
+FLEET_VERDICTS = VERDICTS
 
 # The recorded features a row shows, and how a pod's several engines combine into one number.
 FLEET_FEATURES: dict[str, str] = {
@@ -225,7 +226,8 @@ def summarize(
         rows.setdefault(key, FleetRow(*key))
     for labels, _ in verdicts:
         key, verdict = _pod_key(labels), labels.get("verdict", "")
-        if key in rows and verdict and _verdict_rank(verdict) < _verdict_rank(rows[key].verdict):
+        known = rows[key].verdict != UNKNOWN if key in rows else False
+        if key in rows and verdict and (not known or verdict_rank(verdict) < verdict_rank(rows[key].verdict)):
             rows[key] = replace(rows[key], verdict=verdict)  # two at once (a restart): the slower one
 
     # (pod, feature) -> range in seconds -> (the record's name, its values: one per engine)
@@ -309,13 +311,6 @@ def _combine(values: list[float], how: str) -> float:
     if not numbers:
         return math.nan
     return max(numbers) if how == "max" else math.fsum(numbers)
-
-
-def _verdict_rank(verdict: str) -> int:
-    """Lower is worse: slow verdicts in the tree's order, then healthy, idle, unknown."""
-    if verdict in SLOW_VERDICTS:
-        return SLOW_VERDICTS.index(verdict)
-    return len(SLOW_VERDICTS) + (("healthy", "idle").index(verdict) if verdict in ("healthy", "idle") else 2)
 
 
 def _pod_key(labels: Mapping[str, str]) -> tuple[str, str]:

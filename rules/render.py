@@ -11,18 +11,28 @@ still know ("KV pool 97% full, no queue: headroom is low").
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .actions import LedgerFacts
 from .conditions import All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, evaluate
 from .features import FEATURES, GPU
-from .knee import Knee
+from .headlines import HeadlineFacts, at_least, crossed, transfer_text
 from .signals import PREFIX_CACHE_HITS
 from .thresholds import Thresholds
-from .tree import CONTEXT_FEATURES, SLO, SLOW_VERDICTS, Branch
-from .units import RATIO, fmt_bytes, fmt_duration, fmt_ms, fmt_pct
-from .view import WindowView
+from .tree import CONTEXT_FEATURES, DECODE_STEP, SLO, SLOW_VERDICTS, Branch
+from .units import (
+    BYTES_PER_SECOND,
+    PER_MINUTE,
+    RATIO,
+    REQUESTS,
+    SECONDS,
+    TOKENS_PER_SECOND,
+    fmt_bytes,
+    fmt_duration,
+    fmt_ms,
+    fmt_pct,
+)
+from .verdicts import verdict as catalogue_entry
 
 GPU_COUNTERS_HINT = "NVML (GPM, Hopper or newer) or dcgm-exporter (--dcgm-url)"
 
@@ -46,22 +56,23 @@ _CONTEXT_CHECKS: dict[str, tuple[str, Param]] = {
 FEATURE_LABELS: dict[str, str] = {
     "generation_tokens_per_second": "output tokens per second",
     "prompt_tokens_per_second": "prompt tokens per second",
-    "requests_running": "requests running",
-    "requests_waiting": "requests waiting",
+    "requests_running": "requests running (median)",
+    "requests_waiting": "requests waiting (median)",
+    "queue_growth_per_minute": "queue growth",
     "requests_swapped": "requests swapped out to host memory",
-    "preemptions_per_minute": "preemptions per minute",
+    "preemptions_per_minute": "preemptions",
     "kv_usage": "KV cache usage",
     "kv_host_usage": "host KV cache usage",
     "kv_to_gpu_bytes_per_second": "KV moved into the GPU",
     "slow_tier_hit_fraction": "prefix hits served from a slower tier",
-    "itl_p95_seconds": "per-token latency (ITL p95)",
+    "itl_p95_seconds": "ITL p95",
     "itl_early_median_seconds": "per-token latency, first third of the window",
     "itl_late_median_seconds": "per-token latency, last third of the window",
     "time_per_token_mean_seconds": "mean time per output token",
-    "ttft_p95_seconds": "time to first token (p95)",
+    "ttft_p95_seconds": "TTFT p95",
     "pcie_receive_bytes_per_second": "PCIe receive bandwidth",
-    "dram_bandwidth_ratio": "GPU DRAM bandwidth",
-    "sm_active_ratio": "GPU SM activity",
+    "dram_bandwidth_ratio": "GPU DRAM bandwidth (busiest GPU, median)",
+    "sm_active_ratio": "GPU SM activity (busiest GPU, median)",
     "gpu_busy_ratio": "GPU busy (DRAM or SM, the larger)",
     "prefix_hit_ratio": "prefix-cache hit ratio",
 }
@@ -88,8 +99,9 @@ class Evidence:
     holds: bool | None  # the comparison's outcome (None: not measured, or not a comparison)
     measured: bool
     unit: str = ""
-    note: str = ""
+    note: str = ""  # how the number is computed (--json only; people read ``text``)
     context: bool = False  # explains the verdict rather than deciding it
+    text: str = ""  # the row in on-call words: "ITL p95 over the last 15 s: 45.9 ms (SLO 15 ms)"
 
     @property
     def label(self) -> str:
@@ -109,6 +121,7 @@ class Evidence:
             "unit": self.unit,
             "note": self.note,
             "context": self.context,
+            "text": self.text,
         }
 
 
@@ -139,6 +152,11 @@ def deciding_atoms(cond: Condition, values: Mapping[str, float], params: Mapping
     raise TypeError(f"not a condition: {cond!r}")
 
 
+# Quantities only some engine generations have (vLLM V0's swap space and host pool): where the
+# engine does not report them, their rows are left out rather than shown as "not measured".
+GENERATION_SPECIFIC = frozenset({"requests_swapped", "kv_host_usage"})
+
+
 def evidence(branch: Branch, values: Mapping[str, float], params: Mapping[str, float]) -> list[Evidence]:
     """The comparisons on the path to ``branch`` (one row per quantity), then its context."""
     rows: dict[str, Evidence] = {}
@@ -147,9 +165,60 @@ def evidence(branch: Branch, values: Mapping[str, float], params: Mapping[str, f
         if item.feature not in rows:
             rows[item.feature] = item
     for name in (*CONTEXT_FEATURES, *branch.context):
-        if name not in rows:
-            rows[name] = _context_evidence(name, values, params)
+        if name not in rows and not (name in GENERATION_SPECIFIC and math.isnan(values.get(name, math.nan))):
+            rows[name] = context_row(name, values, params)
     return list(rows.values())
+
+
+# Each quantity in one unit on every surface (ITL in ms, TTFT in s, ratios in %).
+_SHOWN_IN_SECONDS = frozenset({"ttft_p95_seconds"})
+
+
+def shown(feature: str, value: float) -> str:
+    """``value`` of ``feature`` as people read it, in the one unit that quantity always has."""
+    unit = FEATURES[feature.split(" ")[0]].unit if feature.split(" ")[0] in FEATURES else ""
+    if " / " in feature:
+        return f"{value:.2f}x"
+    if unit == SECONDS:
+        return f"{value:.2f} s" if feature in _SHOWN_IN_SECONDS else fmt_ms(value, trim=True)
+    if unit == RATIO:
+        return fmt_pct(value, 1 if 0 < abs(value) < 0.01 else 0)
+    if unit == BYTES_PER_SECOND:
+        return fmt_bytes(value) + "/s"
+    if unit == PER_MINUTE:
+        return f"{value:.1f}/min"
+    if unit == TOKENS_PER_SECOND:
+        return f"{value:,.1f} tokens/s"
+    if unit == REQUESTS:
+        return f"{value:.0f}"
+    return f"{value:.4g}"
+
+
+_OPS = {">=": "≥", "<": "<", ">": ">", "<=": "≤"}
+
+
+def words(
+    feature: str, value: float, threshold: float | None, op: str, param: Param | None, params: Mapping[str, float]
+) -> str:
+    """One evidence row in on-call words: what, over what span, the value, and what it is compared with."""
+    base = feature.split(" ")[0]
+    f = FEATURES.get(base)
+    label = feature_label(feature)
+    span = ""
+    if f is not None and " " not in feature:
+        seconds = params.get("state_window_seconds" if f.part == "recent" else "window_seconds")
+        span = f" over the last {seconds:g} s" if seconds else ""
+    if math.isnan(value):
+        how = f": needs {GPU_COUNTERS_HINT}" if f is not None and f.scope == GPU else ""
+        return f"{label}: not measured{how}"
+    text = f"{label}{span}: {shown(feature, value)}"
+    if threshold is not None and op in _OPS:
+        against = shown(feature, threshold) if " / " not in feature else f"{threshold:g}x"
+        if " - " in feature:
+            against = shown(base, threshold)
+        name = "SLO" if param is not None and "slo_seconds" in (param.name, param.times) else f"threshold {_OPS[op]}"
+        text += f" ({name} {against})"
+    return text
 
 
 def _missing_note(feature: str) -> str:
@@ -175,6 +244,7 @@ def _atom_evidence(atom: Atom, values: Mapping[str, float], params: Mapping[str,
         measured,
         f.unit,
         f.note + ("" if measured else _missing_note(f.name)),
+        text=words(f.name, v, None, "", None, params),
     )
 
 
@@ -202,6 +272,7 @@ def _compared(
         f.unit,
         ("context: " if context else "") + note,
         context,
+        words(feature, v, threshold.value(params), op, threshold, params),
     )
 
 
@@ -229,10 +300,12 @@ def _features_compared(atom: CmpFeatures, values: Mapping[str, float], params: M
         measured,
         unit,
         note,
+        text=words(name, value, param.value(params), atom.op, param, params),
     )
 
 
-def _context_evidence(feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> Evidence:
+def context_row(feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> Evidence:
+    """A quantity that explains the verdict (compared with its natural threshold, where it has one)."""
     check = _CONTEXT_CHECKS.get(feature)
     if check is not None:
         op, param = check
@@ -241,7 +314,8 @@ def _context_evidence(feature: str, values: Mapping[str, float], params: Mapping
     v = values.get(feature, math.nan)
     measured = not math.isnan(v)
     note = "context: " + f.note + ("" if measured else _missing_note(feature))
-    return Evidence(f.signal, f.name, v if measured else None, None, "", None, measured, f.unit, note, True)
+    text = words(feature, v, None, "", None, params)
+    return Evidence(f.signal, f.name, v if measured else None, None, "", None, measured, f.unit, note, True, text)
 
 
 def hit_ratio_evidence(hit_ratio: float, t: Thresholds) -> Evidence:
@@ -258,6 +332,8 @@ def hit_ratio_evidence(hit_ratio: float, t: Thresholds) -> Evidence:
         "context: prefix-cache hit tokens (every tier) per prompt token over the window; a hit says nothing "
         "about speed",
         True,
+        f"prefix-cache hit ratio over the last {t.window_seconds:g} s: {fmt_pct(hit_ratio)} "
+        "(a hit says where the KV came from, not how fast it is read)",
     )
 
 
@@ -270,12 +346,17 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
     out: list[str] = []
     waiting = v.get("requests_waiting", math.nan)
     no_queue = "no queue" if waiting == 0 else ("queue not reported" if math.isnan(waiting) else "a short queue")
-    if _ge(v, "kv_usage", t.kv_ceiling_ratio):
+    if at_least(v, "requests_waiting", t.queue_waiting_min):
+        out.append(
+            f"{v['requests_waiting']:.0f} requests waiting, but the queue neither grows nor delays the first token: "
+            "not slowness"
+        )
+    if at_least(v, "kv_usage", t.kv_ceiling_ratio):
         out.append(f"KV pool {fmt_pct(v['kv_usage'])} full, {no_queue}: headroom is low")
-    transfers = _transfer_text(v, t).lstrip("; ")
+    transfers = transfer_text(v, t).lstrip("; ")
     if transfers:
         out.append(f"tier traffic ({transfers}) with decode on time: the transfer is hidden")
-    out += _crossed(
+    out += crossed(
         v,
         (
             "dram_bandwidth_ratio",
@@ -297,7 +378,7 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
             f"ITL rising, median {fmt_ms(early, trim=True)} -> {fmt_ms(late, trim=True)}, "
             f"still under the {fmt_ms(slo_seconds, trim=True)} SLO"
         )
-    if _ge(v, "ttft_p95_seconds", t.ttft_slow_seconds):
+    if at_least(v, "ttft_p95_seconds", t.ttft_slow_seconds):
         out.append(
             f"TTFT p{t.ttft_quantile * 100:g} {fmt_duration(v['ttft_p95_seconds'])} over "
             f"{fmt_duration(t.ttft_slow_seconds)} with nothing waiting: long prompts (prefill)"
@@ -305,191 +386,20 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
     return out
 
 
-def _ge(v: Mapping[str, float], name: str, threshold: float) -> bool:
-    value = v.get(name, math.nan)
-    return not math.isnan(value) and value >= threshold
-
-
-def _crossed(v: Mapping[str, float], *notes: tuple[str, float, Callable[[float], str], str]) -> list[str]:
-    """The notes ``(feature, threshold, how its value is shown, text)`` whose feature is at or above
-    its threshold: each text with the value shown in its ``{}``."""
-    return [text.format(shown(v[name])) for name, threshold, shown, text in notes if _ge(v, name, threshold)]
-
-
 # --------------------------------------------------------------------------------- headline
 
 
-def latency_text(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> str:
-    """The latency measure against the SLO: the ITL p95, else the mean time per token, else unknown."""
-    p95, mean = v.get("itl_p95_seconds", math.nan), v.get("time_per_token_mean_seconds", math.nan)
-    slo = fmt_ms(slo_seconds, trim=True)
-    if not math.isnan(p95):
-        return f"ITL p{t.itl_quantile * 100:g} {fmt_ms(p95, trim=True)} (SLO {slo})"
-    if not math.isnan(mean) and math.isfinite(mean):
-        return f"mean time per token {fmt_ms(mean, trim=True)} (SLO {slo}; a mean: no ITL histogram)"
-    return "ITL unknown"
-
-
-def _delay_text(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> str:
-    """How the engine is slow: requests waiting, TTFT over its SLO, the latency over the SLO."""
-    parts = []
-    if _ge(v, "requests_waiting", t.queue_waiting_min):
-        parts.append(f"{v['requests_waiting']:.0f} requests waiting")
-    if _ge(v, "ttft_p95_seconds", t.ttft_slow_seconds):
-        parts.append(f"TTFT p{t.ttft_quantile * 100:g} {fmt_duration(v['ttft_p95_seconds'])}")
-    p95, mean = v.get("itl_p95_seconds", math.nan), v.get("time_per_token_mean_seconds", math.nan)
-    if p95 >= slo_seconds or (math.isnan(p95) and mean >= slo_seconds):
-        parts.append(latency_text(v, slo_seconds, t))
-    return ", ".join(parts)
-
-
-def headline(
-    branch: Branch,
-    v: Mapping[str, float],
-    slo_seconds: float,
-    t: Thresholds,
-    knee: Knee,
-    hit_ratio: float | None,
-    facts: LedgerFacts,
-    view: WindowView,
-) -> str:
-    """The verdict of ``branch`` in one line, with the numbers that show it."""
-    span = f"{view.end - view.start:.0f} s" if len(view) else "the window"
-    kv = v.get("kv_usage", math.nan)
-    itl = latency_text(v, slo_seconds, t)
-    slow = _delay_text(v, slo_seconds, t)
-    bw, sm = v.get("dram_bandwidth_ratio", math.nan), v.get("sm_active_ratio", math.nan)
-    knee_text = f"; {knee.note}" if knee.kind else ""
-    gpu_missing = math.isnan(v.get("gpu_busy_ratio", math.nan))
-    kv_text = f"KV usage {fmt_pct(kv)}" if not math.isnan(kv) else "KV usage not reported"
-    b = branch.id
-    if b == "idle":
-        if all(math.isnan(v.get(n, math.nan)) for n in ("generation_tokens_per_second", "requests_running")):
-            text = f"Idle as far as can be told: no token counter or running-requests gauge in the last {span}"
-        else:
-            text = f"Idle: no tokens generated and no request running or waiting in the last {span}"
-        if not math.isnan(kv) and kv >= 0.05:
-            text += f" (KV usage {fmt_pct(kv)} is left over from earlier traffic)"
-    elif b == "healthy":
-        p95, mean = v.get("itl_p95_seconds", math.nan), v.get("time_per_token_mean_seconds", math.nan)
-        slo = fmt_ms(slo_seconds, trim=True)
-        if not math.isnan(p95):
-            text = f"Healthy: ITL p{t.itl_quantile * 100:g} {fmt_ms(p95, trim=True)} under the {slo} SLO"
-        else:
-            text = (
-                f"Healthy: mean time per token {fmt_ms(mean, trim=True)} under the {slo} SLO (a mean: no ITL histogram)"
-            )
-        text += ", nothing waiting" if v.get("requests_waiting", math.nan) == 0 else ""
-        if hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
-            text += f"; prefix cache hit ratio {fmt_pct(hit_ratio)} and fast"
-    elif b == "unmeasured":
-        unchecked = ["no ITL histogram or time-per-token counter"]
-        if math.isnan(kv):
-            unchecked.append("no KV usage signal")
-        if math.isnan(v.get("requests_waiting", math.nan)):
-            unchecked.append("no queue gauge")
-        text = (
-            "No sign of slowness, but speed is not measured: "
-            + ", ".join(unchecked)
-            + ": cannot tell whether decode is on time"
-        )
-    elif b in ("thrashing_preemptions", "thrashing_swapping", "thrashing_reload"):
-        if b == "thrashing_preemptions":
-            cause = f"{v['preemptions_per_minute']:.1f} preemptions/min"
-            effect = "preempted requests recompute their whole prefix and queue again"
-        elif b == "thrashing_swapping":
-            host = v.get("kv_host_usage", math.nan)
-            cause = f"{v['requests_swapped']:.0f} requests swapped out to host memory" + (
-                f" (host KV pool {fmt_pct(host)})" if not math.isnan(host) else ""
-            )
-            effect = "swapped requests stall until their KV is swapped back"
-        else:
-            cause = "KV moved into a full pool" + _transfer_text(v, t)
-            effect = "blocks are evicted and reloaded"
-        text = f"KV cache thrashing: {cause} with {kv_text}, and {slow}: {effect}{knee_text}"
-    elif b == "tier_miss":
-        text = (
-            "KV tier miss: prefix hits are served from a slow tier ("
-            + _transfer_text(v, t).lstrip("; ")
-            + (f"; GPU pool at {fmt_pct(kv)}" if not math.isnan(kv) else "")
-            + f") and {slow}: the transfer is not hidden behind compute"
-        )
-    elif b == "capacity_pressure":
-        text = f"KV capacity pressure: {kv_text} with {slow}, no preemption yet: admission is limited by the KV pool"
-    elif b == "request_queueing":
-        running = v.get("requests_running", math.nan)
-        run_text = f" while {running:.0f} run" if not math.isnan(running) else ""
-        room = f"the KV pool has room ({kv_text})" if not math.isnan(kv) else "KV usage is not reported"
-        text = (
-            f"Requests queue: {slow}{run_text} and {room}: the engine's sequence limit (vLLM --max-num-seqs, "
-            "llama.cpp --parallel, SGLang --max-running-requests) or the load is the limit"
-        )
-    elif b == "bandwidth_high":
-        text = (
-            f"Decode is HBM-bandwidth bound: DRAM bandwidth {fmt_pct(bw)} busy"
-            + (f", SM {fmt_pct(sm)}" if not math.isnan(sm) else "")
-            + f"; {itl}"
-            + _ledger_text(facts)
-            + knee_text
-        )
-    elif b == "sm_high":
-        text = (
-            f"Decode is compute bound: SM {fmt_pct(sm)} active"
-            + (f" vs DRAM bandwidth {fmt_pct(bw)}" if not math.isnan(bw) else "")
-            + f"; {itl}"
-        )
-    elif b == "gpu_idle":
-        text = (
-            f"Decode is host-overhead bound: the GPU is mostly idle (busiest counter {fmt_pct(v['gpu_busy_ratio'])}) "
-            f"with {itl}: the time goes to the scheduler, CPU or Python"
-        )
-    elif b == "prefill_heavy_no_gpu":
-        ratio = v["prompt_tokens_per_second"] / v["generation_tokens_per_second"]
-        text = (
-            f"Decode is slow: {itl}, under prefill-heavy traffic ({ratio:.0f} prompt tokens per generated "
-            "token): most likely compute bound"
-        )
-    else:  # decode_default
-        if gpu_missing:
-            text = f"Decode is slow: {itl}: most likely HBM-bandwidth bound" + knee_text
-        else:
-            busy = ", ".join(
-                p
-                for p in (
-                    f"DRAM {fmt_pct(bw)}" if not math.isnan(bw) else "",
-                    f"SM {fmt_pct(sm)}" if not math.isnan(sm) else "",
-                )
-                if p
-            )
-            gpu = (
-                f"with the GPU moderately busy ({busy})"
-                if busy
-                else f"with only NVML duty cycles (busiest {fmt_pct(v['gpu_busy_ratio'])}), which cannot tell "
-                "bandwidth from compute"
-            )
-            text = f"Decode is slow: {itl}, {gpu}: most likely HBM-bandwidth bound" + _ledger_text(facts) + knee_text
+def headline(branch: Branch, facts: HeadlineFacts, hit_ratio: float | None) -> str:
+    """The verdict of ``branch`` in one line (its catalogue builder), with what every slow headline
+    shares: the queue a slow decode builds, a prefix-cache hit that does not help, missing GPU counters."""
+    v, t = facts.values, facts.thresholds
+    text = catalogue_entry(branch.verdict).headline(branch.id, facts)
+    if branch.step == DECODE_STEP and at_least(v, "requests_waiting", t.queue_waiting_min):
+        text += f"; {v['requests_waiting']:.0f} requests waiting: a consequence of slow decode"
+    if branch.verdict == "healthy" and hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
+        text += f"; prefix cache hit ratio {fmt_pct(hit_ratio)} and fast"
     if branch.verdict in SLOW_VERDICTS and hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
         text = f"Cache hit but slow (prefix hit ratio {fmt_pct(hit_ratio)} does not help here). {text}"
-    if branch.gpu_side and gpu_missing:
+    if branch.gpu_side and facts.gpu_missing:
         text += f" [GPU counters missing: verdict from engine signals only; get them from {GPU_COUNTERS_HINT}]"
     return text
-
-
-def _transfer_text(v: Mapping[str, float], t: Thresholds) -> str:
-    """The transfer signals that crossed their thresholds."""
-    parts = _crossed(
-        v,
-        ("kv_to_gpu_bytes_per_second", t.kv_to_gpu_bytes_per_second_min, fmt_bytes, "{}/s of KV into the GPU"),
-        ("pcie_receive_bytes_per_second", t.pcie_receive_bytes_per_second_min, fmt_bytes, "PCIe receive {}/s"),
-        ("slow_tier_hit_fraction", t.slow_tier_hit_fraction_min, fmt_pct, "{} of hit tokens from off-GPU tiers"),
-    )
-    return "".join("; " + p for p in parts)
-
-
-def _ledger_text(facts: LedgerFacts) -> str:
-    per_token = facts.kv_bytes()
-    floor = facts.floor(per_token)
-    if facts.model is None or per_token is None or floor is None or facts.live_tokens is None:
-        return ""
-    read = facts.model.weight_bytes + per_token * facts.live_tokens
-    return f"; each step re-reads {fmt_bytes(read)} (floor {fmt_ms(floor, trim=True)})"

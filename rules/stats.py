@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "bucket_quantile",
     "counter_deltas",
+    "deriv",
     "forward_fill",
     "histogram_quantile",
     "increase",
@@ -172,6 +173,25 @@ def increase_complete(
 def rate(ts: np.ndarray, values: np.ndarray, range_start: float, range_end: float) -> np.ndarray:
     """Prometheus ``rate(x[range])`` per row: ``increase`` divided by the range in seconds."""
     return increase(ts, values, range_start, range_end, is_rate=True)
+
+
+def deriv(ts: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Prometheus ``deriv(x[range])`` per row: the slope (per second) of the least-squares line
+    through the row's samples; NaN for a row with fewer than two."""
+    v = _rows(values)
+    out = np.full(v.shape[0], np.nan)
+    t = np.asarray(ts, dtype=float)
+    for i, row in enumerate(v):
+        present = ~np.isnan(row)
+        if present.sum() < 2:
+            continue
+        x = t[present] - t[present][0]  # Prometheus regresses on times relative to one sample too
+        y = row[present]
+        dx = x - x.mean()
+        denominator = float(np.dot(dx, dx))
+        if denominator > 0:
+            out[i] = float(np.dot(dx, y - y.mean())) / denominator
+    return out
 
 
 def quantile_over_time(q: float, values: np.ndarray) -> np.ndarray:

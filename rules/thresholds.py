@@ -60,11 +60,12 @@ class Thresholds:
     state_window_seconds: float = _knob(
         15.0,
         "Length in seconds of the recent sub-window (the end of the window) over which the tree reads "
-        "the state of things now: KV usage, requests running and waiting, DRAM bandwidth, SM activity "
-        "and the ITL quantile compared with the SLO. Shorter than the window so a verdict follows a "
-        "change within seconds (a median flips once half the sub-window has changed); rates of "
-        "counters, the ITL trend and the knee keep the whole window. Capped at window_seconds; widened "
-        "to 4 sampling intervals where samples are sparser.",
+        "the state of things now: KV usage, requests running and waiting, DRAM bandwidth, SM activity, "
+        "the ITL and TTFT quantiles, and the rates that pick the cause (tokens, preemptions, KV moved, "
+        "PCIe). Shorter than the window so a verdict follows a change of cause within one sub-window "
+        "and a scrape, and a counter flat for this long is never quoted as current; the ITL trend and "
+        "the knee keep the whole window. Capped at window_seconds; widened to 4 sampling intervals "
+        "where samples are sparser.",
         lo=1.0,
         lo_open=False,
     )
@@ -94,8 +95,16 @@ class Thresholds:
     )
     queue_waiting_min: float = _knob(
         1.0,
-        "Median requests waiting over the state sub-window at or above which requests wait: a slow "
-        "engine by itself (kv_capacity_pressure with a full pool, request_queueing while the pool has room).",
+        "Median requests waiting over the state sub-window at or above which requests wait. A queue is "
+        "slowness only where it delays: TTFT over ttft_slow_seconds, a queue that grows (queue_growth_per_minute), "
+        "or no TTFT histogram to tell; beside slow decode it is the consequence, not the cause.",
+        lo_open=True,
+    )
+    queue_growth_per_minute: float = _knob(
+        10.0,
+        "Growth of the queue (requests waiting, the slope of a least-squares line over the state "
+        "sub-window, per minute) at or above which a queue counts as growing: requests arrive faster "
+        "than the engine admits them, so each waits longer than the last.",
         lo_open=True,
     )
     ttft_slow_seconds: float = _knob(

@@ -14,21 +14,37 @@ feature is false (PromQL drops the sample); ``Not`` of a condition holds where i
 hold. So a claim needs a measurement: ``healthy`` needs a latency measured under the SLO, and a
 slow verdict needs the engine measured slow (ITL over the SLO, or requests that wait).
 
-The tree (DESIGN.md "The decision tree"), first match wins:
+The tree (docs/DESIGN.md "The decision tree"), first match wins. Its order answers the seed's
+question first -- is decode slow because it cannot compute or cannot move data? -- and only then
+asks whether requests wait for another reason:
 
  1. idle                    no tokens generated, no request running or waiting
  2. kv_thrashing            preemptions (or swapped-out requests) while the engine is slow
  3. kv_thrashing            KV moved into a GPU pool that sits at the ceiling, while slow
  4. kv_tier_miss            significant KV moved into the GPU while ITL or TTFT is over its SLO
- 5. kv_capacity_pressure    KV pool at the ceiling and requests delayed (waiting, or TTFT over its SLO)
- 6. request_queueing        requests wait while the KV pool has room (or its usage is unknown)
- 7. healthy                 a latency measured under the SLO (ITL p95, else the mean time per token)
- 8. memory_bandwidth_bound  ITL over the SLO; DRAM bandwidth high, SM not clearly above it
- 9. compute_bound           ITL over the SLO; SM activity high
-10. host_overhead_bound     ITL over the SLO; the GPU mostly idle (both bandwidth and SM low)
-11. compute_bound           ITL over the SLO; no GPU counters, prefill-heavy traffic
-12. memory_bandwidth_bound  ITL over the SLO otherwise (the decode prior; lower confidence)
+ 5. kv_capacity_pressure    KV pool at the ceiling and requests delayed (they wait, or TTFT is slow)
+    (2-5: where the KV lives and whether it fits. First, because these hurt TTFT and every token even
+    where the ITL of the requests still running looks fine, and a full pool delaying admission is a
+    KV cause, not a queue.)
+ 6. memory_bandwidth_bound  ITL over the SLO; DRAM bandwidth high, SM not clearly above it
+ 7. compute_bound           ITL over the SLO; SM activity high
+ 8. host_overhead_bound     ITL over the SLO; the GPU mostly idle (both bandwidth and SM low)
+ 9. compute_bound           ITL over the SLO; no GPU counters, prefill-heavy traffic
+10. memory_bandwidth_bound  ITL over the SLO otherwise (the decode prior; lower confidence)
+    (6-10: decode is slow, and why. A slow decode always builds a queue, so these come before
+    the queue: the queue is named as their consequence in the differential, never their verdict.)
+11. request_queueing        decode on time (or unmeasured), requests wait and are delayed (TTFT over
+                            its threshold, a queue that grows, or no TTFT to tell), KV pool has room
+12. healthy                 a latency measured under the SLO (ITL p95, else the mean time per token)
 13. healthy                 no latency measured and nothing slow: the headline says what went unchecked
+
+A queue that neither delays TTFT nor grows is not slowness (step 11 needs a delay). The features
+that pick the cause read the recent part of the window (``Thresholds.state_window_seconds``), the
+part the slowness check reads, so after a change of cause the new verdict appears within one
+state window and a scrape, and a cause that stopped cannot outvote the one present now.
+
+Beside the verdict, every other branch whose own condition holds (``differential``), the fallback
+branches excepted, and the queue behind a slow decode (``QUEUE_CONSEQUENCE``).
 """
 
 from __future__ import annotations
@@ -53,6 +69,9 @@ from .signals import (
     TIME_TO_FIRST_TOKEN,
 )
 from .thresholds import Thresholds
+from .verdicts import SLOW_VERDICTS as SLOW_VERDICTS
+from .verdicts import VERDICTS as VERDICTS
+from .verdicts import verdict as catalogue_entry
 
 SLO = Param("slo_seconds")  # the ITL SLO: per pod in PromQL (the SLO gauge each exporter publishes)
 
@@ -78,8 +97,10 @@ TRANSFERS_SIGNIFICANT = Named(
         )
     ),
 )
-QUEUE_BACKED_UP = Cmp("requests_waiting", ">=", Param("queue_waiting_min"))
+QUEUED = Cmp("requests_waiting", ">=", Param("queue_waiting_min"))
+QUEUE_GROWING = Cmp("queue_growth_per_minute", ">=", Param("queue_growth_per_minute"))
 TTFT_SLOW = Cmp("ttft_p95_seconds", ">=", Param("ttft_slow_seconds"))
+NO_TTFT = Not(Present("ttft_p95_seconds"))
 NO_ITL_HISTOGRAM = Not(Present("itl_p95_seconds"))
 # The latency measure: the ITL p95 where the engine has the histogram, else the mean time per token.
 ITL_SLOW = Named(
@@ -100,8 +121,16 @@ ITL_FAST = Named(
         )
     ),
 )
-REQUESTS_DELAYED = Named("requests_delayed", Any((QUEUE_BACKED_UP, TTFT_SLOW)))
+# Requests are held back: they wait, or their first token is slow. Beside a full KV pool that is
+# admission limited by the pool (a KV cause); with room in the pool it is slowness only where the
+# queue delays (QUEUE_DELAYS).
+REQUESTS_DELAYED = Named("requests_delayed", Any((QUEUED, TTFT_SLOW)))
+# A queue that delays: requests wait and TTFT is over its threshold, or the queue grows, or there is
+# no TTFT histogram to tell. A steady short queue with TTFT on time delays nobody.
+QUEUE_DELAYS = Named("queue_delays", All((QUEUED, Any((TTFT_SLOW, QUEUE_GROWING, NO_TTFT)))))
 ENGINE_SLOW = Named("engine_slow", Any((ITL_SLOW, REQUESTS_DELAYED)))
+# The queue a slow decode builds: listed in the differential beside any slow verdict but queueing.
+QUEUE_CONSEQUENCE = QUEUED
 PRECISE_GPU = Named("gpu_counters_precise", Any((Present("dram_bandwidth_ratio"), Present("sm_active_ratio"))))
 BANDWIDTH_HIGH = Named(
     "gpu_bandwidth_high",
@@ -119,6 +148,7 @@ NAMED_CONDITIONS: tuple[Named, ...] = (
     ITL_SLOW,
     ITL_FAST,
     REQUESTS_DELAYED,
+    QUEUE_DELAYS,
     ENGINE_SLOW,
     PRECISE_GPU,
     BANDWIDTH_HIGH,
@@ -128,17 +158,26 @@ NAMED_CONDITIONS: tuple[Named, ...] = (
 CONTEXT_FEATURES = ("itl_p95_seconds", "kv_usage", "requests_waiting", "preemptions_per_minute")
 
 
+IDLE_STEP, KV_STEP, DECODE_STEP, ON_TIME_STEP = 1, 2, 3, 4
+
+
 @dataclass(frozen=True)
 class Branch:
     """One leaf of the tree: the verdict when ``condition`` holds and no earlier branch did."""
 
     id: str
     verdict: str
-    step: int  # DESIGN.md's step: 1 idle, 2 capacity/placement/queue, 3 healthy, 4 bottleneck
+    step: int  # 1 idle, 2 where the KV lives, 3 why decode is slow, 4 decode on time: queue or healthy
     condition: Condition
     summary: str  # the branch in words, for evidence and docs
     context: tuple[str, ...] = ()  # further features its evidence shows (after CONTEXT_FEATURES)
     gpu_side: bool = False  # blames the GPU: at most 0.5 confident without GPU counters
+    base_confidence: float | None = None  # a clean match; None: its verdict's (rules/verdicts.py)
+    fallback: bool = False  # holds for want of a clearer answer: never listed in the differential
+
+    @property
+    def base(self) -> float:
+        return catalogue_entry(self.verdict).base_confidence if self.base_confidence is None else self.base_confidence
 
 
 _THRASHING_CONTEXT = ("requests_swapped", "kv_host_usage", "ttft_p95_seconds")
@@ -161,6 +200,7 @@ BRANCHES: tuple[Branch, ...] = (
         All((Cmp("requests_swapped", ">=", Param("requests_swapped_min")), ENGINE_SLOW)),
         "requests are swapped out to host memory (the KV pool ran out) and the engine is slow",
         _THRASHING_CONTEXT,
+        base_confidence=0.85,
     ),
     Branch(
         "thrashing_reload",
@@ -169,6 +209,7 @@ BRANCHES: tuple[Branch, ...] = (
         All((TRANSFERS_SIGNIFICANT, AT_CEILING, ENGINE_SLOW)),
         "KV moves into a GPU pool that sits at the ceiling, and the engine is slow",
         _THRASHING_CONTEXT,
+        base_confidence=0.8,
     ),
     Branch(
         "tier_miss",
@@ -183,22 +224,13 @@ BRANCHES: tuple[Branch, ...] = (
         "kv_capacity_pressure",
         2,
         All((AT_CEILING, REQUESTS_DELAYED)),
-        "the KV pool is full and requests are delayed (they wait, or TTFT is over its SLO), no preemption yet",
+        "the KV pool is full and requests are delayed (they wait, or TTFT is over its threshold), no preemption yet",
         ("ttft_p95_seconds",),
     ),
     Branch(
-        "request_queueing",
-        "request_queueing",
-        2,
-        All((QUEUE_BACKED_UP, Not(AT_CEILING))),
-        "requests wait while the KV pool has room (or its usage is unknown): the engine's sequence limit",
-        ("requests_running", "ttft_p95_seconds"),
-    ),
-    Branch("healthy", "healthy", 3, ITL_FAST, "a latency measured under the SLO and nothing delayed"),
-    Branch(
         "bandwidth_high",
         "memory_bandwidth_bound",
-        4,
+        3,
         All((ITL_SLOW, BANDWIDTH_HIGH)),
         "ITL over the SLO; DRAM bandwidth is high and SM activity is not clearly above it",
         _GPU_CONTEXT,
@@ -207,7 +239,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "sm_high",
         "compute_bound",
-        4,
+        3,
         All((ITL_SLOW, Cmp("sm_active_ratio", ">=", Param("sm_high_ratio")))),
         "ITL over the SLO; SM activity is high and DRAM bandwidth is not",
         _GPU_CONTEXT,
@@ -216,7 +248,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "gpu_idle",
         "host_overhead_bound",
-        4,
+        3,
         All((ITL_SLOW, Cmp("gpu_busy_ratio", "<", Param("host_overhead_gpu_max")))),
         "ITL over the SLO while the GPU is mostly idle: the time goes to the host",
         _GPU_CONTEXT,
@@ -225,7 +257,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "prefill_heavy_no_gpu",
         "compute_bound",
-        4,
+        3,
         All(
             (
                 ITL_SLOW,
@@ -238,42 +270,51 @@ BRANCHES: tuple[Branch, ...] = (
         "ITL over the SLO; no GPU counters; prefill-heavy traffic",
         _GPU_CONTEXT,
         gpu_side=True,
+        base_confidence=0.45,
     ),
     Branch(
         "decode_default",
         "memory_bandwidth_bound",
-        4,
+        3,
         ITL_SLOW,
         "ITL over the SLO without a clearer cause: most likely bandwidth (decode re-reads weights and KV every token)",
         _GPU_CONTEXT,
         gpu_side=True,
+        base_confidence=0.55,
+        fallback=True,
     ),
+    Branch(
+        "request_queueing",
+        "request_queueing",
+        4,
+        All((QUEUE_DELAYS, Not(AT_CEILING))),
+        "decode is on time (or unmeasured) but requests wait and are delayed while the KV pool has room (or its "
+        "usage is unknown): the engine's sequence limit or the load",
+        ("requests_running", "ttft_p95_seconds", "queue_growth_per_minute"),
+    ),
+    Branch("healthy", "healthy", 4, ITL_FAST, "a latency measured under the SLO and nothing delayed"),
     Branch(
         "unmeasured",
         "healthy",
-        3,
+        4,
         TRUE,
         "nothing measured slow, but no latency measured either: the headline says what went unchecked",
         ("time_per_token_mean_seconds", "requests_running"),
+        base_confidence=0.3,
+        fallback=True,
     ),
+)
+
+# The branches the differential lists when their own condition holds: the slow causes, less the
+# fallbacks (they hold for want of a clearer answer) and the queue (beside a slow verdict it is the
+# consequence, listed as ``QUEUE_CONSEQUENCE``).
+DIFFERENTIAL_BRANCHES: tuple[Branch, ...] = tuple(
+    b for b in BRANCHES if b.verdict in SLOW_VERDICTS and not b.fallback and b.verdict != "request_queueing"
 )
 
 # The comparisons each branch's condition makes, in order (the tree is constant).
 BRANCH_ATOMS: dict[str, tuple[Atom, ...]] = {b.id: tuple(atoms(b.condition)) for b in BRANCHES}
 BRANCH_BY_ID = {b.id: b for b in BRANCHES}
-
-VERDICTS = (
-    "idle",
-    "healthy",
-    "kv_thrashing",
-    "kv_tier_miss",
-    "kv_capacity_pressure",
-    "request_queueing",
-    "memory_bandwidth_bound",
-    "compute_bound",
-    "host_overhead_bound",
-)
-SLOW_VERDICTS = VERDICTS[2:]
 
 
 def parameters(thresholds: Thresholds, slo_seconds: float) -> dict[str, float]:

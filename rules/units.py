@@ -153,3 +153,9 @@ def go_g4(v: float) -> str:
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     return f"{v:.4g}"
+
+
+def plural(count: float, noun: str, plural_form: str | None = None) -> str:
+    """``1 snapshot``, ``2 snapshots``, ``1 request``: a count with its noun in the right number."""
+    shown = f"{count:,.0f}" if float(count).is_integer() else f"{count:,.1f}"
+    return f"{shown} {noun if count == 1 else (plural_form or noun + 's')}"

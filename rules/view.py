@@ -245,9 +245,14 @@ class WindowView:
         return out if idx is None else out[idx]
 
     # aggregations mirroring the PromQL the compiler writes
-    def sum_rate(self, sel: Selector) -> float:
-        _, _, start, end = self._part("all")
-        return nansum(self._increase(sel.name, "all", sel) / (end - start))
+    def sum_rate(self, sel: Selector, part: Part = "all") -> float:
+        _, _, start, end = self._part(part)
+        return nansum(self._increase(sel.name, part, sel) / (end - start))
+
+    def sum_deriv(self, sel: Selector, part: Part = "all") -> float:
+        """``sum(deriv(x[part]))`` over the selector's series: how fast a gauge grows, per second."""
+        _, values, ts, _, _ = self.rows(sel, part)
+        return nansum(stats.deriv(ts, values)) if len(values) else math.nan
 
     def sum_increase(self, sel: Selector, part: Part = "all") -> float:
         return nansum(self._increase(sel.name, part, sel))

@@ -24,7 +24,8 @@ from kvdoctor.rules.context import Context, resolve
 from kvdoctor.rules.diagnosis import Diagnosis, diagnose
 from kvdoctor.rules.fleet import FleetRow, FleetSummary, quote
 from kvdoctor.rules.thresholds import sized_for_interval
-from kvdoctor.rules.units import fmt_in_unit, fmt_ms
+from kvdoctor.rules.units import fmt_ms, plural
+from kvdoctor.rules.verdicts import UNKNOWN
 from kvdoctor.rules.window import Window
 from kvdoctor.sources.exporter_api import ExporterClient
 from kvdoctor.sources.fleet import read_fleet
@@ -65,8 +66,8 @@ e.g. 180 s at Prometheus' 15 s: the window the alert rules read) ending at the n
 --at (Unix seconds or RFC 3339, e.g. 2025-03-01T14:05:00Z).
 
 exit status: 0 healthy or idle, 1 a slow verdict, 2 a usage or input error (a bad URL, selector,
-flag or trace file), 3 the exporter or Prometheus could not be read (or had no samples), or an
-internal error.
+flag or trace file, or a window with too few samples to judge), 3 the exporter or Prometheus could
+not be read (or had no samples), or an internal error.
 
 examples:
   kvdoctor diagnose --exporter http://127.0.0.1:9745
@@ -320,6 +321,8 @@ def run(args: argparse.Namespace) -> int:
             window, origin, published = load_window(args, sized.window_seconds, at, selector)
         thresholds = sized
     result = diagnose(window, resolve(given, published), thresholds)
+    if result.verdict == UNKNOWN:
+        raise UsageError(f"--window: {result.headline[0].lower()}{result.headline[1:]}; widen --window or wait")
     if args.json:
         text = json.dumps(result.to_json(), indent=2, allow_nan=False)
     else:
@@ -356,16 +359,6 @@ def _paint(text: str, style: str, colour: bool) -> str:
     return f"\033[{_COLOURS[style]}m{text}\033[0m" if colour else text
 
 
-def _threshold_text(e) -> str:
-    if e.comparison == "present":
-        return "is measured"
-    if not e.comparison or e.threshold is None:
-        return ""
-    if " - " in e.feature or " / " in e.feature:  # a difference or ratio of two features
-        return f"{e.comparison} {e.threshold:g}"
-    return f"{e.comparison} {fmt_in_unit(e.threshold, e.unit)}"
-
-
 def render(result: Diagnosis, window: Window, origin: str, colour: bool = False) -> str:
     """The human report: verdict, headline, evidence table, notes, actions by group."""
     ctx = result.context
@@ -374,25 +367,22 @@ def render(result: Diagnosis, window: Window, origin: str, colour: bool = False)
         _paint(result.headline, "bold", colour),
         "",
         _paint(
-            f"window: {_span(window)} s, {len(window)} snapshots ending {_iso(window.end)}; {origin}; "
+            f"window: {_span(window)} s, {plural(len(window), 'snapshot')} ending {_iso(window.end)}; {origin}; "
             f"ITL SLO {fmt_ms(ctx.slo, trim=True)} ({ctx.slo_source})"
             + (f"; model {ctx.model.name}" if ctx.model is not None else ""),
             "dim",
             colour,
         ),
     ]
+    if result.differential:
+        lines += ["", "also present"]
+        for c in result.differential:
+            lines.append(f"  {c.verdict}  (confidence {c.confidence:.2f})  {c.summary}")
     lines += ["", "evidence"]
-    rows = [("signal", "value", "threshold", "holds", "status")]
     for e in result.evidence:
-        holds = {True: "yes", False: "no", None: "-"}[e.holds]
-        status = ("measured" if e.measured else "missing") + (" (context)" if e.context else "")
-        rows.append((e.feature, fmt_in_unit(e.value, e.unit), _threshold_text(e), holds, status))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for i, row in enumerate(rows):
-        text = "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        if i == 0 or row[4].startswith("missing"):
-            text = _paint(text, "dim", colour)
-        lines.append(text)
+        role = "explains" if e.context else ("decides" if e.holds is not None else "")
+        text = f"  {e.text}" + (f"  [{role}]" if role and e.measured else "")
+        lines.append(_paint(text, "dim", colour) if not e.measured else text)
     if result.missing:
         lines.append(_paint("  missing signals: " + ", ".join(result.missing), "warn", colour))
     if result.unresolved:

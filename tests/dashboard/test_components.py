@@ -102,19 +102,31 @@ def test_parse_history_accepts_only_a_sane_range():
         assert live.parse_history(bad) is None
 
 
-def test_evidence_is_labelled_in_words_with_the_internal_names_in_a_tooltip():
+def test_evidence_rows_are_the_rules_words_without_internal_names():
     from kvdoctor.rules.features import FEATURES
     from kvdoctor.rules.render import FEATURE_LABELS, feature_label
 
     assert set(FEATURES) <= set(FEATURE_LABELS)  # every quantity the tree compares has words
     evidence = [
+        {
+            "signal": "kvdoctor_inter_token_latency_seconds",
+            "feature": "itl_p95_seconds",
+            "value": 0.0459,
+            "unit": "seconds",
+            "holds": True,
+            "text": "ITL p95 over the last 15 s: 45.9 ms (SLO 15 ms)",
+        },
+        # an older exporter's row, without the words: label and value in its unit
         {"signal": "kvdoctor_kv_cache_usage_ratio", "feature": "kv_usage", "value": 0.97, "unit": "ratio"},
-        {"signal": "kvdoctor_gpu_sm_active_ratio", "feature": "sm_active_ratio - dram_bandwidth_ratio", "value": 0.1},
+        {"signal": "kvdoctor_gpu_sm_active_ratio", "feature": "sm_active_ratio", "measured": False},
     ]
     rows = components.evidence_table(evidence).children[1].children
-    cells = [row.children[0].children for row in rows]
-    assert [c.children for c in cells] == ["KV cache usage", "GPU SM activity minus GPU DRAM bandwidth"]
-    assert cells[0].title == "kv_usage · kvdoctor_kv_cache_usage_ratio"
-    assert "sm_active_ratio - dram_bandwidth_ratio" in cells[1].title
-    assert "kv_usage" not in _text(rows[0].children[0])  # the internal name only in the tooltip
+    texts = [row.children[0].children for row in rows]
+    assert texts == [
+        "ITL p95 over the last 15 s: 45.9 ms (SLO 15 ms)",
+        "KV cache usage: 97%",
+        f"{feature_label('sm_active_ratio')}: not measured",
+    ]
+    assert [row.children[1].children for row in rows] == ["decides", "", "not measured"]
+    assert not any("itl_p95_seconds" in _text(row) or "kv_usage" in _text(row) for row in rows)
     assert feature_label("itl_p95_seconds / itl_early_median_seconds").count(" / ") == 1

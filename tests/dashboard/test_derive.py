@@ -160,4 +160,9 @@ def test_source_health_from_window_and_status():
 def test_every_rules_verdict_has_a_severity():
     from kvdoctor.rules.diagnosis import VERDICTS
 
-    assert set(VERDICTS) == set(derive.VERDICT_SEVERITY)
+    ranked = sorted(VERDICTS, key=derive.severity, reverse=True)
+    assert (
+        ranked[0] == "kv_thrashing"
+        and ranked[-1] == "idle"
+        and len(set(map(derive.severity, VERDICTS))) == len(VERDICTS)
+    )

@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.grafana import builder, queries
-from kvdoctor.rules import promql
+from kvdoctor.rules import promql, verdicts
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
@@ -205,7 +205,7 @@ def test_the_verdict_timeline_maps_every_verdict_of_the_tree():
     panel = by_title(B.load(), "Verdict over time")
     (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
     assert {int(code): m["text"] for code, m in mapping["options"].items()} == {
-        queries.verdict_code(v): v for v in VERDICTS
+        queries.verdict_code(v): verdicts.title(v) for v in VERDICTS
     }
     expr = panel["targets"][0]["expr"]
     for verdict in VERDICTS:

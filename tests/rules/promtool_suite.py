@@ -36,9 +36,13 @@ def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str
 
 
 def _annotations(
-    rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str], value: float
+    rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str], value: float, contributing: list[str]
 ) -> dict[str, str]:
-    return {k: promql.render_template(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
+    """The annotations Prometheus renders: the templates, and the differential the Python half gives."""
+    return {
+        k: promql.contributing_text(contributing) if k == "contributing" else promql.render_template(v, labels, value)
+        for k, v in rules[spec.name]["annotations"].items()
+    }
 
 
 def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict]) -> dict[str, list[dict]]:
@@ -49,11 +53,14 @@ def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, d
         if spec.verdict is not None and spec.verdict == diagnosis.verdict and scenario.settles:
             labels = _engine_alert_labels(scenario, spec)
             value = diagnosis.features.get(spec.value_feature, math.nan)
-            out[spec.name] = [{"exp_labels": labels, "exp_annotations": _annotations(rules, spec, labels, value)}]
+            contributing = [c.verdict for c in diagnosis.differential]
+            annotations = _annotations(rules, spec, labels, value, contributing)
+            out[spec.name] = [{"exp_labels": labels, "exp_annotations": annotations}]
         if spec.verdict is None:
             for source in scenario.sources_down:
                 labels = {"source": source, "pod": scenario.pod, "severity": spec.severity}
-                out[spec.name].append({"exp_labels": labels, "exp_annotations": _annotations(rules, spec, labels, 0.0)})
+                annotations = _annotations(rules, spec, labels, 0.0, [])
+                out[spec.name].append({"exp_labels": labels, "exp_annotations": annotations})
     return out
 
 

@@ -33,7 +33,9 @@ def test_thresholds_and_slo_change_the_rules(tmp_path, capsys):
     assert main(["rules", "export", "--thresholds", str(th), "--slo-ms", "50"]) == 0
     text = capsys.readouterr().out
     records = {r.get("record"): r["expr"] for r in yaml.safe_load(text)["groups"][0]["rules"]}
-    assert "kvdoctor:kv_usage:60s >= 0.95" in records["kvdoctor:verdict"]
+    rules = yaml.safe_load(text)["groups"][0]["rules"]
+    branches = {r["labels"]["branch"]: r["expr"] for r in rules if r.get("record") == "kvdoctor:branch"}
+    assert "kvdoctor:kv_usage:60s >= 0.95" in branches["capacity_pressure"]
     assert records["kvdoctor:itl_slo_seconds"].endswith(" * 0.05")  # the SLO of pods that publish none
 
 

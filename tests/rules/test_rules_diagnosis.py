@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdoctor.rules.diagnosis import VERDICTS, Context, Diagnosis, diagnose
+from kvdoctor.rules.diagnosis import MIN_WINDOW_SAMPLES, VERDICTS, Context, Diagnosis, diagnose
 from kvdoctor.rules.model import COMMON_MODELS
 from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, INTER_TOKEN_LATENCY
 from kvdoctor.rules.thresholds import Thresholds
@@ -26,7 +26,7 @@ def window(name: str) -> Window:
 
 def test_verdicts_are_exactly_the_contract():
     contract = """idle healthy kv_thrashing kv_tier_miss kv_capacity_pressure request_queueing
-                  memory_bandwidth_bound compute_bound host_overhead_bound"""
+                  memory_bandwidth_bound compute_bound host_overhead_bound unknown"""
     assert tuple(contract.split()) == VERDICTS
 
 
@@ -60,10 +60,20 @@ def test_evidence_names_what_was_not_measured():
     assert "NVML" in hint.note and "dcgm-exporter" in hint.note  # says how to get the missing counter
 
 
-def test_empty_window_is_idle_with_low_confidence():
+def test_a_window_too_short_to_judge_is_unknown_never_healthy():
     d = diagnose(Window.empty())
-    assert d.verdict == "idle" and d.confidence < 0.7
+    assert d.verdict == "unknown" and d.confidence < 0.1 and not d.actions and not d.differential
     assert INTER_TOKEN_LATENCY in d.missing
+    assert "0 snapshots in the window" in d.headline
+    full = window("bandwidth_just_over")  # a slow engine: one or two snapshots of it prove nothing
+    for n in (1, 2):
+        short = full.slice(full.timestamps[-n], full.end)
+        d = diagnose(short)
+        assert (d.verdict, d.samples) == ("unknown", n), d.headline
+        assert f"{n} snapshot{'s' if n > 1 else ''} in the window" in d.headline
+        assert f"at least {MIN_WINDOW_SAMPLES}" in d.headline
+    last3 = full.slice(full.timestamps[-3], full.end)
+    assert diagnose(last3).verdict != "unknown"
 
 
 def test_slo_from_the_context():

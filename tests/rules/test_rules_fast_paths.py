@@ -80,9 +80,13 @@ class ReferenceView:
     def rowwise(self, fn, sel: Selector, part: str = "all"):
         return fn(self.rows(sel, part)[1])
 
-    def sum_rate(self, sel: Selector) -> float:
-        _, arr, ts, start, end = self.rows(sel)
+    def sum_rate(self, sel: Selector, part: str = "all") -> float:
+        _, arr, ts, start, end = self.rows(sel, part)
         return reference_nansum(stats.rate(ts, arr, start, end))
+
+    def sum_deriv(self, sel: Selector, part: str = "all") -> float:
+        _, arr, ts, _, _ = self.rows(sel, part)
+        return reference_nansum(stats.deriv(ts, arr)) if len(arr) else math.nan
 
     def sum_increase(self, sel: Selector, part: str = "all") -> float:
         _, arr, ts, start, end = self.rows(sel, part)

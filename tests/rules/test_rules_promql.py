@@ -56,13 +56,19 @@ def test_the_alerts_are_exactly_the_specified_ones():
     assert set(promql.VERDICT_ALERT) == set(tree.SLOW_VERDICTS)  # every slow verdict, nothing else
 
 
+def rule_is_a_verdict(name: str) -> bool:
+    return name in promql.VERDICT_ALERT_NAMES
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
 def test_every_alert_is_complete_and_has_a_runbook(name):
     rule = _alerts()[name]
     assert re.fullmatch(r"\d+[smh]", rule["for"])
     assert rule["labels"]["severity"] in ("critical", "warning", "info")
     notes = rule["annotations"]
-    assert set(notes) == {"summary", "description", "runbook_url"}
+    assert set(notes) == {"summary", "description", "runbook_url"} | (
+        {"contributing"} if rule_is_a_verdict(name) else set()
+    )
     assert "$labels." in notes["summary"] and "$labels." in notes["description"]
     if name != "KvdoctorSourceDown":
         assert "$value" in notes["description"]
@@ -147,17 +153,22 @@ def test_alerts_read_only_canonical_signals_and_recorded_features():
 
 def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engines():
     expr = next(r["expr"] for r in _rules() if r.get("record") == promql.VERDICT_RECORD)
-    codes = [int(c) for c in re.findall(r"\n\) \* (\d+)\n", expr + "\n")]
-    assert codes == [promql.verdict_code(b.verdict) for b in tree.BRANCHES[1:]]  # all but idle, in order
-    assert [tree.VERDICTS[c - 1] for c in codes][:2] == ["kv_thrashing", "kv_thrashing"]
-    assert expr.count("or on(namespace, pod, model_name, engine)\ngroup by") == len(tree.BRANCHES) - 2
-    # it reads the records only: the features and the named conditions
-    records = set(re.findall(r"\b(kvdoctor:[a-z_0-9]+(?::[0-9]+m?s)?)", expr))
-    conditions = {promql.condition_name(c.name) for c in tree.NAMED_CONDITIONS}
-    assert all(r.split(":")[1] in FEATURES or r in conditions for r in records), records
+    chain = re.findall(r'kvdoctor:branch\{branch="(\w+)"\}\) \* (\d+)', expr)
+    # every branch but idle (the engines it leaves) and the last (every active engine), in order
+    assert [b for b, _ in chain] == [b.id for b in tree.BRANCHES[1:-1]]
+    assert [int(c) for _, c in chain] == [promql.verdict_code(b.verdict) for b in tree.BRANCHES[1:-1]]
+    assert [tree.VERDICTS[int(c) - 1] for _, c in chain][:2] == ["kv_thrashing", "kv_thrashing"]
+    last = f"group by (namespace, pod, model_name, engine) (kvdoctor:engine_active) * {promql.verdict_code('healthy')}"
+    assert last in expr
+    assert expr.count("\nor on(namespace, pod, model_name, engine) group by") == len(tree.BRANCHES) - 2
+    # it reads the branch records only, each one 1 per engine where the branch's own condition holds
+    records = {r["record"]: r for r in _rules() if r.get("record") == promql.BRANCH_RECORD and "labels" in r}
     assert "kvdoctor_" not in expr and expr.endswith(
         "and on(namespace, pod, model_name, engine) kvdoctor:engine_active"
     )
+    branches = [r["labels"]["branch"] for r in _rules() if r.get("record") == promql.BRANCH_RECORD]
+    assert branches == [b.id for b in tree.BRANCHES[1:-1]] + [promql.QUEUE_CONSEQUENCE_BRANCH]
+    assert records
 
 
 @pytest.mark.parametrize("name", sorted(promql.VERDICT_ALERT_NAMES))
@@ -192,6 +203,9 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
             readers.setdefault(name, []).append(rule["record"])
         assert all(rule["expr"].count(name) == 1 for name in set(_RAW.findall(rule["expr"]))), rule["record"]
     shared = {name: rules for name, rules in readers.items() if len(rules) > 1}
+    # the queue gauge is read twice, by its median and by its growth (deriv): one series per engine
+    queue = shared.pop("kvdoctor_requests_waiting", [])
+    assert sorted(r.split(":")[1] for r in queue) in ([], ["queue_growth_per_minute", "requests_waiting"]), queue
     assert not shared, shared
     assert len(readers) >= 15 and any(
         name.startswith("kvdoctor_inter_token_latency_seconds_bucket") for name in readers

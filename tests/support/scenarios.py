@@ -546,6 +546,7 @@ BASE = Scenario("baseline", "healthy", "steady traffic, fast decode, nothing wro
 
 _FULL_POOL = dict(kv_usage=0.95, waiting=4)
 _SLOW = Latency(base=0.07, mix=((0.9, 1.0), (0.1, 1.8)))  # ITL p95 ~0.13 s
+_QUEUED_TTFT = Latency(base=2.5, mix=((0.8, 1.0), (0.2, 1.3)))  # first tokens wait in the queue: TTFT p95 ~3 s
 _NO_GPU = dict(gpus=())
 _LLAMACPP = dict(
     engine="llamacpp",
@@ -628,9 +629,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     _case(
         "preemptions_just_over",
         "kv_thrashing",
-        "one preemption a minute is proof the pool ran out, and requests wait",
-        preemptions_per_minute=1.0,
-        on_threshold=True,
+        "a preemption in every state window (one per 15 s, the least rate the tree reads as current) is proof "
+        "the pool ran out, and requests wait",
+        preemptions_per_minute=4.0,
         **_FULL_POOL,
     ),
     _case(
@@ -733,11 +734,20 @@ SCENARIOS: tuple[Scenario, ...] = (
     _case(
         "kv_ceiling_just_under",
         "request_queueing",
-        "KV usage 88% with a queue: below the ceiling, so the batch limit, not the pool, holds requests back",
+        "KV usage 88% with a queue that delays first tokens: below the ceiling, so the batch limit, not the pool, "
+        "holds requests back",
         kv_usage=0.88,
         waiting=3,
+        ttft=_QUEUED_TTFT,
     ),
-    _case("kv_ceiling_just_over", "kv_capacity_pressure", "KV usage 92% with a queue", kv_usage=0.92, waiting=3),
+    _case(
+        "kv_ceiling_just_over",
+        "kv_capacity_pressure",
+        "KV usage 92% with a queue that delays first tokens",
+        kv_usage=0.92,
+        waiting=3,
+        ttft=_QUEUED_TTFT,
+    ),
     _case(
         "capacity_pressure_400_waiting",
         "kv_capacity_pressure",
@@ -763,11 +773,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     _case(
         "vllm_max_num_seqs_queue",
         "request_queueing",
-        "vLLM at --max-num-seqs 32: 32 running, 20 waiting, KV at 40%: the sequence limit, not memory",
+        "vLLM at --max-num-seqs 32: 32 running, 20 waiting (first tokens take 2.5 s), KV at 40%: the sequence "
+        "limit, not memory",
         kv_usage=0.4,
         running=32,
         waiting=20,
-        ttft=Latency(base=0.9, mix=((0.8, 1.0), (0.2, 1.5))),
+        ttft=_QUEUED_TTFT,
     ),
     _case(
         "llamacpp_slots_full_queue",
@@ -1010,9 +1021,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     _case(
         "data_parallel_ranks",
         "kv_thrashing",
-        "two data-parallel ranks; preemptions summed across ranks",
+        "two data-parallel ranks; preemptions summed across ranks (each rank preempts in every state window)",
         dp_ranks=2,
-        preemptions_per_minute=2,
+        preemptions_per_minute=8,
         kv_usage=0.97,
         waiting=6,
     ),
