@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
+import signal
 import statistics
+import threading
 
 import httpx
 import pytest
 
 from kvdoctor import cli
+from kvdoctor.rules import signals as S
 from kvdoctor.simulator import scenarios
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
@@ -182,6 +187,45 @@ def test_the_queue_switches_over_http():
         bad = client.post("/scenario", json={"scenario": "healthy", "queue": "long"})
         assert bad.status_code == 400 and bad.json()["queue_choices"] == list(QUEUE_CHOICES)
         assert server.sim.queue == "steady"
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread for signals"
+)
+def test_the_demo_runs_with_a_queue_behind_its_scenario(capsys):
+    """``kvdoctor demo --scenario host_overhead --queue growing`` in-process: the engine says which
+    queue it runs, and the exporter's page shows requests waiting behind the running ones."""
+    seen: dict = {"out": ""}
+
+    def drive():
+        try:
+            for _ in range(300):  # up to 30 s for the URLs (imports, the simulation's warm-up)
+                seen["out"] += capsys.readouterr().out
+                if "Ctrl-C to stop." in seen["out"]:
+                    break
+                threading.Event().wait(0.1)
+            metrics_url = re.search(r"metrics\s+(\S+)", seen["out"]).group(1)
+            engine_url = re.search(r"engine\s+(\S+)/metrics", seen["out"]).group(1)
+            seen["scenario"] = httpx.get(engine_url + "/scenario", timeout=5).json()
+            pattern = re.compile(rf"^{S.REQUESTS_WAITING}\{{[^}}]*\}} (\S+)$", re.M)
+            for _ in range(100):
+                match = pattern.search(httpx.get(metrics_url, timeout=5).text)
+                if match and float(match.group(1)) > 0:
+                    seen["waiting"] = float(match.group(1))
+                    break
+                threading.Event().wait(0.2)
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    argv = ["demo", "--port", "0", "--no-dashboard", "--status-every", "0", "--interval", "0.2"]
+    rc = cli.main([*argv, "--scenario", "host_overhead", "--queue", "growing"])
+    driver.join(60)
+    assert rc == 0
+    assert (seen["scenario"]["active"], seen["scenario"]["queue"]) == ("host_overhead", "growing")
+    assert seen["scenario"]["expected_verdict"] == "host_overhead_bound"
+    assert seen.get("waiting", 0) >= 2  # the 2 held back at once, more as newcomers join
 
 
 def test_the_demo_refuses_an_unknown_queue(capsys):

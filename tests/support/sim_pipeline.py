@@ -12,8 +12,8 @@ and minutes of an incident take seconds of real time, the same every run (the se
         demo.switch("host_overhead")         # POST /scenario, in simulated time
         demo.http_diagnosis()                # the real GET /api/v1/diagnosis (serve=True)
 
-Used by the demo's scenario tests (tests/simulator/test_simulator_queue.py) and by the onset
-benchmark's cause -> cause pairs (bench/bench_onset.py).
+Used by the demo's scenario tests (tests/simulator/test_simulator_queue.py and
+test_simulator_cause_change.py) and by the onset benchmark's cause -> cause pairs (bench/bench_onset.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class Clock:
 
 class SimulatedDemo:
     """The demo's engine (with ``queue`` behind ``scenario``), simulated GPU and exporter on one
-    clock; ``serve=True`` also serves the exporter's HTTP API (``http_diagnosis``)."""
+    clock; ``serve=True`` also serves the exporter's HTTP API (``http_diagnosis``).
+    ``diagnosis_window``: the seconds the live diagnosis reads (the exporter's default: 60); at a
+    sparse ``interval`` pass the window the rules for that interval read (``sized_for_interval``)."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class SimulatedDemo:
         warmup: float = 20.0,
         slo_ms: float = DEFAULT_SLO_MS,
         serve: bool = False,
+        diagnosis_window: float | None = None,
     ):
         self.clock = Clock()
         self.interval = interval
@@ -66,6 +69,7 @@ class SimulatedDemo:
         self.engine = EngineServer(self.sim)
         self.slo_ms = slo_ms
         self.serve = serve
+        self.diagnosis_window = diagnosis_window
         self.exporter: Exporter | None = None
         self._http: Any = None
         self.exporter_url = ""
@@ -81,6 +85,7 @@ class SimulatedDemo:
             scrape_timeout=5,
             gpu_peak_bandwidth=self.sim.config.gpu.peak_bandwidth,
             slo_ms=self.slo_ms,
+            **({"diagnosis_window": self.diagnosis_window} if self.diagnosis_window else {}),
         )
         self.exporter = build_exporter(
             settings, clock=self.clock, extra_collectors=[simulated_gpu.for_engine_url(self.engine.metrics_url, 5)]
