@@ -14,9 +14,13 @@ Endpoints (all on the engine's port):
 ``GET /metrics``       the exposition (text format 0.0.4)
 ``GET /health``        200, like vLLM
 ``GET /v1/models``     the served model, like vLLM's OpenAI server
-``GET /scenario``      ``{"scenario", "active", "expected_verdict", "choices", "since"}``
+``GET /scenario``      ``{"scenario", "active", "queue", "summary", "expected_verdict", "choices",
+                       "queue_choices"}``
 ``POST /scenario``     switch the workload now: body ``{"scenario": "kv_thrashing"}`` (or
-                       ``?scenario=...``); 200 with the new state, 400 naming the choices
+                       ``?scenario=...``), optionally with the queue behind it, ``"queue":
+                       "growing"`` (``none``, ``steady``, ``growing``; scenarios.py; without it
+                       the queue stays; alone, it restarts the current scenario with that
+                       queue); 200 with the new state, 400 naming the choices
 ``GET /gpu``           the simulated GPU's cumulative counters (JSON), read by the
                        ``simulated_gpu`` collector the way GPM reads a device
 ``POST /v1/completions``, ``POST /v1/chat/completions``
@@ -49,7 +53,7 @@ from kvdoctor.rules.records import attributes
 from .deployment import EngineConfig
 from .gpu import gpu_payload
 from .physics import Simulation
-from .scenarios import SCENARIO_CHOICES
+from .scenarios import QUEUE_CHOICES, SCENARIO_CHOICES
 from .serving import ApiError, CompletionRun, parse_request
 from .vllm_metrics import ADMISSION_REJECTION_REASONS, CACHE_TIERS, FINISHED_REASONS, PROMPT_SOURCES, TRANSFER_TYPES
 
@@ -289,8 +293,10 @@ def scenario_payload(sim: Simulation) -> dict:
     return {
         "scenario": sim.scenario,
         "active": active.name,
+        "queue": sim.queue,
         **attributes(active, "summary expected_verdict"),
         "choices": list(SCENARIO_CHOICES),
+        "queue_choices": list(QUEUE_CHOICES),
     }
 
 
@@ -353,19 +359,29 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"no such endpoint {parts.path!r}"})
             return
         raw = self._body()
-        name = (parse_qs(parts.query).get("scenario") or [None])[0]
-        if name is None and raw:
+        query = parse_qs(parts.query)
+        name = (query.get("scenario") or [None])[0]
+        queue = (query.get("queue") or [None])[0]
+        if raw and (name is None or queue is None):
             try:
                 body = json.loads(raw)
-                name = body.get("scenario") if isinstance(body, dict) else None
             except ValueError:
                 self._json(400, {"error": 'body is not JSON; send {"scenario": NAME}'})
                 return
+            if isinstance(body, dict):
+                name = body.get("scenario") if name is None else name
+                queue = body.get("queue") if queue is None else queue
+        sim = self.server.sim
+        if name is None and queue is not None:
+            name = sim.scenario  # only the queue changes: the current scenario restarts with it
         if not isinstance(name, str) or name not in SCENARIO_CHOICES:
             self._json(400, {"error": f"unknown scenario {name!r}", "choices": list(SCENARIO_CHOICES)})
             return
-        self.server.sim.set_scenario(name)
-        self._json(200, scenario_payload(self.server.sim))
+        if queue is not None and queue not in QUEUE_CHOICES:
+            self._json(400, {"error": f"unknown queue {queue!r}", "queue_choices": list(QUEUE_CHOICES)})
+            return
+        sim.set_scenario(name, queue)
+        self._json(200, scenario_payload(sim))
 
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
@@ -465,12 +481,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve the simulated vLLM engine's /metrics on loopback.",
     )
     parser.add_argument("--scenario", default="healthy", choices=SCENARIO_CHOICES)
+    parser.add_argument("--queue", default="none", choices=QUEUE_CHOICES, help="the queue behind the scenario")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        server = EngineServer(Simulation(args.scenario, seed=args.seed), args.host, args.port).start()
+        sim = Simulation(args.scenario, seed=args.seed, queue=args.queue)
+        server = EngineServer(sim, args.host, args.port).start()
     except OSError as exc:
         print(f"simulated engine: cannot bind {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,10 @@ in ``VllmStats`` (vllm_metrics.py); the GPU's cumulative DRAM bytes, SM-busy sec
 Requests sent to the engine's API (``submit``; serving.py streams their tokens) run beside the
 scenario's clients and outlive a scenario switch.
 
+A queue behind the workload (``queue``: scenarios.py's ``with_queue``) is the same physics: more
+clients than the workload's sequence limit admits (for ``growing``, more of them joining every
+second), so the running batch is the workload's own and the rest wait first come first served.
+
 Deterministic: all randomness comes from one ``random.Random(seed)``, and the state at a time
 depends only on the seed, the start time, when scenarios were switched and what was submitted,
 not on how often it was read. Time is whatever the injected ``clock`` says (``time.time`` by default).
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from .deployment import EngineConfig
 from .requests import API_EPOCH, Request
 from .roofline import GpuCounters, StepLoad, step_cost
-from .scenarios import CYCLE, CYCLE_PERIOD_SECONDS, Scenario, scenario_at
+from .scenarios import CYCLE, CYCLE_PERIOD_SECONDS, QUEUE_NONE, Scenario, check_queue, scenario_at, with_queue
 from .vllm_metrics import VllmStats
 
 
@@ -49,6 +53,7 @@ class EngineState:
 
     time: float
     scenario: str
+    queue: str
     running: int
     waiting: int
     kv_usage: float
@@ -70,6 +75,7 @@ class Simulation:
         clock: Callable[[], float] = time.time,
         warmup: float = 20.0,
         cycle_period: float = CYCLE_PERIOD_SECONDS,
+        queue: str = QUEUE_NONE,
     ):
         self.config = config or EngineConfig()
         if self.config.num_gpu_blocks < 2:
@@ -103,7 +109,8 @@ class Simulation:
         self._next_arrival: float | None = None
         self._selection = scenario
         self._selected_at = self.started
-        self._active = scenario_at(scenario, 0.0, cycle_period)
+        self._queue = check_queue(queue)
+        self._active = with_queue(scenario_at(scenario, 0.0, cycle_period), self._queue)
         self._first_wave = 0  # closed-loop requests still to create with spread-out lengths
         self._preempted_this_step = False
         self.steps = 0
@@ -117,18 +124,26 @@ class Simulation:
         return self._selection
 
     @property
+    def queue(self) -> str:
+        """The queue behind every scenario (``none``, ``steady``, ``growing``)."""
+        return self._queue
+
+    @property
     def active_scenario(self) -> Scenario:
         return self._active
 
-    def set_scenario(self, name: str) -> None:
-        """Switch the workload now: the previous clients disconnect (their requests are aborted)
-        and the new ones start sending."""
+    def set_scenario(self, name: str, queue: str | None = None) -> None:
+        """Switch the workload now (and the queue behind it, when given; else it stays): the
+        previous clients disconnect (their requests are aborted) and the new ones start sending."""
         scenario_at(name, 0.0)  # validates the name
+        if queue is not None:
+            check_queue(queue)
         with self._lock:
             self.advance_to(self._clock())
             self._selection = name
             self._selected_at = self.now
-            self._switch(scenario_at(name, 0.0, self.cycle_period))
+            self._queue = queue if queue is not None else self._queue
+            self._switch(with_queue(scenario_at(name, 0.0, self.cycle_period), self._queue))
 
     def advance_to(self, t: float) -> None:
         """Simulate engine steps until time ``t`` (the last step may end a little after it)."""
@@ -149,7 +164,13 @@ class Simulation:
         with self._lock:
             used = self._usable_blocks - self._free_blocks
             return EngineState(
-                self.now, self._active.name, len(self.running), len(self.waiting), used / self._usable_blocks, used
+                self.now,
+                self._active.name,
+                self._queue,
+                len(self.running),
+                len(self.waiting),
+                used / self._usable_blocks,
+                used,
             )
 
     def gpu_reading(self) -> GpuCounters:
@@ -187,7 +208,7 @@ class Simulation:
             return
         due = scenario_at(CYCLE, self.now - self._selected_at, self.cycle_period)
         if due.name != self._active.name:
-            self._switch(due)
+            self._switch(with_queue(due, self._queue))
 
     def _switch(self, scenario: Scenario) -> None:
         aborted = [r for r in (*self.running, *self.waiting) if r.epoch != API_EPOCH]
@@ -203,6 +224,14 @@ class Simulation:
         self._active = scenario
         self._next_arrival = self.now if scenario.arrival_rate > 0 else None
         self._first_wave = scenario.clients if scenario.arrival_rate <= 0 else 0
+        self._clients = scenario.clients
+        self._joined = 0  # clients that came since the switch (``clients_joining``)
+        self._switched_at = self.now
+
+    def _seq_limit(self) -> int:
+        """The most requests running at once: the deployment's limit, or the workload's below it."""
+        limit = self.config.max_num_seqs
+        return min(limit, self._active.max_running) if self._active.max_running > 0 else limit
 
     def _new_request(self, at: float) -> Request:
         s = self._active
@@ -235,7 +264,15 @@ class Simulation:
                     self.waiting.append(self._new_request(self._next_arrival))
                 self._next_arrival += self._rng.expovariate(s.arrival_rate)
         else:
-            while self._in_flight < s.clients:
+            if s.clients_joining > 0:  # new clients come and stay; one the queue limit refuses goes away
+                due = int((self.now - self._switched_at) * s.clients_joining) - self._joined
+                for _ in range(max(0, due)):
+                    self._joined += 1
+                    if len(self.waiting) >= s.max_waiting:
+                        self.stats.add_labelled("vllm:admission_rejections", "max_num_queued_reqs", 1)
+                    else:
+                        self._clients += 1
+            while self._in_flight < self._clients:
                 self.waiting.append(self._new_request(self.now))
                 self._in_flight += 1
 
@@ -328,7 +365,8 @@ class Simulation:
         #    prompt and keeps a watermark of blocks free for the running requests' decode growth.
         load_bytes = 0.0
         if not self._preempted_this_step:
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            limit = self._seq_limit()
+            while self.waiting and budget > 0 and len(self.running) < limit:
                 req = self.waiting[0]
                 start = req.shared + req.host  # found in the prefix cache / loaded from the CPU tier
                 n = min(req.target - start, budget)

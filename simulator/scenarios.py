@@ -27,11 +27,34 @@ compute_bound      16 clients sending 3k-token prompts for 16-token answers: eve
 =================  ===========================================================================
 
 ``cycle`` walks through them in ``CYCLE_ORDER``, ``CYCLE_PERIOD_SECONDS`` each (both explained below).
+
+A queue behind the workload (``with_queue``; ``kvdoctor demo --queue``, ``POST /scenario`` with
+``"queue"``): in a real incident a slow engine has requests piling up behind it. The engine's
+sequence limit (vLLM ``--max-num-seqs``) is set to the workload's own concurrency, so the running
+batch, and with it every per-token symptom, stays what it was, and more clients come than it runs:
+
+=========  ================================================================================
+none       the workload alone (the table above)
+steady     a tenth more clients than the engine runs (closed loop, at least one): that many
+           wait at every instant, each for a slot to free, so TTFT carries the wait (under a
+           second on ``healthy``) but the queue does not grow
+growing    the same, and ``GROWING_CLIENTS_PER_SECOND`` more clients joining every second (each
+           sends its next request when one ends): the engine's slots are full, so more arrive
+           than it serves, the queue grows by that many a second and TTFT rises with it, until
+           ``max_waiting`` turns newcomers away
+=========  ================================================================================
+
+The open-loop ``capacity_pressure`` already has a growing queue (a full pool delaying admission):
+``growing`` leaves it so, ``steady`` caps its queue at ``STEADY_OPEN_LOOP_WAITING`` (arrivals over
+it are rejected, as vLLM's queue limit does). Only ``healthy`` changes its expected verdict: a
+steady queue on a fast engine delays nobody (still ``healthy``), a growing one is
+``request_queueing``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 CYCLE = "cycle"
 # The exporter diagnoses the last 60 s and the tree reads medians and rates over it, so a verdict
@@ -54,6 +77,10 @@ class Scenario:
     host_overhead_seconds CPU time per engine step the GPU waits for (scheduler, detokenisation)
     offload_store         the offloading connector writes finished requests' KV to CPU memory
     max_waiting           open loop: queue length at which new requests are rejected
+    max_running           the engine's sequence limit for this workload (vLLM --max-num-seqs; 0: the
+                          deployment's): clients beyond it wait in the queue
+    clients_joining       closed loop: more clients come every second and stay (a growing queue)
+    queue                 the queue behind the workload (``QUEUE_CHOICES``; ``with_queue`` sets it)
     expected_verdict      the rules verdict this workload should produce
     """
 
@@ -71,6 +98,9 @@ class Scenario:
     host_overhead_seconds: float = 0.0
     offload_store: bool = False
     max_waiting: int = 1000
+    max_running: int = 0
+    clients_joining: float = 0.0
+    queue: str = "none"
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -158,6 +188,50 @@ CYCLE_ORDER: tuple[str, ...] = (
 )
 
 SCENARIO_CHOICES: tuple[str, ...] = (*SCENARIOS, CYCLE)
+
+QUEUE_NONE, QUEUE_STEADY, QUEUE_GROWING = "none", "steady", "growing"
+QUEUE_CHOICES: tuple[str, ...] = (QUEUE_NONE, QUEUE_STEADY, QUEUE_GROWING)
+# steady: this share more clients than the engine runs at once (at least one) wait at every instant
+STEADY_EXTRA_SHARE = 0.1
+# growing: clients joining per second on top; the engine's slots stay full, so the queue grows by
+# this many a second whatever the workload's own speed (a minute of it: 60 more waiting)
+GROWING_CLIENTS_PER_SECOND = 1.0
+# steady on an open-loop workload: its queue is capped here (arrivals over it are rejected)
+STEADY_OPEN_LOOP_WAITING = 24
+
+
+def check_queue(queue: str) -> str:
+    if queue not in QUEUE_CHOICES:
+        raise ValueError(f"unknown queue {queue!r} (choose from {', '.join(QUEUE_CHOICES)})")
+    return queue
+
+
+def with_queue(scenario: Scenario, queue: str) -> Scenario:
+    """``scenario`` with ``queue`` behind it (the module's docstring says what each mode does)."""
+    if check_queue(queue) == QUEUE_NONE:
+        return scenario
+    if scenario.arrival_rate > 0:  # open loop: its queue already grows with its arrivals
+        if queue == QUEUE_STEADY:
+            summary = f"{scenario.summary}; its queue capped at {STEADY_OPEN_LOOP_WAITING}"
+            return replace(scenario, summary=summary, max_waiting=STEADY_OPEN_LOOP_WAITING, queue=queue)
+        return replace(scenario, summary=f"{scenario.summary}; its queue grows", queue=queue)
+    extra = max(1, math.ceil(scenario.clients * STEADY_EXTRA_SHARE))
+    summary = f"{scenario.summary}; {extra} more clients than the engine runs at once"
+    growth = GROWING_CLIENTS_PER_SECOND if queue == QUEUE_GROWING else 0.0
+    if growth:
+        summary += f", and {growth:g} more joining every second: a growing queue"
+    expected = scenario.expected_verdict
+    if expected == "healthy" and growth:
+        expected = "request_queueing"  # decode on time, requests delayed by a queue that grows
+    return replace(
+        scenario,
+        summary=summary,
+        expected_verdict=expected,
+        clients=scenario.clients + extra,
+        max_running=scenario.clients,
+        clients_joining=growth,
+        queue=queue,
+    )
 
 
 def scenario_at(name: str, elapsed: float, period: float = CYCLE_PERIOD_SECONDS) -> Scenario:

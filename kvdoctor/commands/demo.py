@@ -28,7 +28,7 @@ from kvdoctor.simulator import gpu as simulated_gpu
 from kvdoctor.simulator.deployment import EngineConfig
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
-from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, SCENARIO_CHOICES
+from kvdoctor.simulator.scenarios import CYCLE_PERIOD_SECONDS, QUEUE_CHOICES, SCENARIO_CHOICES
 
 NAME = "demo"
 HELP = "run the exporter and dashboard against a built-in simulated vLLM engine and GPU"
@@ -56,6 +56,10 @@ Scenarios:
 
 Switch while it runs:  curl -X POST ENGINE_URL/scenario -d '{"scenario": "kv_thrashing"}'
 
+--queue steady|growing puts a queue behind every scenario, as a real incident has: a tenth more
+clients than the engine runs at once (steady), and 1 more client joining every second (growing).
+Switch it too: curl -X POST ENGINE_URL/scenario -d '{"scenario": "bandwidth_bound", "queue": "growing"}'
+
 The latency SLO defaults to 15 ms (--slo-ms): on this hardware even a fully bandwidth-bound
 decode stays near 20 ms per token, under the exporter's general-purpose 100 ms default.
 
@@ -66,6 +70,7 @@ examples:
   kvdoctor demo
   kvdoctor demo --scenario kv_thrashing --port 0 --dashboard-port 0
   kvdoctor demo --no-dashboard --scenario cycle --cycle-period 120
+  kvdoctor demo --scenario bandwidth_bound --queue growing
 """
 
 DEFAULT_SLO_MS = 15.0
@@ -88,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario", default="healthy", choices=SCENARIO_CHOICES, help="the simulated workload (default: healthy)"
     )
+    parser.add_argument("--queue", default="none", choices=QUEUE_CHOICES, help="a queue behind it (default: none)")
     parser.add_argument(
         "--port", type=_port, default=9745, metavar="PORT", help="the exporter's port (default: 9745; 0: any free port)"
     )
@@ -219,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
             config = EngineConfig(tensor_parallel=args.gpus)
         except ValueError as exc:  # the ledger's check: N must split the model's heads
             raise UsageError(f"--gpus {args.gpus}: {str(exc).replace('--tp ', '')}") from None
-        sim = Simulation(args.scenario, seed=args.seed, cycle_period=args.cycle_period, config=config)
+        sim = Simulation(args.scenario, seed=args.seed, cycle_period=args.cycle_period, config=config, queue=args.queue)
         engine = EngineServer(sim).start()
         stack.callback(engine.stop)
 

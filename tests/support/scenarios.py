@@ -137,6 +137,18 @@ class SpikeAtEnd:
 
 
 @dataclass(frozen=True)
+class Linear:
+    """``start`` at time 0, then ``per_second`` more every second (a queue that keeps growing: over
+    any part of any window it grows, so it holds at every scrape interval)."""
+
+    start: float
+    per_second: float
+
+    def at(self, t: np.ndarray, end: float) -> np.ndarray:
+        return self.start + self.per_second * t
+
+
+@dataclass(frozen=True)
 class Noisy:
     """``value`` plus uniform noise of +-``spread`` (seeded, so every run is the same)."""
 
@@ -149,7 +161,7 @@ class Noisy:
         return np.round(self.value + rng.uniform(-self.spread, self.spread, len(t)), 4)
 
 
-Pattern = Const | Cycle | Triangle | RampAtEnd | SpikeAtEnd | Noisy
+Pattern = Const | Cycle | Triangle | RampAtEnd | SpikeAtEnd | Linear | Noisy
 
 
 def _p(value) -> Pattern:
@@ -198,7 +210,7 @@ class Scenario:
     waiting: object = 0
     kv_usage: object = 0.45
     kv_capacity_tokens: float = 400_000
-    preemptions_per_minute: float = 0.0
+    preemptions_per_minute: object = 0.0
     preemptions_before: float = 12  # counter history from before the scenario
     kv_to_gpu_bytes_per_second: object | None = None
     hits_by_tier: tuple[tuple[str, float], ...] | None = None  # (tier, hit tokens per second), ...
@@ -226,6 +238,9 @@ class Scenario:
     window_seconds: float = WINDOW_SECONDS
     settles: bool = True
     on_threshold: bool = False  # a rate exactly at its threshold: sparse scrapes' extrapolation decides it
+    # what else the diagnosis must list among the contributing causes (``Diagnosis.differential``):
+    # ``request_queueing`` where requests wait behind a slow decode (the queue as its consequence)
+    contributing: tuple[str, ...] = ()
 
     # ----------------------------------------------------------------------- arrays
     @property
@@ -303,7 +318,7 @@ class Scenario:
                     out[key] = values
             put(
                 PREEMPTIONS,
-                counter(whole(np.full(len(t), self.preemptions_per_minute / 60 * share)), self.preemptions_before),
+                counter(whole(_p(self.preemptions_per_minute).at(t, end) / 60 * share), self.preemptions_before),
             )
             if self.kv_to_gpu_bytes_per_second is not None:
                 put(
@@ -390,10 +405,11 @@ class Scenario:
     @property
     def timeless(self) -> bool:
         """Its verdict does not hang on seconds-long structure (a spike, a ramp, a recent onset, a
-        restart), so it holds at any scrape interval."""
+        restart, a series only seconds long), so it holds at any scrape interval."""
         patterns = [
             self.generation_tokens_per_second, self.prompt_tokens_per_second, self.running, self.waiting,
             self.kv_usage, self.kv_to_gpu_bytes_per_second, self.requests_per_second, self.swapped,
+            self.preemptions_per_minute,
             *(g.dram for g in self.gpus), *(g.sm for g in self.gpus), *(g.pcie_rx for g in self.gpus),
         ]  # fmt: skip
         timed = (SpikeAtEnd, RampAtEnd, Triangle)
@@ -404,6 +420,7 @@ class Scenario:
             and self.counter_reset_before_end is None
             and self.tokens_at_request_end is None
             and not self.on_threshold
+            and self.duration is None
         )
 
     def at_interval(self, seconds: float, thresholds: Thresholds | None = None) -> Scenario:
@@ -559,6 +576,18 @@ _LLAMACPP = dict(
     **_NO_GPU,
 )
 
+# Issue 24: a queue sits beside almost every cause, and the cause changes inside one window.
+_QUEUE = ("request_queueing",)  # the queue behind a slow decode: a consequence in the differential
+# A change of cause this many seconds before the evaluation instant: one state window plus one
+# scrape (at 1 s), the most a new cause may lag (issue 24: <= 25 s at a 1 s interval).
+CHANGE_LAG = Thresholds().state_window_seconds + 1.0
+
+
+def _since_change(before: float, after: float) -> SpikeAtEnd:
+    """``before`` until ``CHANGE_LAG`` seconds before the end, ``after`` from then on."""
+    return SpikeAtEnd(before, after, CHANGE_LAG, CHANGE_LAG + 1)
+
+
 # tokens spread over several buckets, so a latency trend moves the histogram's median smoothly
 _WIDE = ((0.25, 0.7), (0.25, 0.9), (0.25, 1.1), (0.25, 1.3))
 
@@ -618,6 +647,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         preemptions_per_minute=3,
         waiting=9,
         latency=Latency(base=0.03, jump_at=0.95, jump=4.0),
+        contributing=_QUEUE,  # decode is slow (the stalls) and 9 wait: the queue is its consequence
     ),
     _case(
         "preemptions_just_under",
@@ -1037,6 +1067,154 @@ SCENARIOS: tuple[Scenario, ...] = (
         model_name="qwen2.5-7b",
         pod="sglang-0",
         hit_ratio_gauge=0.8,
+    ),
+    # ---------------------------------------------------------------- issue 24's "Why", case by case
+    # 1. the queue does not pre-empt the cause: a slow decode builds a queue, the cause is the verdict
+    _case(
+        "bandwidth_bound_queue_forming",
+        "memory_bandwidth_bound",
+        "ITL p95 ~0.25 s against a 100 ms SLO, DRAM bandwidth 90%, SM 30%, and a queue forming (12 more "
+        "waiting a minute, TTFT p95 still ~1 s): decode cannot move data fast enough; the queue building "
+        "behind it is its consequence",
+        latency=Latency(base=0.16, mix=((0.9, 1.0), (0.1, 1.5))),
+        gpus=(Gpu(dram=0.9, sm=0.3),),
+        kv_usage=0.7,
+        waiting=Linear(1, 0.2),
+        ttft=Latency(base=0.9, mix=((1.0, 1.0),)),
+        contributing=_QUEUE,
+    ),
+    _case(
+        "bandwidth_bound_24_waiting",
+        "memory_bandwidth_bound",
+        "the same bandwidth-bound decode with 24 requests waiting and first tokens taking 5-7 s: "
+        "the fix is FP8 KV or a smaller batch, not replicas first",
+        latency=Latency(base=0.16, mix=((0.9, 1.0), (0.1, 1.5))),
+        gpus=(Gpu(dram=0.9, sm=0.3),),
+        kv_usage=0.7,
+        waiting=24,
+        ttft=Latency(base=5.0, mix=((0.8, 1.0), (0.2, 1.4))),
+        contributing=_QUEUE,
+    ),
+    _case(
+        "compute_bound_growing_queue",
+        "compute_bound",
+        "SMs 95% busy with heavy prefill (60k prompt tokens/s), decode tokens wait behind it, and the "
+        "queue grows by one every two seconds: compute is the cause, the queue its consequence",
+        prompt_tokens_per_second=60000,
+        latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
+        gpus=(Gpu(dram=0.5, sm=0.95),),
+        waiting=Linear(2, 0.5),
+        ttft=Latency(base=3.0, mix=((0.8, 1.0), (0.2, 1.5))),
+        contributing=_QUEUE,
+    ),
+    _case(
+        "host_overhead_ten_waiting",
+        "host_overhead_bound",
+        "ITL p95 ~0.45 s (4x the SLO) while the GPU is almost idle (DRAM 8%, SM 12%) and ten requests "
+        "wait: the host loop is the cause, the queue its consequence",
+        generation_tokens_per_second=25,
+        prompt_tokens_per_second=120,
+        running=8,
+        waiting=10,
+        latency=Latency(base=0.35, mix=((0.9, 1.0), (0.1, 1.3))),
+        gpus=(Gpu(dram=0.08, sm=0.12),),
+        requests_per_second=0.3,
+        ttft=Latency(base=6.0, mix=((0.8, 1.0), (0.2, 1.4))),
+        contributing=_QUEUE,
+    ),
+    # 2. a harmless queue is not slowness
+    _case(
+        "harmless_queue_one_waiting",
+        "healthy",
+        "ITL p95 30 ms against a 100 ms SLO, TTFT p95 0.35 s, one request waiting at every scrape: "
+        "nobody is delayed, so the queue is not slowness",
+        latency=Latency(base=0.025, mix=((0.9375, 1.0), (0.0625, 1.2))),
+        ttft=Latency(base=0.2, mix=((11 / 12, 1.0), (1 / 12, 1.5))),
+        requests_per_second=12,
+        waiting=1,
+    ),
+    # decode on time, the pool has room, and requests are delayed: the queue is the verdict
+    _case(
+        "queue_growing_decode_on_time",
+        "request_queueing",
+        "decode on time (ITL p95 25 ms), KV at 50%, the queue began to grow a minute ago (2 -> 32) while "
+        "TTFT p95 is still under 1 s: the sequence limit or too few replicas",
+        kv_usage=0.5,
+        waiting=RampAtEnd(2, 32, 60),
+        ttft=Latency(base=0.6, mix=((1.0, 1.0),)),
+        settles=False,
+    ),
+    _case(
+        "ttft_over_threshold_decode_on_time",
+        "request_queueing",
+        "decode on time, KV at 50%, a steady queue of 3, but first tokens take 3-4 s: TTFT p95 over its "
+        "2 s threshold, so requests are delayed",
+        kv_usage=0.5,
+        waiting=3,
+        ttft=Latency(base=3.0, mix=((0.8, 1.0), (0.2, 1.3))),
+    ),
+    # 3. the verdict follows the incident: a change of cause one state window plus a scrape ago
+    _case(
+        "tier_miss_then_host_overhead",
+        "host_overhead_bound",
+        "decode slow throughout; KV came from the host tier at 6 GB/s until 16 s ago, since then the "
+        "transfer counter is flat and the GPU almost idle: the host is the cause now, and the old "
+        "transfer rate is not quoted as current",
+        latency=Latency(base=0.2, mix=((0.9, 1.0), (0.1, 1.4))),
+        kv_usage=0.6,
+        waiting=4,
+        kv_to_gpu_bytes_per_second=_since_change(6e9, 0.0),
+        gpus=(Gpu(dram=_since_change(0.5, 0.08), sm=_since_change(0.35, 0.1), pcie_rx=_since_change(6e9, 2e7)),),
+        settles=False,
+        contributing=_QUEUE,
+    ),
+    _case(
+        "thrashing_stops_bandwidth_remains",
+        "memory_bandwidth_bound",
+        "6 preemptions a minute until 16 s ago, none since (KV down from 98% to 80%); decode still slow "
+        "on a bandwidth-bound GPU: thrashing is over, bandwidth is the cause now",
+        latency=Latency(base=0.16, mix=((0.9, 1.0), (0.1, 1.5))),
+        gpus=(Gpu(dram=0.9, sm=0.35),),
+        preemptions_per_minute=_since_change(6.0, 0.0),
+        kv_usage=_since_change(0.98, 0.8),
+        waiting=_since_change(12, 2),
+        settles=False,
+        contributing=_QUEUE,
+    ),
+    _case(
+        "capacity_pressure_then_tier_miss",
+        "kv_tier_miss",
+        "a full pool (KV 97%) with a growing queue until 16 s ago; since then KV at 70% and 6 GB/s of "
+        "prefix KV from the host tier, decode slow: a tier miss, not a hybrid thrashing quoting the "
+        "old KV usage",
+        latency=Latency(base=0.16, mix=((0.9, 1.0), (0.1, 1.5))),
+        kv_usage=_since_change(0.97, 0.7),
+        waiting=_since_change(20, 3),
+        kv_to_gpu_bytes_per_second=_since_change(0.0, 6e9),
+        gpus=(Gpu(pcie_rx=_since_change(2e7, 6e9)),),
+        settles=False,
+        contributing=_QUEUE,
+    ),
+    # 4. a window too short to judge: verdict unknown (the CLI exits 2), never healthy
+    _slow_on_one_gpu(
+        "window_one_snapshot",
+        "unknown",
+        "one snapshot of a slow engine (`diagnose --window 1`): no rate, no quantile can be read",
+        dram=0.9,
+        sm=0.3,
+        waiting=5,
+        duration=0.0,
+        settles=False,
+    ),
+    _slow_on_one_gpu(
+        "window_two_snapshots",
+        "unknown",
+        "two snapshots of a slow engine: one interval, fewer than the features need (3 samples)",
+        dram=0.9,
+        sm=0.3,
+        waiting=5,
+        duration=1.0,
+        settles=False,
     ),
 )
 
