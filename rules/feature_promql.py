@@ -126,9 +126,15 @@ def _total_hits_promql(c: PromContext) -> str:
 
 
 def slow_tier_fraction_promql(c: PromContext, t: Thresholds) -> str:
+    """``_slow_tier_fraction``: 0 where hits are counted by tier but none off the GPU, or where the
+    engine moves no KV between tiers; no sample where KV moves but hits are not counted by tier."""
     by_tier, _ = _hits_inputs(c)
+    k = c.engine_keys
     total = _total_hits_promql(c)
-    return f"({_tier_sum(c, by_tier, TIER_SLOW)} or on({c.engine_keys}) {total} * 0) / on({c.engine_keys}) {total}"
+    tiers, slow = _tier_sum(c, by_tier, TIER_ALL), _tier_sum(c, by_tier, TIER_SLOW)
+    transfers = c.record("kv_to_gpu_bytes_per_second", "recent")
+    zero = f"({total} * 0 and on({k}) {tiers}) or on({k}) ({total} * 0 unless on({k}) {transfers})"
+    return f"({slow} or on({k}) {zero}) / on({k}) {total}"
 
 
 def gpu_busy_promql(c: PromContext, t: Thresholds) -> str:

@@ -114,11 +114,17 @@ def total_hit_tokens(v: WindowView, part: Part = "all") -> float:
 
 
 def _slow_tier_fraction(v: WindowView, t: Thresholds) -> float:
+    """Hits from off-GPU tiers per hit: 0 where the engine has hits by tier but none off the GPU, or no
+    tier at all; unknown where KV moves between tiers but the hits are not counted by tier."""
     total = total_hit_tokens(v, "recent")
     if math.isnan(total):
         return math.nan
     slow = v.sum_increase(_TIER_SLOW, "recent")
-    slow = 0.0 if math.isnan(slow) else slow
+    if math.isnan(slow):
+        tiered = not math.isnan(v.sum_increase(_TIER_ALL, "recent"))
+        if not tiered and not math.isnan(v.sum_rate(_TO_GPU, "recent")):
+            return math.nan
+        slow = 0.0
     with np.errstate(invalid="ignore", divide="ignore"):
         return float(np.float64(slow) / np.float64(total))
 

@@ -257,6 +257,8 @@ def test_prometheus_holding_the_same_samples_gives_the_same_diagnosis(tmp_path, 
     replays: dict[str, dict] = {}
     seconds: dict[str, float] = {}
     for scenario in SCENARIOS:
+        if scenario.expected == "unknown":  # too few snapshots: both refuse it (exit 2), no features to compare
+            continue
         window = scenario_trace_window(scenario, start, pod=scenario.name)
         path = tmp_path / f"{scenario.name}.om"
         write_window(window, path)

@@ -33,6 +33,9 @@ def test_every_row_is_once_and_its_threshold_is_a_configured_one(scenario):
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_evidence_is_the_path_to_the_verdict_plus_its_context(scenario):
     d = diagnose(scenario.window())
+    if d.verdict == "unknown":  # too few snapshots: no branch was tried, so no evidence is claimed
+        assert d.evidence == [] and d.branch == "unknown"
+        return
     branch = tree.BRANCH_BY_ID[d.branch]
     allowed = {f for f in (*tree.CONTEXT_FEATURES, *branch.context)} | {"prefix_hit_ratio"}
     path = {e.feature for e in d.evidence if not e.context}
