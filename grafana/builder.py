@@ -25,6 +25,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import VERDICTS
+from kvdoctor.rules.links import browsable, runbook_url
 from kvdoctor.rules.promql import ALERTS, RUNBOOK_BASE_URL, duration, rule_thresholds
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import RATIO
@@ -224,15 +225,10 @@ def verdict_history_panel() -> statetimeline.Panel:
     )
 
 
-def browsable(url: str) -> bool:
-    """An address a browser opens from any Grafana (the default runbook base is a repository path)."""
-    return url.startswith(("https://", "http://"))
-
-
 def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel:
     severities = _value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})
     columns = ["alertname", "severity", "namespace", "pod", "model_name", "source"]
-    where = f"{runbook_base_url}<alert>.md"
+    where = runbook_url(runbook_base_url, "<alert>")
     panel = (
         table.Panel()
         .show_header(True)
@@ -257,7 +253,7 @@ def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel
         )
     )
     if browsable(runbook_base_url):
-        runbook = {"title": "Runbook", "url": f"{runbook_base_url}${{__value.raw}}.md", "targetBlank": True}
+        runbook = {"title": "Runbook", "url": runbook_url(runbook_base_url, "${__value.raw}"), "targetBlank": True}
         panel.override_by_name("alertname", [dm.DynamicConfigValue("links", [runbook])])
     return panel
 

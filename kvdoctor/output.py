@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from kvdoctor.errors import UsageError
+from kvdoctor.rules import links
 
 
 def write_document(text: str, output: str | None) -> None:
@@ -37,7 +38,67 @@ def write_document(text: str, output: str | None) -> None:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
 
 
+def check_document(text: str, output: str | None, regenerate: str) -> int:
+    """``--check``: 0 when the file ``output`` holds ``text``, else 1 with one line saying how to
+    regenerate it (``regenerate``: the command, without its ``-o``)."""
+    if not output or output == "-":
+        raise UsageError("--check needs -o FILE to compare with")
+    try:
+        current = Path(output).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {output}: {exc.strerror or exc}") from None
+    if current != text:
+        print(f"{output} is out of date; regenerate it with: {regenerate} -o {output}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def runbook_base(text: str | None) -> str:
+    """``--runbook-base-url`` checked and ending in ``/`` (``rules export`` and ``grafana export``
+    alike); a bad one is a ``UsageError``."""
+    try:
+        return links.runbook_base(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def check_writable_file(path: str, flag: str) -> None:
+    """Refuses (``UsageError`` naming ``flag``) a file path no file can be written at: a folder, a
+    missing folder, or one where creating a file fails (read-only, ``/proc``). Checked by making
+    and removing a file beside it, so it holds as root too."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {parent} does not exist")
+    _try_to_write(parent, f"{flag} {path}")
+
+
+def prepare_folder(path: str, flag: str) -> Path:
+    """Makes the report folder ``path`` (and its parents) and checks a file can be written in it;
+    ``UsageError`` naming ``flag`` otherwise. Done before the work that fills it."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot make the folder: {exc.strerror or exc}") from None
+    _try_to_write(folder, f"{flag} {path}")
+    return folder
+
+
+def _try_to_write(folder: Path, what: str) -> None:
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kvdoctor-write-check.")
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot write in {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    Path(probe).unlink(missing_ok=True)

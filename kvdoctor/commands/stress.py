@@ -9,16 +9,19 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from kvdoctor import flags
+from kvdoctor import arguments, flags, probe
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
+from kvdoctor.output import prepare_folder
 from kvdoctor.rules.context import PUBLISHED
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
@@ -70,6 +73,9 @@ examples:
 DEFAULTS = S.DEFAULTS
 DEFAULT_TTFT_SLO_MS = S.DEFAULT_TTFT_SLO_SECONDS * 1000
 POLL_SECONDS = 1.0
+MAX_TOKENS = 10_000_000
+MAX_CONCURRENCY = 100_000
+MAX_TIMEOUT_SECONDS = 3600.0
 TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
 
 
@@ -94,25 +100,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the first of /v1/models)",
     )
     flags.deprecate(model, "--model")  # --model is the model spec (config.json, folder, ...) in every verb
+    tokens = arguments.ranged(int, 1, MAX_TOKENS, "tokens", low_open=False)
+    concurrency = arguments.ranged(int, 1, MAX_CONCURRENCY, "requests", low_open=False)
     for flag, kind, metavar, text in (
-        ("--prompt-tokens", int, "N", "prompt length in tokens, calibrated on the server's count (default {})"),
-        ("--max-tokens", int, "N", "tokens generated per request (ignore_eos where supported; default {})"),
-        ("--start-concurrency", int, "N", "requests in flight in the first step (default 1); doubled each step"),
-        ("--max-concurrency", int, "N", "the last step's concurrency if the KV cache never saturates (default {})"),
-        ("--step-seconds", float, "S", "seconds per concurrency step (default {:g})"),
+        ("--prompt-tokens", tokens, "N", "prompt length in tokens, calibrated on the server's count (default {})"),
+        ("--max-tokens", tokens, "N", "tokens generated per request (ignore_eos where supported; default {})"),
+        (
+            "--start-concurrency",
+            concurrency,
+            "N",
+            "requests in flight in the first step (default 1); doubled each step",
+        ),
+        (
+            "--max-concurrency",
+            concurrency,
+            "N",
+            "the last step's concurrency if the KV cache never saturates (default {})",
+        ),
+        (
+            "--step-seconds",
+            arguments.ranged(float, 0, 86400, "seconds"),
+            "S",
+            "seconds per concurrency step (default {:g})",
+        ),
     ):
         default = DEFAULTS[flag.removeprefix("--").replace("-", "_")]
         parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=text.format(default))
     parser.add_argument(
         "--kv-saturation",
-        type=float,
+        type=arguments.ranged(float, 0, 1),
         default=0.95,
         metavar="RATIO",
         help="KV usage (0..1) that counts as saturated (default 0.95); a preemption always does",
     )
     parser.add_argument(
         "--ttft-slo-ms",
-        type=float,
+        type=arguments.ranged(float, 0, 3_600_000, "ms"),
         default=DEFAULT_TTFT_SLO_MS,
         metavar="MS",
         help="where the engine publishes no KV usage: a step whose median time to first token passes this "
@@ -129,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=flags.positive_float,
+        type=arguments.ranged(float, 0, MAX_TIMEOUT_SECONDS, "seconds"),
         default=10.0,
         metavar="S",
         help="seconds to wait for the exporter's answers (default 10)",
@@ -219,6 +242,7 @@ async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: P
     schedule = S.step_schedule(settings.start_concurrency, settings.max_concurrency)
     planned = len(schedule) * settings.step_seconds
 
+    _stop_on_sigterm()
     signals: SignalRecorder
     if settings.exporter:
         try:
@@ -257,6 +281,16 @@ async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: P
             return await _steps(settings, schedule, endpoint, signals, client, progress)
         finally:
             await asyncio.to_thread(signals.close)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, Kubernetes and CI stop things so) stops the run as Ctrl-C does: the
+    load stops and the report of what ran is written."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    task = asyncio.current_task()
+    if task is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
 
 class _Run:
@@ -462,14 +496,21 @@ def run(args: argparse.Namespace) -> int:
         settings.validate()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if not 0 < args.timeout <= MAX_TIMEOUT_SECONDS:  # a variable's value is checked here too
+        raise UsageError(
+            f"--timeout must be more than 0 up to {MAX_TIMEOUT_SECONDS:,.0f} seconds, got {args.timeout:g}"
+        )
+    probe.check_scheme(args.engine_url, "--engine-url")
+    probe.check_scheme(args.exporter, "--exporter")
     out_dir = args.output or time.strftime("stress-%Y%m%d-%H%M%S")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UsageError(f"-o {out_dir}: exists and is not a folder")
+    prepare_folder(out_dir, "-o")  # before the load: a report that cannot be written is said first
 
     progress = Progress()
-    result = asyncio.run(_run(args, settings, progress))
+    try:
+        result = asyncio.run(_run(args, settings, progress))
+    except asyncio.CancelledError:  # SIGTERM before the first step: nothing ran, nothing to report
+        print("kvdoctor stress: stopped before the load started; no report", file=sys.stderr, flush=True)
+        return 143
     summary = write_report(settings, result, out_dir)
     verdict = summary["verdict"]
     sat = summary["saturation"]

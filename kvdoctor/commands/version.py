@@ -20,6 +20,7 @@ examples:
   kvdoctor version --json
   kvdoctor --version
 """
+EXIT_STATUS = "exit status: 0 printed, 3 an internal error."
 
 
 def version_info() -> dict[str, str]:
