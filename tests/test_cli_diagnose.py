@@ -312,7 +312,7 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
         (["--prometheus", "http://127.0.0.1:9", "--selector", 'kvdoctor_x{pod="a"}'], "label matchers only"),
         (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
         (["--prometheus", "http://127.0.0.1:9", "--namespace", " "], "namespace is empty"),
-        (["--prometheus", "http://127.0.0.1:9", "--limit", "-1"], "--limit must be 0"),
+        (["--prometheus", "http://127.0.0.1:9", "--limit", "-1"], "--limit: must be from 0 up to"),
         (["--replay", "{fill}", "--namespace", "x"], "--namespace goes with --prometheus"),
         (["--exporter", "http://127.0.0.1:9", "--limit", "3"], "--limit goes with --prometheus"),
         (["--replay", "{fill}", "--timeout", "0"], "--timeout"),

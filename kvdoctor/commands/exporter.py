@@ -84,7 +84,7 @@ def _adapter_phrase(engine: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of every ExporterSettings field (exporter/settings.py declares them)."""
-    parser.epilog = _collector_table() + "\n" + _adapter_gaps()
+    parser.epilog = EXIT_STATUS + "\n\n" + _collector_table() + "\n" + _adapter_gaps()
     groups = {}
     for option in options():
         if option.group not in groups:

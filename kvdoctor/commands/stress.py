@@ -84,12 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--engine-url",
         "--endpoint",
+        type=flags.url,
         required=True,
         help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1, or its /metrics)",
     )
     flags.add(
         parser,
         "--exporter",
+        type=flags.url,
         help="a kvdoctor exporter scraping that engine (default: one runs in this process on the engine's /metrics)",
     )
     model = parser.add_argument(
