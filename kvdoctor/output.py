@@ -81,18 +81,23 @@ def check_writable_file(path: str, flag: str) -> None:
     _try_to_write(parent, f"{flag} {path}")
 
 
-def prepare_folder(path: str, flag: str) -> Path:
-    """Makes the report folder ``path`` (and its parents) and checks a file can be written in it;
-    ``UsageError`` naming ``flag`` otherwise. Done before the work that fills it."""
+def check_folder_writable(path: str, flag: str) -> None:
+    """Refuses (``UsageError`` naming ``flag``) a report folder that could not be made or written
+    in: not a folder, or a place where nothing can be created (read-only, ``/proc``). Nothing is
+    left behind: the folder itself is made when the report is written."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{flag} {path}: exists and is not a folder")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a folder")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        trial = tempfile.mkdtemp(dir=existing, prefix=".kvdoctor-write-check.")
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot make the folder: {exc.strerror or exc}") from None
-    _try_to_write(folder, f"{flag} {path}")
-    return folder
+        raise UsageError(f"{flag} {path}: cannot write in {existing}: {exc.strerror or exc}") from None
+    os.rmdir(trial)
 
 
 def _try_to_write(folder: Path, what: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from kvdoctor import arguments, flags, probe
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
-from kvdoctor.output import prepare_folder
+from kvdoctor.output import check_folder_writable
 from kvdoctor.rules.context import PUBLISHED
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
@@ -84,7 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--engine-url",
         "--endpoint",
-        type=flags.url,
         required=True,
         help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1, or its /metrics)",
     )
@@ -102,42 +101,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the first of /v1/models)",
     )
     flags.deprecate(model, "--model")  # --model is the model spec (config.json, folder, ...) in every verb
-    tokens = arguments.ranged(int, 1, MAX_TOKENS, "tokens", low_open=False)
-    concurrency = arguments.ranged(int, 1, MAX_CONCURRENCY, "requests", low_open=False)
     for flag, kind, metavar, text in (
-        ("--prompt-tokens", tokens, "N", "prompt length in tokens, calibrated on the server's count (default {})"),
-        ("--max-tokens", tokens, "N", "tokens generated per request (ignore_eos where supported; default {})"),
-        (
-            "--start-concurrency",
-            concurrency,
-            "N",
-            "requests in flight in the first step (default 1); doubled each step",
-        ),
-        (
-            "--max-concurrency",
-            concurrency,
-            "N",
-            "the last step's concurrency if the KV cache never saturates (default {})",
-        ),
-        (
-            "--step-seconds",
-            arguments.ranged(float, 0, 86400, "seconds"),
-            "S",
-            "seconds per concurrency step (default {:g})",
-        ),
+        ("--prompt-tokens", int, "N", "prompt length in tokens, calibrated on the server's count (default {})"),
+        ("--max-tokens", int, "N", "tokens generated per request (ignore_eos where supported; default {})"),
+        ("--start-concurrency", int, "N", "requests in flight in the first step (default 1); doubled each step"),
+        ("--max-concurrency", int, "N", "the last step's concurrency if the KV cache never saturates (default {})"),
+        ("--step-seconds", float, "S", "seconds per concurrency step (default {:g})"),
     ):
         default = DEFAULTS[flag.removeprefix("--").replace("-", "_")]
         parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=text.format(default))
     parser.add_argument(
         "--kv-saturation",
-        type=arguments.ranged(float, 0, 1),
+        type=float,
         default=0.95,
         metavar="RATIO",
         help="KV usage (0..1) that counts as saturated (default 0.95); a preemption always does",
     )
     parser.add_argument(
         "--ttft-slo-ms",
-        type=arguments.ranged(float, 0, 3_600_000, "ms"),
+        type=float,
         default=DEFAULT_TTFT_SLO_MS,
         metavar="MS",
         help="where the engine publishes no KV usage: a step whose median time to first token passes this "
@@ -480,6 +462,25 @@ def write_report(settings, result: dict, out_dir) -> dict:
     return summary
 
 
+# The most each flag takes: more is a typo or an overflow, refused before any request.
+UPPER_BOUNDS = {
+    "prompt_tokens": (MAX_TOKENS, "tokens"),
+    "max_tokens": (MAX_TOKENS, "tokens"),
+    "start_concurrency": (MAX_CONCURRENCY, "requests"),
+    "max_concurrency": (MAX_CONCURRENCY, "requests"),
+    "step_seconds": (86_400, "seconds"),
+    "ttft_slo_ms": (3_600_000, "ms"),
+}
+
+
+def _check_upper_bounds(args: argparse.Namespace) -> None:
+    for dest, (most, unit) in UPPER_BOUNDS.items():
+        value = getattr(args, dest)
+        if value > most:
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"{flag} must be at most {most:,} {unit}, got {value:g}")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = S.StressSettings(
         endpoint=args.engine_url,
@@ -498,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
         settings.validate()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    _check_upper_bounds(args)
     if not 0 < args.timeout <= MAX_TIMEOUT_SECONDS:  # a variable's value is checked here too
         raise UsageError(
             f"--timeout must be more than 0 up to {MAX_TIMEOUT_SECONDS:,.0f} seconds, got {args.timeout:g}"
@@ -505,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
     probe.check_scheme(args.engine_url, "--engine-url")
     probe.check_scheme(args.exporter, "--exporter")
     out_dir = args.output or time.strftime("stress-%Y%m%d-%H%M%S")
-    prepare_folder(out_dir, "-o")  # before the load: a report that cannot be written is said first
+    check_folder_writable(out_dir, "-o")  # before the load: a report that cannot be written is said first
 
     progress = Progress()
     try:
