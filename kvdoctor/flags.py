@@ -61,7 +61,9 @@ SHARED: dict[str, Shared] = {
             "KVDOCTOR_MODEL",
             "the model: a config.json, a model folder, a cached Hugging Face id or a built-in name",
         ),
-        Shared("--gpu", "NAME", "KVDOCTOR_GPU", "the GPU: its NVML device name or a short name meaning one GPU (H100 SXM)"),
+        Shared(
+            "--gpu", "NAME", "KVDOCTOR_GPU", "the GPU: its NVML device name or a short name meaning one GPU (H100 SXM)"
+        ),
         Shared("--gpu-peak-bandwidth", "BYTES_PER_S", "KVDOCTOR_GPU_PEAK_BANDWIDTH", "one GPU's peak DRAM bandwidth"),
         Shared("--slo-ms", "MS", "KVDOCTOR_SLO_MS", "the per-token latency (ITL p95) SLO in milliseconds"),
         Shared("--thresholds", "FILE", "KVDOCTOR_THRESHOLDS", "a YAML file overriding the decision tree's thresholds"),
