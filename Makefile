@@ -9,12 +9,13 @@ PYTEST_ARGS ?=
 # Extra arguments for the demo, e.g. make demo ARGS="--scenario kv_thrashing"
 ARGS ?=
 
-.PHONY: help setup dev test-deps demo lint test test-fast bench bench-quick bench-fleet
+.PHONY: help setup dev test-deps demo demo-check lint test test-fast bench bench-quick bench-fleet
 
 help:
 	@echo "make setup      create .venv with kvdoctor (editable)"
 	@echo "make dev        same, plus the [dev] extras the tests need"
-	@echo "make demo       run 'kvdoctor demo' (simulated engine + GPU, exporter, dashboard)"
+	@echo "make demo       .venv with the [dashboard] extra, then 'kvdoctor demo' (simulated engine + GPU, exporter, dashboard)"
+	@echo "make demo-check the same, bounded: waits for a verdict and the three pages, exits 0 or 1 naming what did not come up"
 	@echo "make test-deps  install promtool/prometheus, helm, chromium, vLLM CPU + tiny model (scripts/install-test-deps.sh)"
 	@echo "make lint       ruff, ruff format --check, import-linter layers, mypy --strict (scripts/lint.sh)"
 	@echo "make test       test-deps, lint, then the whole test suite (what CI runs)"
@@ -28,9 +29,14 @@ $(VENV)/.kvdoctor-setup: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
+# The demo serves the dashboard: the [dashboard] extra (the [dev] extras include it).
+$(VENV)/.kvdoctor-demo: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh --dashboard
+	touch $@ $(VENV)/.kvdoctor-setup
+
 $(VENV)/.kvdoctor-dev: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh --dev
-	touch $@ $(VENV)/.kvdoctor-setup
+	touch $@ $(VENV)/.kvdoctor-setup $(VENV)/.kvdoctor-demo
 
 setup: $(VENV)/.kvdoctor-setup
 dev: $(VENV)/.kvdoctor-dev
@@ -38,8 +44,13 @@ dev: $(VENV)/.kvdoctor-dev
 test-deps: $(VENV)/.kvdoctor-dev
 	bash scripts/install-test-deps.sh
 
-demo: $(VENV)/.kvdoctor-setup
+demo: $(VENV)/.kvdoctor-demo
 	$(VENV)/bin/kvdoctor demo $(ARGS)
+
+# The README's first command, bounded (CI runs it on a clean clone before the tests): starts the
+# demo, waits for the exporter's verdict and the Live, Ledger and Fleet pages, stops.
+demo-check: $(VENV)/.kvdoctor-demo
+	$(VENV)/bin/kvdoctor demo --check $(ARGS)
 
 # pytest exits 5 when it collected no test: that must fail, not pass quietly.
 define run_pytest

@@ -25,6 +25,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.rules import signals as S
 from kvdoctor.rules import verdicts as catalogue
+from kvdoctor.rules.links import browsable, runbook_url
 from kvdoctor.rules.promql import RUNBOOK_BASE_URL, duration, rule_thresholds
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import RATIO
@@ -219,16 +220,11 @@ def verdict_history_panel() -> statetimeline.Panel:
     )
 
 
-def browsable(url: str) -> bool:
-    """An address a browser opens from any Grafana (the default runbook base is a repository path)."""
-    return url.startswith(("https://", "http://"))
-
-
 def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel:
     alert_severities = (catalogue.CRITICAL, catalogue.WARNING, catalogue.INFO)
     severities = _value_map({s: (s, catalogue.SEVERITY_COLOURS[s]) for s in alert_severities})
     columns = ["alertname", "severity", "namespace", "pod", "model_name", "source"]
-    where = f"{runbook_base_url}<alert>.md"
+    where = runbook_url(runbook_base_url, "<alert>")
     panel = (
         table.Panel()
         .show_header(True)
@@ -253,7 +249,7 @@ def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel
         )
     )
     if browsable(runbook_base_url):
-        runbook = {"title": "Runbook", "url": f"{runbook_base_url}${{__value.raw}}.md", "targetBlank": True}
+        runbook = {"title": "Runbook", "url": runbook_url(runbook_base_url, "${__value.raw}"), "targetBlank": True}
         panel.override_by_name("alertname", [dm.DynamicConfigValue("links", [runbook])])
     return panel
 

@@ -28,6 +28,52 @@ def checked(text: str, kind: Callable[[str], N], what: str, ok: Callable[[N], bo
     return value
 
 
+def _figure(value: float) -> str:
+    """A bound as people write it: 3,600 and 1e+15 alike readable."""
+    if value >= 1e7:
+        return f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def ranged(
+    kind: Callable[[str], N], low: float, high: float, unit: str = "", *, low_open: bool = True
+) -> Callable[[str], N]:
+    """An argparse type: a number of ``kind`` within ``low`` (excluded where ``low_open``) and
+    ``high``; anything else, infinities and overflows included, is "must be between LOW and HIGH
+    UNIT, got '...'" (argparse names the flag in front of it)."""
+    what = "a whole number" if kind is int else "a number"
+    span = f"{'more than' if low_open else 'from'} {_figure(low)} up to {_figure(high)}{' ' + unit if unit else ''}"
+
+    def parse(text: str) -> N:
+        try:
+            value = kind(text.strip())
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}") from None
+        if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text!r}")
+        return value
+
+    parse.__name__ = f"{kind.__name__}_in_range"
+    return parse
+
+
+def one_of(values: tuple[int, ...], why: str) -> Callable[[str], int]:
+    """An argparse type: a whole number among ``values`` ("must be 1, 8, ... (WHY), got '7'")."""
+    listed = ", ".join(map(str, values[:-1])) + f" or {values[-1]}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value not in values:
+            raise argparse.ArgumentTypeError(f"must be {listed} ({why}), got {text!r}")
+        return value
+
+    parse.__name__ = "one_of"
+    return parse
+
+
 def read_thresholds(path: str | None) -> Thresholds:
     """The thresholds of ``--thresholds FILE`` (the defaults without one); a bad file: UsageError."""
     if not path:

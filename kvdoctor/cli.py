@@ -13,6 +13,7 @@ traceback too when the environment sets ``KVDOCTOR_DEBUG``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -54,7 +55,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             module.NAME,
             help=module.HELP,
             description=description,
-            epilog=None if "exit status" in description else EXIT_STATUS_HELP,
+            epilog=None if "exit status" in description else getattr(module, "EXIT_STATUS", EXIT_STATUS_HELP),
         )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
@@ -82,30 +83,63 @@ def parse_arguments(argv: list[str] | None = None, environ=None) -> argparse.Nam
     return flags.parse(build_parser(argv), argv, environ)
 
 
+def wants_json(argv: Sequence[str]) -> bool:
+    """``--json`` among the flags (before any ``--``)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if token == "--json":
+            return True
+    return False
+
+
+def print_json_error(message: str, code: int) -> None:
+    """The failure as the one JSON object ``--json`` promises on stdout (the line stays on stderr)."""
+    line = message.strip()
+    if line.startswith("kvdoctor"):  # the object holds the message, not who said it
+        line = line.split(": ", 1)[-1]
+    line = line.removeprefix("error: ")
+    print(json.dumps({"error": line, "exit_code": code}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_arguments(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:  # answered before any verb's module (the web stack) is imported
+        print(version.version_line())
+        return 0
+    as_json = wants_json(argv)
+    try:
+        args = parse_arguments(argv)
+    except flags.Refused as refused:
+        if as_json and refused.code:
+            print_json_error(refused.line, int(refused.code))
+        raise
     if not getattr(args, "_run", None):
         build_parser().print_help()
         return 2
+    code, message = _run(args)
+    if message is not None:
+        print(f"kvdoctor {args.command}: {message}", file=sys.stderr)
+        if as_json:
+            print_json_error(message, code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+    """The command's exit status, and the one line it failed with (None when it did not fail)."""
     try:
-        return int(args._run(args) or 0)
+        return int(args._run(args) or 0), None
     except UsageError as exc:
-        print(f"kvdoctor {args.command}: error: {flags.blame(str(exc), args)}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, f"error: {flags.blame(str(exc), args)}"
     except (SourceUnreadable, SourceError) as exc:  # an exporter, Prometheus or engine that cannot be read
-        print(f"kvdoctor {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return EXIT_UNREADABLE, f"error: {exc}"
     except KeyboardInterrupt:
-        return 130
+        return 130, None
     except BrokenPipeError:  # `kvdoctor diagnose | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return 0, None
     except Exception as exc:  # last resort: one line, never a traceback (unless asked for)
         if os.environ.get("KVDOCTOR_DEBUG"):
             traceback.print_exc(file=sys.stderr)
         message = " ".join(str(exc).split())
-        print(
-            f"kvdoctor {args.command}: internal error: {type(exc).__name__}: {message}".rstrip(": ").rstrip(),
-            file=sys.stderr,
-        )
-        return EXIT_UNREADABLE
+        return EXIT_UNREADABLE, f"internal error: {type(exc).__name__}: {message}".rstrip(": ").rstrip()

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -60,7 +61,9 @@ SHARED: dict[str, Shared] = {
             "KVDOCTOR_MODEL",
             "the model: a config.json, a model folder, a cached Hugging Face id or a built-in name",
         ),
-        Shared("--gpu", "NAME", "KVDOCTOR_GPU", "the GPU: its NVML device name or a short alias"),
+        Shared(
+            "--gpu", "NAME", "KVDOCTOR_GPU", "the GPU: its NVML device name or a short name meaning one GPU (H100 SXM)"
+        ),
         Shared("--gpu-peak-bandwidth", "BYTES_PER_S", "KVDOCTOR_GPU_PEAK_BANDWIDTH", "one GPU's peak DRAM bandwidth"),
         Shared("--slo-ms", "MS", "KVDOCTOR_SLO_MS", "the per-token latency (ITL p95) SLO in milliseconds"),
         Shared("--thresholds", "FILE", "KVDOCTOR_THRESHOLDS", "a YAML file overriding the decision tree's thresholds"),
@@ -197,7 +200,14 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:  # one clear line, not a usage dump
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {_plain(message)}\n")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        """Ends parsing: ``message`` on stderr, then ``Refused`` (a ``SystemExit``) carrying it, so
+        the caller can also print it as JSON where ``--json`` was asked for."""
+        if message:
+            sys.stderr.write(message)
+        raise Refused(status, (message or "").strip())
 
     def format_usage(self) -> str:
         with _without_old_spellings(self):
@@ -206,6 +216,69 @@ class Parser(argparse.ArgumentParser):
     def format_help(self) -> str:
         with _without_old_spellings(self):
             return super().format_help()
+
+
+class Refused(SystemExit):
+    """argparse ended the command line: ``code`` its exit status, ``line`` what it printed."""
+
+    def __init__(self, code: int, line: str = "") -> None:
+        super().__init__(code)
+        self.line = line
+
+
+def _plain(message: str) -> str:
+    """argparse's wording, said the way kvdoctor's other errors are."""
+    choice = re.match(r"argument (\S+?)(?:/\S+)?: invalid choice: '(.*)' \(choose from (.*)\)$", message, re.S)
+    if choice:  # "argument COMMAND: invalid choice: 'diagnos' (...)" -> "unknown command 'diagnos'; did you mean ..."
+        what, given, options = choice.groups()
+        names = re.findall(r"'([^']*)'", options)
+        guess = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+        kind = what.lower() if what.isupper() else what
+        hint = f"; did you mean {guess[0]}?" if guess else ""
+        return f"unknown {kind} {given!r}{hint} (choose from {', '.join(names)})"
+    found = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message, re.S)
+    if found:  # "argument --timeout: must be ..." -> "--timeout must be ..."
+        flag, rest = found.groups()
+        return f"{flag}: {rest}"
+    return message
+
+
+def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """The first flag of ``argv`` that neither ``parser`` nor the verbs it chooses know, said as
+    "unknown flag --exproter; did you mean --exporter?" (argparse would first complain about a
+    required flag the misspelling was meant to be); None when every flag is known."""
+    current = parser
+    known = dict(parser._option_string_actions)
+    takes_value = False
+    for token in argv:
+        if token == "--":
+            return None
+        if takes_value:
+            takes_value = False
+            continue
+        sub = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and token in sub.choices:
+            current = sub.choices[token]
+            known = dict(current._option_string_actions)
+            continue
+        if not token.startswith("-") or token == "-" or _NUMBER.match(token):
+            continue
+        name = token.split("=", 1)[0]
+        action = known.get(name)
+        if action is None and not name.startswith("--"):
+            action = known.get(name[:2])  # -oFILE
+            if action is not None:
+                continue
+        if action is None:
+            shown = [s for a in current._actions for s in a.option_strings if s not in deprecated_spellings(a)]
+            guess = difflib.get_close_matches(name, shown, n=1, cutoff=0.6)
+            hint = f"; did you mean {guess[0]}?" if guess else f"; see: {current.prog} --help"
+            return f"{current.prog}: unknown flag {name}{hint}"
+        takes_value = "=" not in token and action.nargs is None and bool(action.option_strings)
+    return None
+
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+(e[+-]?\d+)?$", re.I)
 
 
 @contextmanager
@@ -262,6 +335,9 @@ def parse(
     maps each destination a variable set to that variable."""
     env = os.environ if environ is None else environ
     err = stderr or sys.stderr
+    unknown = unknown_flag(root, argv)
+    if unknown:
+        root.exit(2, unknown + "\n")
     chain = chosen_parsers(root, argv)
     verb = chain[0][0] if chain else ""
     from_env: dict[str, str] = {}

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import links
 from .verdicts import ALERT_OF
 
 # The runbooks shipped in this repository, relative to its root (docs/runbooks/<Alert>.md): the one
 # address that is real wherever the repository is cloned, mirrored or vendored. Give
 # `kvdoctor rules export --runbook-base-url` (helm: monitoring.prometheusRule.runbookBaseUrl)
 # where your copy is browsable, e.g. https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/.
-RUNBOOK_BASE_URL = "docs/runbooks/"
+RUNBOOK_BASE_URL = links.DEFAULT_RUNBOOK_BASE
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class AlertSpec:
     description: str
 
     def runbook_url(self, base: str = RUNBOOK_BASE_URL) -> str:
-        return f"{base}{self.name}.md"
+        return links.runbook_url(base, self.name)
 
 
 _WHERE = "{{ $labels.model_name }} on {{ $labels.pod }}"

@@ -316,6 +316,93 @@ def gpu_spec(name: str) -> GpuSpec:
     return spec
 
 
+class AmbiguousGpuError(UnknownGpuError):
+    """A short name several rows answer to (``H100``: SXM, PCIe or NVL); ``candidates`` their NVML names."""
+
+    def __init__(self, message: str, candidates: list[str]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
+_VENDOR_WORDS = frozenset({"nvidia", "tesla", "geforce"})
+
+
+def _tokens(text: str) -> list[str]:
+    """The words of a GPU name as people type it: case, dashes and vendor words aside, memory
+    sizes as ``80gb`` (``80GB``, ``80 GB``, ``80G`` alike)."""
+    words = re.sub(r"[-_/,()]", " ", text.casefold()).split()
+    out: list[str] = []
+    for word in words:
+        if word in ("gb", "gib") and out and out[-1].isdigit():
+            out[-1] += "gb"
+        elif word not in _VENDOR_WORDS:
+            out.append(re.sub(r"^(\d+)(g|gib)$", r"\1gb", word))
+    return out
+
+
+def _row_tokens(gpu: GpuSpec) -> set[str]:
+    """Every word of a row's NVML name and label, and its label's model with its size (``L40S``)."""
+    return set(_tokens(gpu.name)) | set(_tokens(gpu.label))
+
+
+def _matches(query: str, row: set[str]) -> bool:
+    """A typed word names a row's word: the same, or its family (``sxm`` for ``sxm4``, ``pcie``)."""
+    return query in row or any(w.startswith(query) and w[len(query) :].isdigit() for w in row if query.isalpha())
+
+
+def gpu_candidates(name: str) -> list[GpuSpec]:
+    """The rows a short name (``H100 SXM``, ``A100 40GB``, ``L40S``) could mean: every typed word
+    names one of the row's, and the first (the model: ``H100``) names its model exactly."""
+    words = _tokens(name)
+    if not words:
+        return []
+    found = []
+    for gpu in GPUS:
+        row = _row_tokens(gpu)
+        model = _tokens(gpu.label)[0] if gpu.label else ""
+        if all(_matches(w, row) for w in words) and (model in words or "".join(words) == model):
+            found.append(gpu)
+    return found
+
+
+def short_name(gpu: GpuSpec) -> str:
+    """The shortest name that means this row alone: its model, then with its form factor, its
+    memory, or both (``H100 SXM``, ``A100 SXM 40GB``, ``L40S``); the NVML name if none does."""
+    words = gpu.label.split() if gpu.label else []
+    if not words:
+        return gpu.name
+    model, rest = words[0], words[1:]
+    if not any(c.isdigit() for c in model) and rest:  # "RTX 4090": the model is two words
+        model, rest = f"{model} {rest[0]}", rest[1:]
+    tries = [[model]] + [[model, w] for w in rest] + [[model, *rest]]
+    for attempt in tries:
+        text = " ".join(attempt)
+        if [g.name for g in gpu_candidates(text)] == [gpu.name]:
+            return text
+    return gpu.name
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """The row a user's ``--gpu`` names: an exact NVML device name, or a short name that means one
+    row (``H100 SXM``, ``H100 PCIe``, ``L40S``). ``AmbiguousGpuError`` listing the candidates where it
+    means several (``H100``, ``A100``), ``UnknownGpuError`` with the closest names where none."""
+    exact = _BY_KEY.get(_key(name))
+    if exact is not None and _key(name) in {_key(g.name) for g in GPUS}:
+        return exact
+    found = gpu_candidates(name)
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        listed = "; ".join(f"{short_name(g)!r} ({g.name})" for g in found)
+        raise AmbiguousGpuError(
+            f"--gpu {name!r} could be {len(found)} GPUs: {listed}; give one of these (see --list-gpus)",
+            [g.name for g in found],
+        )
+    if exact is not None:  # an older alias that names one row (RTX4090, V100S)
+        return exact
+    return gpu_spec(name)
+
+
 def custom_gpu(peak_bandwidth: float, memory_bytes: float | None, base: GpuSpec | None = None) -> GpuSpec:
     """A GPU described by its figures: ``base`` with its peak (and memory) replaced, or a PCIe 4.0
     card named "custom" when there is no base."""

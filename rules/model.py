@@ -10,6 +10,7 @@ or a built-in name.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -71,6 +72,9 @@ class ModelShape:
     moe_layers: int = 0
     expert_parameters: float = 0.0
     source: str = ""  # where the shape was read from
+    max_model_len: int | None = None  # the longest context vLLM accepts (its derived max_model_len)
+    max_model_len_source: str = ""  # the config field it comes from: "max_position_embeddings=131072"
+    note: str = ""  # how a name was resolved, where it was not taken as given (a variant's built-in shape)
 
     @classmethod
     def from_hf_config(
@@ -111,6 +115,9 @@ class ModelShape:
             weight_dtype=_quantised_dtype(config.get("quantization_config") or cfg.get("quantization_config")),
             weight_bytes_exact=float(weight_bytes_exact) if weight_bytes_exact else None,
         )
+        limit = derived_max_model_len(cfg)
+        if limit is not None:
+            shape = replace(shape, max_model_len=limit[0], max_model_len_source=limit[1])
         shape = _with_parameters(cfg, shape, need_total=weight_bytes_exact is None)
         if shape.weight_dtype == UNKNOWN_QUANTISATION:
             if shape.weight_bytes_exact is None or shape.is_moe:
@@ -149,6 +156,43 @@ class ModelShape:
 
 
 _NON_POSITIVE = "model config has a non-positive layer, head or head_dim count"
+
+
+# The config fields vLLM reads the model's longest context from (the smallest present wins), and
+# the rope scalings that do not lengthen it (``_get_and_verify_max_len`` in vllm/config).
+MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+ROPE_TYPES_NOT_SCALING_THE_LENGTH = ("su", "longrope", "llama3", "mrope", "default")
+
+
+def derived_max_model_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
+    """(the longest context vLLM accepts for this config, the field that says so), as vLLM derives
+    it: the smallest of the position fields, times the rope scaling's factor where the scaling
+    lengthens the context (YaRN from its ``original_max_position_embeddings``). None: no field."""
+    found = [(int(cfg[k]), k) for k in MAX_LEN_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
+    if not found:
+        return None
+    length, key = min(found)
+    how = f"{key}={length:,}"
+    rope = cfg.get("rope_scaling")
+    if isinstance(rope, Mapping):
+        kind = str(rope.get("rope_type") or rope.get("type") or "")
+        factor = rope.get("factor")
+        if kind not in ROPE_TYPES_NOT_SCALING_THE_LENGTH and isinstance(factor, (int, float)) and factor > 0:
+            original = rope.get("original_max_position_embeddings")
+            if kind == "yarn" and isinstance(original, (int, float)) and original > 0:
+                length, how = int(original), f"rope_scaling original_max_position_embeddings={int(original):,}"
+            length = int(length * factor)
+            how += f" x {kind} factor {factor:g}"
+    return length, how
 
 
 def _int(cfg: Mapping[str, Any], field: str, default: int | None = None, why: str = "") -> int:
@@ -259,8 +303,11 @@ def _attention_parameters(cfg: Mapping[str, Any], shape: ModelShape) -> int:
 # ------------------------------------------------------------------------ built-in shapes
 
 
-def _llama(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int) -> dict[str, Any]:
+def _llama(
+    layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, positions: int
+) -> dict[str, Any]:
     return {
+        "max_position_embeddings": positions,
         "num_hidden_layers": layers,
         "hidden_size": hidden,
         "num_attention_heads": heads,
@@ -272,19 +319,28 @@ def _llama(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, voca
     }
 
 
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+
 # The shape fields of the models' published config.json files (Hugging Face hub), for the
 # dashboard's picker, the demo and ``--model NAME``.
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
-    "Llama-3.1-8B": _llama(32, 4096, 32, 8, 14336, 128256),
-    "Llama-3.1-70B": _llama(80, 8192, 64, 8, 28672, 128256),
-    "Llama-2-7B": _llama(32, 4096, 32, 32, 11008, 32000),
-    "Mistral-7B": _llama(32, 4096, 32, 8, 14336, 32768),
-    "Qwen2.5-7B": _llama(28, 3584, 28, 4, 18944, 152064),
+    # Llama 3.1's rope_scaling (rope_type llama3) does not lengthen its 131,072 positions
+    "Llama-3.1-8B": {**_llama(32, 4096, 32, 8, 14336, 128256, 131072), "rope_scaling": _LLAMA3_ROPE},
+    "Llama-3.1-70B": {**_llama(80, 8192, 64, 8, 28672, 128256, 131072), "rope_scaling": _LLAMA3_ROPE},
+    "Llama-2-7B": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
+    "Mistral-7B": _llama(32, 4096, 32, 8, 14336, 32768, 32768),
+    # Qwen/Qwen2.5-7B-Instruct: 32,768 positions (131,072 only with the YaRN rope_scaling added)
+    "Qwen2.5-7B": _llama(28, 3584, 28, 4, 18944, 152064, 32768),
     # mistralai/Mixtral-8x7B-v0.1: 8 experts, 2 active per token
-    "Mixtral-8x7B": {**_llama(32, 4096, 32, 8, 14336, 32000), "num_local_experts": 8, "num_experts_per_tok": 2},
+    "Mixtral-8x7B": {
+        **_llama(32, 4096, 32, 8, 14336, 32000, 32768),
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
     # deepseek-ai/DeepSeek-V3: MLA, 256 routed experts (8 active) + 1 shared, FP8 weights
     "DeepSeek-V3": {
-        **_llama(61, 7168, 128, 128, 18432, 129280),
+        **_llama(61, 7168, 128, 128, 18432, 129280, 163840),
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
         "moe_intermediate_size": 2048,
         "n_routed_experts": 256,
         "n_shared_experts": 1,
@@ -305,10 +361,67 @@ COMMON_MODELS: dict[str, ModelShape] = {
 }
 
 
+# Each built-in shape's Hugging Face organisation and repository names (the base model's; the
+# variants VARIANT_SUFFIXES name share its shape).
+BUILTIN_REPOS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Llama-3.1-8B": ("meta-llama", ("Llama-3.1-8B", "Meta-Llama-3.1-8B")),
+    "Llama-3.1-70B": ("meta-llama", ("Llama-3.1-70B", "Meta-Llama-3.1-70B")),
+    "Llama-2-7B": ("meta-llama", ("Llama-2-7b", "Llama-2-7b-hf")),
+    "Mistral-7B": ("mistralai", ("Mistral-7B",)),
+    "Qwen2.5-7B": ("Qwen", ("Qwen2.5-7B",)),
+    "Mixtral-8x7B": ("mistralai", ("Mixtral-8x7B",)),
+    "DeepSeek-V3": ("deepseek-ai", ("DeepSeek-V3", "DeepSeek-V3-Base")),
+}
+# Fine-tunes published beside a base model with its shape: chat and instruction tunes.
+VARIANT_SUFFIXES = ("-chat-hf", "-Instruct", "-chat", "-it", "-hf")
+_VERSION = re.compile(r"-v\d+(\.\d+)*$", re.I)  # Mistral-7B-Instruct-v0.2, Mixtral-8x7B-v0.1
+
+
+def _base_name(name: str) -> tuple[str, str]:
+    """(``name`` less its variant and version suffixes, the variant suffix it had, "" if none)."""
+    base, variant = name, ""
+    while True:
+        stripped = _VERSION.sub("", base)
+        for suffix in VARIANT_SUFFIXES:
+            if stripped.lower().endswith(suffix.lower()):
+                variant = variant or suffix
+                stripped = stripped[: -len(suffix)]
+                break
+        if stripped == base:
+            return base, variant
+        base = stripped
+
+
 def builtin_model(spec: str) -> ModelShape | None:
-    """A built-in shape by name: case-insensitive, dashes optional, an ``org/`` prefix ignored."""
-    wanted = spec.strip().lower().rsplit("/", 1)[-1]
-    for name, shape in COMMON_MODELS.items():
-        if wanted in (name.lower(), name.lower().replace("-", "")):
+    """A built-in shape by name (case-insensitive, dashes optional: ``Llama-3.1-8B``, ``llama3.1-8b``)
+    or by Hugging Face id (``meta-llama/Llama-3.1-8B``), a known variant of it included
+    (``meta-llama/Llama-3.1-8B-Instruct``, ``meta-llama/Llama-2-7b-chat-hf``: the shape says so in
+    its ``note``). None when it names none; ``ValueError`` for a built-in name under another
+    organisation (``foo/Llama-3.1-8B`` is not Meta's model)."""
+    text = spec.strip()
+    org, _, repo = text.rpartition("/")
+    wanted = repo.lower()
+    if not org:
+        for name, shape in COMMON_MODELS.items():
+            if wanted in (name.lower(), name.lower().replace("-", "")):
+                return shape
+    base, variant = _base_name(repo)
+    for name, (owner, repos) in BUILTIN_REPOS.items():
+        names = {r.lower() for r in repos} | {name.lower()}
+        if repo.lower() not in names and base.lower() not in names:
+            continue
+        if org and org.lower() != owner.lower():
+            raise ValueError(
+                f"unknown model {text!r}: not in the local Hugging Face cache, and the built-in {name} shape "
+                f"is {owner}'s ({owner}/{repos[0]}), not {org}'s; give the model's config.json or folder"
+            )
+        shape = COMMON_MODELS[name]
+        if repo.lower() in names:
             return shape
+        return replace(
+            shape,
+            name=text,
+            note=f"{text} is a{'n' if variant[1:2].lower() in 'aeiou' else ''} {variant} variant of {name}: "
+            f"the built-in {name} shape (the same layers, heads and weights)",
+        )
     return None

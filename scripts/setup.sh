@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates (or updates) .venv with kvdoctor installed editable.
 #
-#   bash scripts/setup.sh         # kvdoctor and its runtime dependencies
-#   bash scripts/setup.sh --dev   # plus the [dev] extras the tests need
+#   bash scripts/setup.sh              # kvdoctor and its runtime dependencies (the sidecar and the CLI)
+#   bash scripts/setup.sh --dashboard  # plus the [dashboard] extra: what `make demo` serves
+#   bash scripts/setup.sh --dev        # plus the [dev] extras the tests need (the dashboard included)
 #
 # PYTHON=/path/to/python3.11+ picks the interpreter (default: python3).
 set -euo pipefail
@@ -13,9 +14,10 @@ cd "$ROOT"
 extras=""
 case "${1:-}" in
   --dev) extras="[dev]" ;;
+  --dashboard) extras="[dashboard]" ;;
   "") ;;
-  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "setup: unknown argument '$1' (use --dev or nothing)" >&2; exit 2 ;;
+  -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "setup: unknown argument '$1' (use --dashboard, --dev or nothing)" >&2; exit 2 ;;
 esac
 
 py="${PYTHON:-python3}"

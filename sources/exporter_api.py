@@ -26,6 +26,7 @@ __all__ = [
     "WINDOW_PATH",
     "ExporterClient",
     "NoWindowApi",
+    "WindowRefused",
     "exporter_base_url",
 ]
 
@@ -39,6 +40,10 @@ CANONICAL_PREFIX = "kvdoctor_"
 
 class NoWindowApi(SourceError):
     """The server answers 404 to the window API: not a kvdoctor exporter, or one without the API."""
+
+
+class WindowRefused(SourceError):
+    """The exporter refused the window asked for (422): it keeps less than that."""
 
 
 def exporter_base_url(url: str) -> str:
@@ -70,7 +75,7 @@ class ExporterClient(ApiClient):
         if answer.status == 404:
             raise NoWindowApi(f"{self.url} has no {WINDOW_PATH}: is it a kvdoctor exporter?")
         if answer.status == 422:
-            raise SourceError(f"{where} refused a {n} s window (it keeps less: see its --max-window)")
+            raise WindowRefused(f"{where} refused a {n} s window (it keeps less: see its --max-window)")
         if answer.status != 200:
             raise self._http.status_error(answer)
         try:

@@ -252,7 +252,7 @@ def test_model_config_and_gpu_give_predicted_effects(cli, tmp_path):
     )
     trace = scenario_trace(tmp_path / "s.om", "high_hit_ratio_bandwidth_bound")
     plain = json.loads(cli("diagnose", "--replay", trace, "--json").stdout)
-    ledger = json.loads(cli("diagnose", "--replay", trace, "--json", "--model", config, "--gpu", "H100").stdout)
+    ledger = json.loads(cli("diagnose", "--replay", trace, "--json", "--model", config, "--gpu", "H100 SXM").stdout)
     assert plain["verdict"] == ledger["verdict"] == "memory_bandwidth_bound"
     assert not any(a["effect"] for a in plain["actions"])
     assert any(a["effect"] for a in ledger["actions"])
@@ -297,7 +297,7 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
         (["--replay", "{fill}", "--window", "0"], "--window"),
         (["--replay", "{fill}", "--slo-ms", "0"], "--slo-ms"),
         (["--replay", "{fill}", "--gpu", "X100"], "unknown GPU"),
-        (["--replay", "{fill}", "--gpu", "H100", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
+        (["--replay", "{fill}", "--gpu", "H100 SXM", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
         (["--replay", "{fill}", "--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
         (["--replay", "{fill}", "--model", "/nonexistent/config.json"], "no such file"),
         (["--replay", "{fill}", "--model", "{notjson}"], "not JSON"),
@@ -313,7 +313,7 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
         (["--prometheus", "http://127.0.0.1:9", "--selector", 'kvdoctor_x{pod="a"}'], "label matchers only"),
         (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
         (["--prometheus", "http://127.0.0.1:9", "--namespace", " "], "namespace is empty"),
-        (["--prometheus", "http://127.0.0.1:9", "--limit", "-1"], "--limit must be 0"),
+        (["--prometheus", "http://127.0.0.1:9", "--limit", "-1"], "--limit: must be from 0 up to"),
         (["--replay", "{fill}", "--namespace", "x"], "--namespace goes with --prometheus"),
         (["--exporter", "http://127.0.0.1:9", "--limit", "3"], "--limit goes with --prometheus"),
         (["--replay", "{fill}", "--timeout", "0"], "--timeout"),

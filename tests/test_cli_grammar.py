@@ -52,7 +52,7 @@ NOT_SPELLINGS = {"--endpoint", "--model-config", "--nvml", "--no-nvml", "--expor
 MINIMAL = {
     "diagnose": [("--replay", str(TRACE))],
     "record": [("--exporter", CLOSED), ("--seconds", "1"), ("-o", "{tmp}/r.om")],
-    "ledger": [("--model", "Llama-2-7B"), ("--gpu", "H100")],
+    "ledger": [("--model", "Llama-2-7B"), ("--gpu", "H100 SXM")],
     "stress": [("--engine-url", CLOSED), ("-o", "{tmp}/stress")],
     "exporter": [("--port", "0")],
     "dashboard": [("--exporter", CLOSED)],
@@ -67,7 +67,6 @@ FREE_TEXT = {
     ("dashboard", "--host"),
     ("diagnose", "--namespace"),
     ("stress", "--served-model-name"),
-    ("grafana export", "--runbook-base-url"),
 }
 GOOD = ["http://127.0.0.1:9/metrics", "Llama-2-7B", "vllm", "all", "30s", "3", "2.5", "0.5", "64", "2048", "120"]
 BAD = ["not-a-number", "maybe", "ftp://no where", "/nonexistent/kvdoctor-grammar", "-5", "70000", "0", "uuids:"]
@@ -342,7 +341,7 @@ def test_two_variables_for_one_exclusive_choice_are_refused(tmp_path):
 
 
 def test_a_variable_fills_a_required_flag():
-    args = _parse(["ledger", "--gpu", "H100"], {"KVDOCTOR_MODEL": "Llama-2-7B"})
+    args = _parse(["ledger", "--gpu", "H100 SXM"], {"KVDOCTOR_MODEL": "Llama-2-7B"})
     assert args.model == "Llama-2-7B" and args._from_env == {"model": "KVDOCTOR_MODEL"}
 
 

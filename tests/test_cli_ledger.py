@@ -59,7 +59,7 @@ def test_a_dense_model_on_h100_sxm(capsys):
 def test_json_uses_the_figures_names_and_every_figure_says_how(capsys, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**BUILTIN_CONFIGS["Llama-3.1-8B"], "_name_or_path": "meta-llama/Llama-3.1-8B"}))
-    result = ledger_json(capsys, "--model", config, "--gpu", "H100", "--kv-dtype", "fp8")
+    result = ledger_json(capsys, "--model", config, "--gpu", "H100 SXM", "--kv-dtype", "fp8")
     assert result["model"]["name"] == "meta-llama/Llama-3.1-8B" and result["gpu"]["name"] == "NVIDIA H100 80GB HBM3"
     assert result["fits"] is True and result["reason"] == "" and result["suggestion"] is None
     assert result["kv_bytes_per_token"] == 65_536 and result["kv_dtype"] == "fp8"
@@ -72,8 +72,12 @@ def test_json_uses_the_figures_names_and_every_figure_says_how(capsys, tmp_path)
 
 
 def test_moe_reads_its_weights_per_step_by_batch(capsys):
-    one = ledger_json(capsys, "--model", "Mixtral-8x7B", "--gpu", "H100", "--tp", 2, "--batch", 1, "--context", 4096)
-    many = ledger_json(capsys, "--model", "Mixtral-8x7B", "--gpu", "H100", "--tp", 2, "--batch", 64, "--context", 4096)
+    one = ledger_json(
+        capsys, "--model", "Mixtral-8x7B", "--gpu", "H100 SXM", "--tp", 2, "--batch", 1, "--context", 4096
+    )
+    many = ledger_json(
+        capsys, "--model", "Mixtral-8x7B", "--gpu", "H100 SXM", "--tp", 2, "--batch", 64, "--context", 4096
+    )
     assert 24e9 <= one["weight_bytes_per_step"] <= 28e9 and 90e9 <= many["weight_bytes_per_step"] <= 95e9
     assert one["weight_bytes"] == many["weight_bytes"] == pytest.approx(93.4e9, rel=0.001)
     # the floor uses the bytes read: at batch 1, half of 25.8 GB per GPU plus the KV
@@ -84,20 +88,22 @@ def test_moe_reads_its_weights_per_step_by_batch(capsys):
 
 
 def test_mla_kv_per_token_from_the_latent(capsys):
-    result = ledger_json(capsys, "--model", "DeepSeek-V3", "--gpu", "H200", "--tp", 8, "--context", 4096, "--batch", 4)
+    result = ledger_json(
+        capsys, "--model", "DeepSeek-V3", "--gpu", "H200 SXM", "--tp", 8, "--context", 4096, "--batch", 4
+    )
     assert result["kv_bytes_per_token"] == result["kv_bytes_per_token_per_gpu"] == 70_272
     assert result["fits"] and result["model"]["kv_latent_dim"] == 576
 
 
 def test_70b_on_one_gpu_does_not_fit_first_and_exits_1(capsys):
-    rc, out, _ = run_ledger(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100", "--tp", 1)
+    rc, out, _ = run_ledger(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100 SXM", "--tp", 1)
     assert rc == 1
     lines = out.splitlines()
     assert lines[2].startswith("DOES NOT FIT: the weights per GPU (141.1 GB) exceed the engine's share")
     assert lines[3] == "  smallest --tp that fits: 2 (run again with --tp 2)"
     assert "decode step floor" not in out and "what if" not in out
     assert "KV bytes per token" in out and "weights" in out
-    result = ledger_json(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100", rc=1)
+    result = ledger_json(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100 SXM", rc=1)
     assert result["fits"] is False and "exceed the engine's share" in result["reason"]
     assert result["suggestion"] == {"tp": 2, "flag": "--tp 2"}
     assert result["kv_bytes_per_token"] == 327_680 and result["weight_bytes"] == pytest.approx(141.1e9, rel=0.001)
@@ -105,12 +111,12 @@ def test_70b_on_one_gpu_does_not_fit_first_and_exits_1(capsys):
 
 
 def test_70b_on_four_gpus_is_per_gpu_with_the_all_reduce(capsys):
-    rc, out, _ = run_ledger(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100", "--tp", 4)
+    rc, out, _ = run_ledger(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100 SXM", "--tp", 4)
     assert rc == 0 and "fits: yes" in out
     assert "2 of the 8 KV heads on each of 4 GPUs" in out and "weights / 4 GPUs" in out
     assert "all-reduce per step (not in the floor)" in out and "NVLink (450.0 GB/s per direction)" in out
     assert "latency is not counted" in out
-    result = ledger_json(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100", "--tp", 4)
+    result = ledger_json(capsys, "--model", "Llama-3.1-70B", "--gpu", "H100 SXM", "--tp", 4)
     assert result["tp"] == 4 and result["kv_bytes_per_token_per_gpu"] == 81_920
     assert result["live_kv_bytes_per_gpu"] == 16 * 8192 * 81_920
     assert result["step_floor_seconds"] == pytest.approx((result["weight_bytes"] / 4 + 16 * 8192 * 81_920) / 3350e9)
@@ -151,17 +157,17 @@ def test_the_gpu_catalogue_lists_every_row(capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "missing.json", "--gpu", "H100"], "no such file 'missing.json'"),
-        (["--model", "NOT_JSON", "--gpu", "H100"], "is not JSON"),
-        (["--model", "LACKING", "--gpu", "H100"], "model config lacks 'num_hidden_layers'"),
-        (["--model", "NO_INTERMEDIATE", "--gpu", "H100"], "model config lacks 'intermediate_size'"),
-        (["--model", "LIST", "--gpu", "H100"], "is not a model config"),
+        (["--model", "missing.json", "--gpu", "H100 SXM"], "no such file 'missing.json'"),
+        (["--model", "NOT_JSON", "--gpu", "H100 SXM"], "is not JSON"),
+        (["--model", "LACKING", "--gpu", "H100 SXM"], "model config lacks 'num_hidden_layers'"),
+        (["--model", "NO_INTERMEDIATE", "--gpu", "H100 SXM"], "model config lacks 'intermediate_size'"),
+        (["--model", "LIST", "--gpu", "H100 SXM"], "is not a model config"),
         (["--model", "Llama-3.1-8B", "--gpu", "Z80"], "unknown GPU 'Z80'"),
         (["--model", "Llama-3.1-8B", "--gpu", "NVIDIA H800"], "(closest: 'NVIDIA H200'"),
         (["--model", "Llama-3.1-8B"], "give --gpu NAME"),
         (["--model", "Llama-3.1-8B", "--gpu-peak-bandwidth", "2e12"], "--gpu-memory-bytes"),
-        (["--model", "GPT-5", "--gpu", "H100"], "unknown model 'GPT-5'"),
-        (["--model", "Llama-3.1-70B", "--gpu", "H100", "--tp", "3"], "--tp 3 does not divide"),
+        (["--model", "GPT-5", "--gpu", "H100 SXM"], "unknown model 'GPT-5'"),
+        (["--model", "Llama-3.1-70B", "--gpu", "H100 SXM", "--tp", "3"], "--tp 3 does not divide"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_and_json_stays_parseable(tmp_path, capsys, args, message):
@@ -195,7 +201,7 @@ def test_bad_input_is_one_line_and_exit_2_and_json_stays_parseable(tmp_path, cap
     ],
 )
 def test_argument_errors_exit_2(capsys, args):
-    rc, out, err = run_ledger(capsys, "--model", "Llama-3.1-8B", "--gpu", "H100", *args)
+    rc, out, err = run_ledger(capsys, "--model", "Llama-3.1-8B", "--gpu", "H100 SXM", *args)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
 
 
@@ -203,7 +209,7 @@ def test_argument_errors_exit_2(capsys, args):
 def test_ledger_through_the_console_script(run_cli, tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{")
-    result = run_cli("ledger", "--model", bad, "--gpu", "H100")
+    result = run_cli("ledger", "--model", bad, "--gpu", "H100 SXM")
     assert result.rc == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         f"kvdoctor ledger: error: '{bad}' is not JSON (Expecting property name enclosed in double quotes at line 1)"

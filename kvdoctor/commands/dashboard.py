@@ -28,6 +28,10 @@ Needs the [dashboard] extra: pip install 'kvdoctor[dashboard]'.
 examples:
   kvdoctor dashboard --exporter http://127.0.0.1:9745
   kvdoctor dashboard --prometheus http://prometheus:9090 --host 0.0.0.0 --port 8050"""
+EXIT_STATUS = """\
+exit status: 0 stopped (SIGTERM or Ctrl-C), 2 a usage error (a flag, a URL, the auth settings, a port
+in use, the [dashboard] extra missing), 3 an internal error. A source that cannot be read is shown
+on the page, not an exit."""
 
 # Top-level modules of the [dashboard] extra and what they pull in: one missing means the extra is.
 DASHBOARD_EXTRA_MODULES = frozenset({"dash", "plotly", "matplotlib", "tsdownsample", "flask", "werkzeug"})

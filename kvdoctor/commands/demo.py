@@ -6,12 +6,14 @@ import argparse
 import json
 import math
 import signal
+import sys
 import tempfile
 import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import numpy as np
 from pydantic import ValidationError
 
@@ -66,15 +68,27 @@ decode stays near 20 ms per token, under the exporter's general-purpose 100 ms d
 The engine also answers OpenAI completions (streaming, with usage), so `kvdoctor stress` runs
 against it: pass the engine URL the demo prints as --engine-url.
 
+--check starts the same, waits until the exporter has a verdict and the dashboard's three pages
+(Live, Ledger, Fleet) answer, says how long each took, and stops (for CI: `make demo-check`). Its
+ports are any free ones unless --port / --dashboard-port say otherwise.
+
+exit status: 0 stopped (Ctrl-C or SIGTERM), or with --check everything came up; 1 with --check,
+something did not come up within --check-timeout (named); 2 a usage error (a flag, a port in use,
+the [dashboard] extra missing); 3 an internal error.
+
 examples:
   kvdoctor demo
   kvdoctor demo --scenario kv_thrashing --port 0 --dashboard-port 0
   kvdoctor demo --no-dashboard --scenario cycle --cycle-period 120
   kvdoctor demo --scenario bandwidth_bound --queue growing
+  kvdoctor demo --check                     # start, wait for a verdict and the three pages, stop
 """
 
 DEFAULT_SLO_MS = 15.0
 DEFAULT_STATUS_EVERY = 5.0
+DEFAULT_PORT, DEFAULT_DASHBOARD_PORT = 9745, 8050
+DEFAULT_CHECK_TIMEOUT = 120.0
+PAGES = (("Live", "/"), ("Ledger", "/ledger"), ("Fleet", "/fleet"))
 
 
 def _positive_float(text: str) -> float:
@@ -95,17 +109,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--queue", default="none", choices=QUEUE_CHOICES, help="a queue behind it (default: none)")
     parser.add_argument(
-        "--port", type=_port, default=9745, metavar="PORT", help="the exporter's port (default: 9745; 0: any free port)"
+        "--port",
+        type=_port,
+        metavar="PORT",
+        help=f"the exporter's port (default: {DEFAULT_PORT}, with --check any free one; 0: any free port)",
     )
     parser.add_argument(
         "--dashboard-port",
         type=_port,
-        default=8050,
         metavar="PORT",
-        help="the dashboard's port (default: 8050; 0: any free port)",
+        help=f"the dashboard's port (default: {DEFAULT_DASHBOARD_PORT}, with --check any free one; 0: any free port)",
     )
     parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
-    parser.add_argument("--seed", type=int, default=0, metavar="N", help="the simulation's random seed (default: 0)")
+    parser.add_argument(
+        "--seed",
+        type=arguments.ranged(int, 0, 2**32 - 1, low_open=False),
+        default=0,
+        metavar="N",
+        help="the simulation's random seed (default: 0)",
+    )
     parser.add_argument(
         "--interval",
         type=_positive_float,
@@ -137,10 +159,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--status-every",
-        type=float,
+        type=arguments.ranged(float, 0, 86400, "seconds", low_open=False),
         default=DEFAULT_STATUS_EVERY,
         metavar="S",
         help=f"seconds between status lines (default: {DEFAULT_STATUS_EVERY:g}; 0: none)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="start everything, wait for the exporter's first verdict and the three dashboard pages, then stop: "
+        "exit 0, or 1 naming what did not come up",
+    )
+    parser.add_argument(
+        "--check-timeout",
+        type=arguments.ranged(float, 0, 3600, "seconds"),
+        default=DEFAULT_CHECK_TIMEOUT,
+        metavar="S",
+        help=f"with --check: how long to wait for everything (default: {DEFAULT_CHECK_TIMEOUT:g})",
     )
 
 
@@ -209,7 +244,77 @@ def status_line(window, diagnosis: dict | None, now: float | None = None) -> str
 # ------------------------------------------------------------------------------------ wiring
 
 
+class Check:
+    """``--check``: what must come up (the exporter's verdict, the dashboard's pages), polled until
+    all did or the time is up; each one's time after the start is kept for the summary."""
+
+    def __init__(self, exporter_url: str, dashboard_url: str | None, started: float) -> None:
+        self.started = started
+        self.pending: dict[str, str] = {"the exporter's verdict": f"{exporter_url}/api/v1/diagnosis"}
+        if dashboard_url:
+            root = dashboard_url.rstrip("/")
+            for name, path in PAGES:
+                self.pending[f"the {name} page"] = root + path
+            self.pending["the dashboard's layout"] = root + "/_dash-layout"
+        self.why: dict[str, str] = {}
+        self.came_up: list[str] = []
+
+    def poll(self, client: httpx.Client) -> None:
+        for what, url in list(self.pending.items()):
+            try:
+                answer = client.get(url)
+            except httpx.HTTPError as exc:
+                self.why[what] = f"{url}: {type(exc).__name__}"
+                continue
+            detail = self._looks_right(what, answer)
+            if detail is None:
+                self.why[what] = f"{url}: HTTP {answer.status_code}"
+                continue
+            del self.pending[what]
+            self.why.pop(what, None)
+            line = f"{what} after {time.monotonic() - self.started:.1f} s: {detail}"
+            self.came_up.append(line)
+            print(f"kvdoctor demo --check: {line}", flush=True)
+
+    @staticmethod
+    def _looks_right(what: str, answer: httpx.Response) -> str | None:
+        if answer.status_code != 200:
+            return None
+        if what == "the exporter's verdict":
+            payload = answer.json() if "json" in answer.headers.get("content-type", "") else None
+            verdict = payload.get("verdict") if isinstance(payload, dict) else None
+            if not verdict:
+                return None
+            return f"{verdict} (confidence {float(payload.get('confidence') or 0):.2f})"
+        if what == "the dashboard's layout":
+            return "served" if "json" in answer.headers.get("content-type", "") else None
+        name = what.split()[1]
+        return f"{answer.url} answered" if f"kvdoctor · {name}" in answer.text else None
+
+    def wait(self, stop: threading.Event, timeout: float) -> int:
+        deadline = self.started + timeout
+        with httpx.Client(timeout=5.0, follow_redirects=False) as client:
+            while self.pending and not stop.is_set():
+                self.poll(client)
+                if not self.pending or time.monotonic() >= deadline:
+                    break
+                stop.wait(0.5)
+        if not self.pending:
+            print(f"kvdoctor demo --check: everything came up in {time.monotonic() - self.started:.1f} s", flush=True)
+            return 0
+        missing = "; ".join(f"{what} ({self.why.get(what, 'not asked yet')})" for what in self.pending)
+        when = "stopped" if stop.is_set() else f"within {timeout:g} s"
+        print(f"kvdoctor demo: error: did not come up {when}: {missing}", file=sys.stderr, flush=True)
+        return 1
+
+
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    free = 0 if args.check else None
+    if args.port is None:
+        args.port = free if free is not None else DEFAULT_PORT
+    if args.dashboard_port is None:
+        args.dashboard_port = free if free is not None else DEFAULT_DASHBOARD_PORT
     dashboard_app = None if args.no_dashboard else load_dashboard_app(" (or run the demo with --no-dashboard)")
     stop = threading.Event()
     previous = {}
@@ -299,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
             f'-d \'{{"scenario": "kv_thrashing"}}\')',
             flush=True,
         )
+        if args.check:
+            return Check(exporter_http.url, dashboard_url, started).wait(stop, args.check_timeout)
         print("Ctrl-C to stop.", flush=True)
 
         every = args.status_every

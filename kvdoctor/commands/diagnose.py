@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvdoctor import arguments, flags
+from kvdoctor import arguments, flags, probe
 from kvdoctor.commands.ledger import load_gpu, load_model
 from kvdoctor.errors import EXIT_OK, EXIT_SLOW, SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS
@@ -27,7 +27,7 @@ from kvdoctor.rules.thresholds import sized_for_interval
 from kvdoctor.rules.units import fmt_ms, plural
 from kvdoctor.rules.verdicts import UNKNOWN
 from kvdoctor.rules.window import Window
-from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.exporter_api import ExporterClient, WindowRefused
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.prometheus import BadSelector, PrometheusClient, PrometheusSource
@@ -77,14 +77,20 @@ examples:
 """
 
 HTTP_TIMEOUT_SECONDS = 10.0
+MAX_TIMEOUT_SECONDS = 3600.0
+MAX_WINDOW_SECONDS = 86400.0  # a day: longer than any exporter keeps, and than an incident's window
+MAX_SLO_MS = 3_600_000.0
+MAX_LIMIT = 1_000_000
+EARLIEST = 946_684_800.0  # 2000-01-01T00:00:00Z: no kvdoctor sample is older
+FUTURE_SLACK_SECONDS = 3600.0  # clocks differ; an hour ahead is still a mistake worth a word
 WITHOUT_VARIABLE = ("--replay", "--at", "--engine")  # this run's own input, not a setting
 DESCRIPTION = DESCRIPTION.replace("{limit}", str(DEFAULT_LIMIT))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    flags.add(source, "--exporter", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    flags.add(source, "--prometheus", help="a Prometheus server, e.g. http://prometheus:9090")
+    flags.add(source, "--exporter", type=flags.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--prometheus", type=flags.url, help="a Prometheus server, e.g. http://prometheus:9090")
     source.add_argument("--replay", metavar="FILE", help="a trace file (OpenMetrics with timestamps)")
     parser.add_argument(
         "--selector",
@@ -94,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", metavar="NS", help="with --prometheus: only the pods of this namespace")
     parser.add_argument(
         "--limit",
-        type=int,
+        type=arguments.ranged(int, 0, MAX_LIMIT, "rows", low_open=False),
         metavar="N",
         help=f"with --prometheus, several pods: show the N worst (default {DEFAULT_LIMIT}; 0: all; --json: all)",
     )
@@ -103,14 +109,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=flags.positive_float,
+        type=arguments.ranged(float, 0, MAX_WINDOW_SECONDS, "seconds"),
         metavar="S",
         help="window length in seconds (default: the thresholds' window_seconds, 60)",
     )
     flags.add(
         parser,
         "--slo-ms",
-        type=flags.positive_float,
+        type=arguments.ranged(float, 0, MAX_SLO_MS, "ms"),
         help="inter-token latency SLO in ms (default: the exporter's published SLO, else 100)",
     )
     flags.add(parser, "--thresholds", help="a YAML file overriding decision-tree thresholds")
@@ -122,8 +128,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(enables the ledger's predicted effects; default: the exporter's published model)",
     )
     gpu = parser.add_mutually_exclusive_group()
-    flags.add(gpu, "--gpu", help="GPU model for the ledger, e.g. H100 (default: from the samples)")
-    flags.add(gpu, "--gpu-peak-bandwidth", type=flags.positive_float, help="peak DRAM bandwidth of one GPU, bytes/s")
+    flags.add(
+        gpu,
+        "--gpu",
+        help="GPU model for the ledger: its NVML name or a short name such as 'H100 SXM' (default: from the samples)",
+    )
+    flags.add(
+        gpu,
+        "--gpu-peak-bandwidth",
+        type=arguments.ranged(float, 0, 1e15, "bytes/s"),
+        help="peak DRAM bandwidth of one GPU, bytes/s",
+    )
     flags.add(
         parser,
         "--engine",
@@ -132,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--timeout",
-        type=flags.positive_float,
+        type=arguments.ranged(float, 0, MAX_TIMEOUT_SECONDS, "seconds"),
         default=HTTP_TIMEOUT_SECONDS,
         help=f"how long to wait for the exporter or Prometheus (default {HTTP_TIMEOUT_SECONDS:g})",
     )
@@ -165,6 +180,31 @@ def parse_time(text: str) -> float:
     return parsed.timestamp()
 
 
+def check_time(text: str, now: float | None = None) -> float:
+    """``--at`` as Unix seconds, refused unless between 2000-01-01 and an hour from now."""
+    at = parse_time(text)
+    latest = (time.time() if now is None else now) + FUTURE_SLACK_SECONDS
+    if not EARLIEST <= at <= latest:
+        raise UsageError(
+            f"--at must be a time from {_iso(EARLIEST)} to an hour from now ({_iso(latest)}), got {text!r}"
+        )
+    return at
+
+
+def check_span(args: argparse.Namespace, at: float | None, now: float | None = None) -> None:
+    """An exporter keeps its last minutes only: the window it is asked for (--window back from
+    --at, and --at back from now) must be one it could serve, at most a day."""
+    if not args.exporter or at is None:
+        return
+    ago = (time.time() if now is None else now) - at
+    seconds = args.window if args.window is not None else 0.0
+    if ago + seconds > MAX_WINDOW_SECONDS:
+        raise UsageError(
+            f"--at {args.at!r} is {ago:,.0f} s ago: an exporter keeps its last --retention seconds "
+            f"(at most {MAX_WINDOW_SECONDS:,.0f}); give a time within that, or read the past from --prometheus"
+        )
+
+
 def _context(args: argparse.Namespace) -> Context:
     """What the flags say (None where they say nothing: the exporter's published context then)."""
     slo_seconds = None
@@ -193,17 +233,15 @@ def _validate(args: argparse.Namespace) -> None:
     for flag in ("selector", "namespace", "limit"):
         if getattr(args, flag) is not None and not args.prometheus:
             raise UsageError(f"--{flag} goes with --prometheus")
-    if args.limit is not None and args.limit < 0:
-        raise UsageError(f"--limit must be 0 (all) or more, got {args.limit}")
     if args.engine is not None:
         if not args.replay:
             raise UsageError("--engine goes with --replay (an exporter or Prometheus already holds canonical series)")
         if args.engine not in ADAPTERS:
             raise UsageError(f"unknown engine {args.engine!r} (choose from {', '.join(sorted(ADAPTERS))})")
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    if args.window is not None and not (args.window > 0 and math.isfinite(args.window)):
-        raise UsageError(f"--window must be a positive number of seconds, got {args.window:g}")
+    if not (0 < args.timeout <= MAX_TIMEOUT_SECONDS):  # a variable's value is checked here too
+        raise UsageError(
+            f"--timeout must be more than 0 up to {MAX_TIMEOUT_SECONDS:,.0f} seconds, got {args.timeout:g}"
+        )
 
 
 def read_pods(args: argparse.Namespace, at: float | None) -> FleetSummary:
@@ -262,6 +300,8 @@ def load_window(
             published = client.context()
     except BadSelector as exc:  # Prometheus refused the selector, or it matches several pods
         raise UsageError(str(exc)) from None
+    except WindowRefused as exc:  # it keeps less than --window (and --at) ask for: the input's fault
+        raise UsageError(f"--window/--at: {exc}") from None
     except SourceError as exc:
         raise SourceUnreadable(str(exc)) from None
     if not len(full) or not full.series:
@@ -302,9 +342,11 @@ def sampling_interval(window: Window) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     _validate(args)
+    at = check_time(args.at) if args.at is not None else None
+    check_span(args, at)
     thresholds = arguments.read_thresholds(args.thresholds)
     given = _context(args)
-    at = parse_time(args.at) if args.at is not None else None
+    probe.check_scheme(args.exporter or args.prometheus, "--exporter" if args.exporter else "--prometheus")
     selector = None
     if args.prometheus:
         pods = read_pods(args, at)

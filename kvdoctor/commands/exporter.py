@@ -40,6 +40,10 @@ examples:
   kvdoctor exporter --engine-url http://127.0.0.1:8000 --model meta-llama/Llama-3.1-8B-Instruct --slo-ms 50
   KVDOCTOR_ENGINE_URL=http://127.0.0.1:8000 kvdoctor exporter --no-collector.nvml --port 0
 """
+EXIT_STATUS = """\
+exit status: 0 stopped (SIGTERM or Ctrl-C), 2 a usage or configuration error (a flag, a variable, the
+web config file, a port in use), 3 an internal error. A source that cannot be read never stops it:
+kvdoctor_source_up says so."""
 
 
 def _collector_table() -> str:
@@ -80,7 +84,7 @@ def _adapter_phrase(engine: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of every ExporterSettings field (exporter/settings.py declares them)."""
-    parser.epilog = _collector_table() + "\n" + _adapter_gaps()
+    parser.epilog = EXIT_STATUS + "\n\n" + _collector_table() + "\n" + _adapter_gaps()
     groups = {}
     for option in options():
         if option.group not in groups:

@@ -7,7 +7,7 @@ import argparse
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.grafana.builder import render_dashboard
-from kvdoctor.output import write_document
+from kvdoctor.output import check_document, runbook_base, write_document
 from kvdoctor.rules.promql import RUNBOOK_BASE_URL
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
@@ -33,6 +33,10 @@ examples:
   kvdoctor grafana export --thresholds my-thresholds.yaml --slo-ms 50 -o dashboard.json
   kvdoctor grafana export --runbook-base-url https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/
   kvdoctor grafana export --scrape-interval 1m -o dashboard.json
+  kvdoctor grafana export --check -o grafana/kvdoctor-dashboard.json   # exit 1 if the file is out of date
+
+exit status: 0 written (or up to date), 1 out of date (--check), 2 a usage or input error (a flag, a
+thresholds file, a runbook URL, a file that cannot be written), 3 an internal error.
 """
 
 
@@ -68,15 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         export,
         "--runbook-base-url",
-        default=RUNBOOK_BASE_URL,
-        help="where the runbooks are browsable (<URL><Alert>.md); an http(s) URL adds runbook links "
-        f"(default {RUNBOOK_BASE_URL}: no links)",
+        help="where the runbooks are, an http(s) URL or a path, as rules export takes it (URL/<Alert>.md); an "
+        f"http(s) URL adds runbook links (default {RUNBOOK_BASE_URL}: no links)",
+    )
+    export.add_argument(
+        "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "grafana_action", None) != "export":
         raise UsageError("missing action; try: kvdoctor grafana export [-o FILE]")
+    base = runbook_base(args.runbook_base_url)
     thresholds = arguments.read_thresholds(args.thresholds)
     slo = DEFAULT_SLO_SECONDS
     if args.slo_ms is not None:
@@ -85,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         slo = args.slo_ms / 1000.0
     if args.scrape_interval is not None and not 0 < args.scrape_interval < float("inf"):
         raise UsageError(f"--scrape-interval must be a positive number of seconds, got {args.scrape_interval:g}")
-    text = render_dashboard(thresholds, slo, args.scrape_interval, args.runbook_base_url)
-
+    text = render_dashboard(thresholds, slo, args.scrape_interval, base)
+    if args.check:
+        return check_document(text, args.output, "kvdoctor grafana export")
     write_document(text, args.output)
     return 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
-from kvdoctor.rules.gpus import GPUS, GpuSpec, custom_gpu, gpu_spec, lookup_gpu
+from kvdoctor.rules.gpus import GPUS, GpuSpec, UnknownGpuError, custom_gpu, resolve_gpu, short_name
 from kvdoctor.rules.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
 from kvdoctor.rules.ledger_report import LedgerReport, LedgerRequest, build_report, fmt_size, sequences
 from kvdoctor.rules.model import COMMON_MODELS, ModelShape
@@ -34,14 +34,22 @@ keep up. Every figure says how it was computed; --json uses the same names.
 
 --model takes a config.json, a model folder (a Hugging Face snapshot: its safetensors index gives
 the weight bytes exactly), a Hugging Face id already in the local cache (never downloaded), or a
-built-in name. --gpu takes the exact NVML device name (nvidia-smi --query-gpu=name) or a short alias.
+built-in name; a Hugging Face id of a built-in model, or of its -Instruct/-chat/-it variant, takes the
+built-in shape (and says so). --gpu takes the exact NVML device name (nvidia-smi --query-gpu=name)
+or a short name meaning one GPU ("H100 SXM", "A100 PCIe 80GB", L40S); an ambiguous one (H100: SXM,
+PCIe or NVL) lists the candidates.
 
 examples:
   kvdoctor ledger --model Llama-3.1-8B --gpu "NVIDIA H100 80GB HBM3" --context 8192 --batch 32
-  kvdoctor ledger --model ~/models/Llama-3.1-70B-Instruct --gpu H100 --tp 4 --json
+  kvdoctor ledger --model ~/models/Llama-3.1-70B-Instruct --gpu "H100 SXM" --tp 4 --json
   kvdoctor ledger --model meta-llama/Llama-3.1-8B-Instruct --gpu L4 --kv-cache-memory-bytes 8e9
-  kvdoctor ledger --list-gpus
+  kvdoctor ledger --list-gpus --json
 """
+EXIT_STATUS = """\
+exit status: 0 it fits, 1 it does not fit (the smallest --tp that does is named), 2 bad input (a flag
+out of range, an unknown or ambiguous GPU, an unknown model, a --context longer than the model
+takes, a block size vLLM refuses), 3 an internal error. With --json a failure is one JSON object
+on stdout too."""
 
 KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp32")
 DEFAULT_CONTEXT = 8192
@@ -49,65 +57,60 @@ DEFAULT_BATCH = 16
 EXIT_DOES_NOT_FIT = 1
 
 
-def _positive_int(text: str) -> int:
-    return arguments.checked(text, int, "a positive integer", lambda v: v > 0, "a positive integer")
-
-
-def _positive_number(text: str) -> float:
-    return arguments.checked(
-        text, float, "a positive number", lambda v: v > 0 and math.isfinite(v), "a positive number"
-    )
+# vLLM's --block-size choices (its CacheConfig's BlockSize); any other it refuses at start.
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+MAX_TP = 1024
+MAX_CONTEXT = 2**31 - 1
+MAX_BATCH = 10**9
+MAX_BYTES = 1e15  # a petabyte: more than any GPU's memory or bandwidth per second
+_tp = arguments.ranged(int, 1, MAX_TP, "GPUs", low_open=False)
+_context = arguments.ranged(int, 1, MAX_CONTEXT, "tokens", low_open=False)
+_batch = arguments.ranged(int, 1, MAX_BATCH, "sequences", low_open=False)
+_bytes = arguments.ranged(float, 0, MAX_BYTES, "bytes")
+_bandwidth = arguments.ranged(float, 0, MAX_BYTES, "bytes/s")
+_block_size = arguments.one_of(VLLM_BLOCK_SIZES, "the block sizes vLLM accepts")
 
 
 def _fraction(text: str) -> float:
-    value = _positive_number(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
-
-
-class _ListGpus(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(catalogue_table())
-        parser.exit(0)
+    return arguments.checked(text, float, "a number", lambda v: 0 < v <= 1, "more than 0 up to 1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--model",
-        required=True,
-        help="a config.json, a model folder, a Hugging Face id in the local cache, or one of: "
-        + ", ".join(COMMON_MODELS),
+        help="(required) a config.json, a model folder, a Hugging Face id (in the local cache, or one of these "
+        "and their -Instruct/-chat/-it variants) or one of: " + ", ".join(COMMON_MODELS),
     )
     parser.add_argument(
         "--gpu",
         metavar="NAME",
-        help="the NVML device name (e.g. 'NVIDIA H100 80GB HBM3') or a short alias (H100, L4, ...); see --list-gpus",
+        help="the NVML device name (e.g. 'NVIDIA H100 80GB HBM3') or a short name that means one GPU ('H100 SXM', "
+        "'A100 PCIe 80GB', L40S, ...); see --list-gpus",
     )
     parser.add_argument(
         "--gpu-peak-bandwidth",
-        type=_positive_number,
+        type=_bandwidth,
         metavar="BYTES_PER_S",
         help="peak DRAM bandwidth of one GPU (replaces the catalogue's; with --gpu-memory-bytes, for a GPU it lacks)",
     )
     parser.add_argument(
         "--gpu-memory-bytes",
-        type=_positive_number,
+        type=_bytes,
         metavar="BYTES",
         help="memory of one GPU (replaces the catalogue's)",
     )
-    parser.add_argument("--tp", type=_positive_int, default=1, metavar="N", help="tensor-parallel GPUs (default: 1)")
+    parser.add_argument("--tp", type=_tp, default=1, metavar="N", help="tensor-parallel GPUs (default: 1)")
     parser.add_argument(
         "--context",
-        type=_positive_int,
-        default=DEFAULT_CONTEXT,
+        type=_context,
         metavar="N",
-        help=f"tokens of KV per sequence, vLLM's --max-model-len (default: {DEFAULT_CONTEXT})",
+        help=f"tokens of KV per sequence, vLLM's --max-model-len (default: {DEFAULT_CONTEXT}, or the model's "
+        "longest if shorter; at most its max_position_embeddings, or its rope-scaled length)",
     )
     parser.add_argument(
         "--batch",
-        type=_positive_int,
+        type=_batch,
         default=DEFAULT_BATCH,
         metavar="N",
         help=f"concurrent sequences (default: {DEFAULT_BATCH})",
@@ -118,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pool = parser.add_mutually_exclusive_group()
     pool.add_argument(
         "--kv-cache-memory-bytes",
-        type=_positive_number,
+        type=_bytes,
         metavar="BYTES",
         help="vLLM's --kv-cache-memory-bytes: each GPU's KV pool, exactly",
     )
@@ -132,13 +135,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=_block_size,
         default=DEFAULT_BLOCK_SIZE,
         metavar="N",
-        help=f"vLLM's KV block size in tokens (default: {DEFAULT_BLOCK_SIZE}; the CPU build uses 128)",
+        help=f"vLLM's KV block size in tokens: {', '.join(map(str, VLLM_BLOCK_SIZES))} (default: {DEFAULT_BLOCK_SIZE}; "
+        "the CPU build uses 128)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--list-gpus", action=_ListGpus, nargs=0, help="print the GPU catalogue and exit")
+    parser.add_argument(
+        "--list-gpus",
+        action="store_true",
+        help="print the GPU catalogue (NVML names, the short names --gpu takes, figures) and exit; --json: as JSON",
+    )
 
 
 def load_model(spec: str) -> ModelShape:
@@ -151,22 +159,25 @@ def load_model(spec: str) -> ModelShape:
 
 
 def load_gpu(spec: str) -> GpuSpec:
-    """The catalogue's row for an NVML device name or alias; UsageError naming the closest otherwise."""
+    """The catalogue's row for an NVML device name or a short name meaning one GPU; UsageError
+    listing the candidates (an ambiguous name) or the closest names (an unknown one) otherwise."""
     try:
-        return gpu_spec(spec)
+        return resolve_gpu(spec)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def resolve_gpu(args: argparse.Namespace) -> tuple[GpuSpec, str]:
+def resolve_gpu_args(args: argparse.Namespace) -> tuple[GpuSpec, str]:
     """The GPU of ``--gpu`` with ``--gpu-peak-bandwidth`` / ``--gpu-memory-bytes`` applied, and
     where its peak bandwidth came from."""
     peak, memory = args.gpu_peak_bandwidth, args.gpu_memory_bytes
     base = None
     if args.gpu:
-        base = lookup_gpu(args.gpu)
-        if base is None and peak is None:
-            load_gpu(args.gpu)  # raises, naming the closest known GPUs
+        try:
+            base = resolve_gpu(args.gpu)
+        except UnknownGpuError as exc:
+            if peak is None or getattr(exc, "candidates", None):
+                raise UsageError(str(exc)) from None
     elif peak is None:
         raise UsageError("give --gpu NAME (see --list-gpus), or --gpu-peak-bandwidth and --gpu-memory-bytes")
     if peak is None and memory is None and base is not None:
@@ -178,9 +189,26 @@ def resolve_gpu(args: argparse.Namespace) -> tuple[GpuSpec, str]:
     return gpu, "--gpu-peak-bandwidth" if peak else f"catalogue: {gpu.label}"
 
 
+def check_context(shape: ModelShape, context: int) -> None:
+    """Refuses a --context longer than the model takes, first and in vLLM's words (it refuses
+    such a --max-model-len at start)."""
+    limit = shape.max_model_len
+    if limit is not None and context > limit:
+        raise UsageError(
+            f"--context {context:,} is longer than {shape.name} takes ({shape.max_model_len_source} in its "
+            f'config.json): vLLM refuses it too ("User-specified max_model_len ({context}) is greater than the '
+            f'derived max_model_len"); give --context {limit:,} or less'
+        )
+
+
 def compute(args: argparse.Namespace) -> LedgerReport:
+    if not args.model:
+        raise UsageError("--model is required: a config.json, a model folder, a Hugging Face id or a built-in name")
     shape = load_model(args.model)
-    gpu, peak_source = resolve_gpu(args)
+    if args.context is None:
+        args.context = min(DEFAULT_CONTEXT, shape.max_model_len or DEFAULT_CONTEXT)
+    check_context(shape, args.context)
+    gpu, peak_source = resolve_gpu_args(args)
     request = LedgerRequest(
         shape=shape,
         gpu=gpu,
@@ -201,26 +229,54 @@ def compute(args: argparse.Namespace) -> LedgerReport:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        report = compute(args)
-    except UsageError as exc:
-        if args.json:  # stdout stays parseable: the error as JSON there, the one line on stderr
-            print(json.dumps({"error": str(exc), "exit_code": 2}))
-        raise
-    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    if args.list_gpus:
+        print(json.dumps(catalogue_json(), indent=2) if args.json else catalogue_table())
+        return 0
+    report = compute(args)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        if report.request.shape.note:
+            print(f"kvdoctor ledger: note: {report.request.shape.note}", file=sys.stderr)
+        print(render(report))
     return 0 if report.fit.fits else EXIT_DOES_NOT_FIT
 
 
 # ------------------------------------------------------------------------------------ printing
 
 
+def catalogue_json() -> dict[str, list[dict[str, object]]]:
+    """The catalogue as ``--list-gpus --json`` prints it: each row with the short name ``--gpu`` takes."""
+    return {"gpus": [{"short_name": short_name(g), **g.to_json()} for g in GPUS]}
+
+
 def catalogue_table() -> str:
-    lines = [f"{'NVML device name':<28} {'memory':>8} {'peak DRAM':>10}  {'host link':<14} source"]
+    rows = [("NVML device name", "short name", "memory", "peak DRAM", "host link", "source")]
     for g in GPUS:
-        lines.append(
-            f"{g.name:<28} {g.memory_bytes / 2**30:>4.0f} GiB {g.peak_bandwidth / GB:>6,.0f} GB/s  {g.host_link:<14} "
-            f"{g.source}"
+        rows.append(
+            (
+                g.name,
+                short_name(g),
+                f"{g.memory_bytes / 2**30:.0f} GiB",
+                f"{g.peak_bandwidth / GB:,.0f} GB/s",
+                g.host_link,
+                g.source,
+            )
         )
+    return table(rows, right=(2, 3))
+
+
+def table(rows: list[tuple[str, ...]], right: tuple[int, ...] = (), indent: str = "") -> str:
+    """Rows in columns as wide as their widest cell (the last column unpadded): aligned whatever
+    the figures' size. ``right``: the columns aligned right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(w) if i in right else (cell if i == len(row) - 1 else cell.ljust(w))
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append((indent + "  ".join(cells)).rstrip())
     return "\n".join(lines)
 
 
@@ -230,11 +286,14 @@ def _change(ratio: float) -> str:
 
 
 def _figure_lines(report: LedgerReport, names: tuple[str, ...]) -> list[str]:
+    # the value column is as wide as the report's widest figure (22 at least): aligned at any size
+    label_width = max([42, *(len(f.label) for f in report.figures)])
+    value_width = max([22, *(len(f.formatted()) + 1 for f in report.figures)])
     lines = []
     for name in names:
         fig = report.figure(name)
         if fig is not None:
-            lines.append(f"  {fig.label:<42} {fig.formatted():<22} {fig.how}")
+            lines.append(f"  {fig.label:<{label_width}} {fig.formatted():<{value_width}} {fig.how}")
     return lines
 
 
@@ -305,11 +364,7 @@ def render(report: LedgerReport) -> str:
 
 def _what_if_lines(report: LedgerReport) -> list[str]:
     per_gpu = " per GPU" if report.request.tp > 1 else ""
-    lines = [
-        "",
-        f"what if (KV and floor{per_gpu})".ljust(33)
-        + "KV/token    live KV     step floor  tokens/s   fits  change (floor, tokens/s)",
-    ]
+    rows = []
     for row in report.what_if:
         led = row.ledger
         change = (
@@ -318,11 +373,27 @@ def _what_if_lines(report: LedgerReport) -> list[str]:
             else f"{_change(row.step_floor_ratio)}, {_change(row.tokens_per_second_ratio)}"
         )
         flag = f"   {row.flag}" if row.flag else ""
-        lines.append(
-            f"  {row.label:<30} {fmt_size(led.kv_bytes_per_token_per_gpu).split(' (')[0]:<11} "
-            f"{fmt_size(led.live_kv_bytes_per_gpu):<11} {fmt_duration(led.step_floor_seconds):<11} "
-            f"{led.tokens_per_second_total:<10,.0f} {'yes' if row.fits else 'no':<5} {change}{flag}"
+        rows.append(
+            (
+                row.label,
+                fmt_size(led.kv_bytes_per_token_per_gpu).split(" (")[0],
+                fmt_size(led.live_kv_bytes_per_gpu),
+                fmt_duration(led.step_floor_seconds),
+                f"{led.tokens_per_second_total:,.0f}",
+                "yes" if row.fits else "no",
+                change + flag,
+            )
         )
+    # each column as wide as its widest cell, at least as wide as the header's (aligned at any size)
+    heads = ("KV/token", "live KV", "step floor", "tokens/s", "fits", "change (floor, tokens/s)")
+    least = (30, 11, 11, 11, 10, 5)
+    widths = [max([least[i], *(len(r[i]) + 1 for r in rows)]) for i in range(len(least))]
+    header = f"what if (KV and floor{per_gpu})".ljust(widths[0] + 3)
+    header += "".join(h.ljust(w + 1) for h, w in zip(heads[:-1], widths[1:], strict=True)) + heads[-1]
+    lines = ["", header]
+    for r in rows:
+        cells = "".join(c.ljust(w + 1) for c, w in zip(r[:-1], widths, strict=True))
+        lines.append(f"  {cells}{r[-1]}")
     return lines
 
 

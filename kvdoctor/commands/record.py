@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
-import os
 import signal
 import sys
 import threading
@@ -16,10 +14,11 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
-from kvdoctor import flags
+from kvdoctor import arguments, flags, probe
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.collectors.http import HttpExposition
+from kvdoctor.output import check_writable_file
 from kvdoctor.rules import collection
 from kvdoctor.rules.textparse import ExpositionError, family_names
 from kvdoctor.sources.exporter_api import ExporterClient
@@ -46,19 +45,31 @@ examples:
   kvdoctor record --engine-url http://127.0.0.1:8000/metrics --seconds 60 --interval 1 -o vllm.om
   kvdoctor record --exporter http://127.0.0.1:9745 --seconds 60 -o trace.om --json
 """
+EXIT_STATUS = """\
+exit status: 0 the trace written (stopped early too), 2 a usage error (a flag out of range, -o where
+no file can be written, a URL of the wrong scheme), 3 the source could not be read (nothing
+collected), or an internal error. With --json a failure is one JSON object on stdout too."""
 
 DEFAULT_INTERVAL = 1.0
+MAX_SECONDS = 7 * 86400.0  # a week: a trace is replayed whole, in memory
+MAX_INTERVAL = 3600.0
 ENGINE_TIMEOUT_SECONDS = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    flags.add(source, "--exporter", help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    flags.add(source, "--engine-url", help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
-    parser.add_argument("--seconds", type=flags.positive_float, required=True, metavar="S", help="how long to record")
+    flags.add(source, "--exporter", type=flags.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--engine-url", type=flags.url, help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
+    parser.add_argument(
+        "--seconds",
+        type=arguments.ranged(float, 0, MAX_SECONDS, "seconds (a week)"),
+        required=True,
+        metavar="S",
+        help="how long to record (at most a week)",
+    )
     parser.add_argument(
         "--interval",
-        type=flags.positive_float,
+        type=arguments.ranged(float, 0, MAX_INTERVAL, "seconds"),
         metavar="S",
         help="seconds between polls (default: the exporter's interval, else 1)",
     )
@@ -67,15 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_output(path: str) -> Path:
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise UsageError(f"-o {path}: is a directory")
-    if not parent.is_dir():
-        raise UsageError(f"-o {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"-o {path}: folder {parent} is not writable")
-    return target
+    """The trace file, once a file could be made beside it (``/proc/x`` cannot): UsageError else."""
+    check_writable_file(path, "-o")
+    return Path(path)
 
 
 class _Stop(Exception):
@@ -87,11 +92,14 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (args.seconds > 0 and math.isfinite(args.seconds)):
-        raise UsageError(f"--seconds must be a positive number, got {args.seconds:g}")
-    if args.interval is not None and not (args.interval > 0 and math.isfinite(args.interval)):
-        raise UsageError(f"--interval must be a positive number, got {args.interval:g}")
+    if not 0 < args.seconds <= MAX_SECONDS:  # a variable's value is checked here too
+        raise UsageError(
+            f"--seconds must be more than 0 up to {MAX_SECONDS:,.0f} seconds (a week), got {args.seconds:g}"
+        )
+    if args.interval is not None and not 0 < args.interval <= MAX_INTERVAL:
+        raise UsageError(f"--interval must be more than 0 up to {MAX_INTERVAL:,.0f} seconds, got {args.interval:g}")
     output = _check_output(args.output)
+    probe.check_scheme(args.exporter or args.engine_url, "--exporter" if args.exporter else "--engine-url")
     # Ctrl-C and SIGTERM stop the recording and keep what it has, like the servers' own handlers:
     # set explicitly, as a job started in the background inherits SIGINT ignored.
     in_main_thread = threading.current_thread() is threading.main_thread()  # where handlers can be set

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
-import tempfile
-from pathlib import Path
 
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
+from kvdoctor.output import check_document, runbook_base, write_document
 from kvdoctor.rules.promql import RUNBOOK_BASE_URL, render_rules_yaml
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
@@ -72,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         export,
         "--runbook-base-url",
-        help=f"where the runbooks are: each alert's runbook_url is URL/<Alert>.md (default {RUNBOOK_BASE_URL}, "
-        "the runbooks in this repository)",
+        help=f"where the runbooks are, an http(s) URL or a path: each alert's runbook_url is URL/<Alert>.md "
+        f"(default {RUNBOOK_BASE_URL}, the runbooks in this repository; grafana export takes the same)",
     )
     export.add_argument(
         "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
@@ -96,53 +93,13 @@ def _interval(args: argparse.Namespace) -> float:
     return float(args.scrape_interval)
 
 
-def _runbook_base(args: argparse.Namespace) -> str:
-    base = RUNBOOK_BASE_URL if args.runbook_base_url is None else args.runbook_base_url.strip()
-    if not base or any(c.isspace() for c in base):
-        raise UsageError(f"--runbook-base-url must be a URL or path without spaces, got {args.runbook_base_url!r}")
-    return base if base.endswith("/") else base + "/"
-
-
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "rules_action", None) != "export":
         raise UsageError("missing action; try: kvdoctor rules export [-o FILE]")
+    base = runbook_base(args.runbook_base_url)
     thresholds = arguments.read_thresholds(args.thresholds)
-    text = render_rules_yaml(thresholds, _slo(args), _interval(args), _runbook_base(args))
-
+    text = render_rules_yaml(thresholds, _slo(args), _interval(args), base)
     if args.check:
-        if not args.output:
-            raise UsageError("--check needs -o FILE to compare with")
-        try:
-            current = Path(args.output).read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.output}: {exc.strerror or exc}") from None
-        if current != text:
-            print(
-                f"{args.output} is out of date; regenerate it with: kvdoctor rules export -o {args.output}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-
-    if not args.output or args.output == "-":
-        sys.stdout.write(text)
-        return 0
-    target = Path(args.output)
-    if not target.parent.is_dir():
-        raise UsageError(f"cannot write {args.output}: directory {target.parent} does not exist")
-    try:
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)  # mkstemp creates 0600; the rule file is meant to be read by others
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        return check_document(text, args.output, "kvdoctor rules export")
+    write_document(text, args.output)
     return 0
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current

@@ -9,16 +9,19 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from kvdoctor import flags
+from kvdoctor import arguments, flags, probe
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
+from kvdoctor.output import check_folder_writable
 from kvdoctor.rules.context import PUBLISHED
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
@@ -70,6 +73,9 @@ examples:
 DEFAULTS = S.DEFAULTS
 DEFAULT_TTFT_SLO_MS = S.DEFAULT_TTFT_SLO_SECONDS * 1000
 POLL_SECONDS = 1.0
+MAX_TOKENS = 10_000_000
+MAX_CONCURRENCY = 100_000
+MAX_TIMEOUT_SECONDS = 3600.0
 TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
 
 
@@ -84,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--exporter",
+        type=flags.url,
         help="a kvdoctor exporter scraping that engine (default: one runs in this process on the engine's /metrics)",
     )
     model = parser.add_argument(
@@ -129,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=flags.positive_float,
+        type=arguments.ranged(float, 0, MAX_TIMEOUT_SECONDS, "seconds"),
         default=10.0,
         metavar="S",
         help="seconds to wait for the exporter's answers (default 10)",
@@ -219,6 +226,7 @@ async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: P
     schedule = S.step_schedule(settings.start_concurrency, settings.max_concurrency)
     planned = len(schedule) * settings.step_seconds
 
+    _stop_on_sigterm()
     signals: SignalRecorder
     if settings.exporter:
         try:
@@ -257,6 +265,16 @@ async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: P
             return await _steps(settings, schedule, endpoint, signals, client, progress)
         finally:
             await asyncio.to_thread(signals.close)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, Kubernetes and CI stop things so) stops the run as Ctrl-C does: the
+    load stops and the report of what ran is written."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    task = asyncio.current_task()
+    if task is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
 
 class _Run:
@@ -444,6 +462,25 @@ def write_report(settings, result: dict, out_dir) -> dict:
     return summary
 
 
+# The most each flag takes: more is a typo or an overflow, refused before any request.
+UPPER_BOUNDS = {
+    "prompt_tokens": (MAX_TOKENS, "tokens"),
+    "max_tokens": (MAX_TOKENS, "tokens"),
+    "start_concurrency": (MAX_CONCURRENCY, "requests"),
+    "max_concurrency": (MAX_CONCURRENCY, "requests"),
+    "step_seconds": (86_400, "seconds"),
+    "ttft_slo_ms": (3_600_000, "ms"),
+}
+
+
+def _check_upper_bounds(args: argparse.Namespace) -> None:
+    for dest, (most, unit) in UPPER_BOUNDS.items():
+        value = getattr(args, dest)
+        if value > most:
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"{flag} must be at most {most:,} {unit}, got {value:g}")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = S.StressSettings(
         endpoint=args.engine_url,
@@ -462,14 +499,22 @@ def run(args: argparse.Namespace) -> int:
         settings.validate()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    _check_upper_bounds(args)
+    if not 0 < args.timeout <= MAX_TIMEOUT_SECONDS:  # a variable's value is checked here too
+        raise UsageError(
+            f"--timeout must be more than 0 up to {MAX_TIMEOUT_SECONDS:,.0f} seconds, got {args.timeout:g}"
+        )
+    probe.check_scheme(args.engine_url, "--engine-url")
+    probe.check_scheme(args.exporter, "--exporter")
     out_dir = args.output or time.strftime("stress-%Y%m%d-%H%M%S")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UsageError(f"-o {out_dir}: exists and is not a folder")
+    check_folder_writable(out_dir, "-o")  # before the load: a report that cannot be written is said first
 
     progress = Progress()
-    result = asyncio.run(_run(args, settings, progress))
+    try:
+        result = asyncio.run(_run(args, settings, progress))
+    except asyncio.CancelledError:  # SIGTERM before the first step: nothing ran, nothing to report
+        print("kvdoctor stress: stopped before the load started; no report", file=sys.stderr, flush=True)
+        return 143
     summary = write_report(settings, result, out_dir)
     verdict = summary["verdict"]
     sat = summary["saturation"]

@@ -20,6 +20,7 @@ examples:
   kvdoctor version --json
   kvdoctor --version
 """
+EXIT_STATUS = "exit status: 0 printed, 2 a usage error (an unknown flag), 3 an internal error."
 
 
 def version_info() -> dict[str, str]:

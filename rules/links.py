@@ -1,0 +1,52 @@
+"""The runbook links of the alerts and of the Grafana dashboard: one base, one join, one check.
+
+``kvdoctor rules export`` writes each alert's ``runbook_url`` and ``kvdoctor grafana export`` the
+dashboard's runbook links from the same ``--runbook-base-url``; both take it through
+``runbook_base`` (refused with one line where it is not an http(s) URL or a path) and join it to an
+alert's name with ``runbook_url``, so ``https://wiki.example.com/runbooks`` gives
+``https://wiki.example.com/runbooks/KVCacheThrashing.md`` in both.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The runbooks' path in this repository: the one address right wherever the repository lives.
+DEFAULT_RUNBOOK_BASE = "docs/runbooks/"
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_HTTP_URL = re.compile(r"^https?://[^/?#\s:@]+(:\d{1,5})?(/[^?#\s]*)?$", re.I)
+_PATH = re.compile(r"^[\w./~%+-]+$")
+
+
+def runbook_base(text: str | None) -> str:
+    """The base ``text`` names, ending in ``/``: an http(s) URL with a host (no query, no fragment)
+    or a path (``docs/runbooks``). ``ValueError`` of one line otherwise."""
+    if text is None:
+        return DEFAULT_RUNBOOK_BASE
+    base = text.strip()
+    scheme = _SCHEME.match(base)
+    if scheme and scheme.group(1).lower() not in ("http", "https"):
+        raise ValueError(
+            f"--runbook-base-url must be a URL (http or https) or a path, not a {scheme.group(1)}: URL: {text!r}"
+        )
+    if scheme and not _HTTP_URL.match(base):
+        raise ValueError(
+            f"--runbook-base-url must be a URL (http or https) with a host and no query or fragment, such as "
+            f"https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/, got {text!r}"
+        )
+    if not scheme and not _PATH.match(base):
+        raise ValueError(
+            f"--runbook-base-url must be a URL (http or https, such as https://wiki.example.com/runbooks/) or a "
+            f"path (such as docs/runbooks/), got {text!r}"
+        )
+    return base if base.endswith("/") else base + "/"
+
+
+def runbook_url(base: str, alert: str) -> str:
+    """The runbook of ``alert`` (a name, or a Grafana template such as ``${__value.raw}``) under ``base``."""
+    return f"{base if base.endswith('/') else base + '/'}{alert}.md"
+
+
+def browsable(base: str) -> bool:
+    """An address a browser opens from anywhere (the default base is a path in the repository)."""
+    return base.lower().startswith(("https://", "http://"))
