@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
-from kvdoctor.rules.promql import RUNBOOK_BASE_URL, render_rules_yaml
+from kvdoctor.rules.promql import NO_RUNBOOK_NOTE, RUNBOOK_BASE_URL, render_rules_yaml
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
 NAME = "rules"
@@ -26,8 +26,9 @@ examples:
 EXPORT_DESCRIPTION = f"""\
 Compile kvdoctor's decision tree into Prometheus recording and alerting rules over the canonical
 kvdoctor_* signals (engine-agnostic): KVCacheThrashing, KVCacheTierMiss, KVCacheCapacityPressure,
-RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound,
-KvdoctorSourceDown.
+RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound (the
+causes, severity info), KvdoctorSourceDown, KvdoctorExporterDown, and the latency SLO's burn-rate
+alerts KvdoctorLatencySLOFastBurn (page) and KvdoctorLatencySLOSlowBurn (ticket): docs/alerting.md.
 
 Every range the rules read holds at least 4 scrapes of --scrape-interval (default
 {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s; those rules also work at 30s). Give the interval your
@@ -39,7 +40,7 @@ examples:
   kvdoctor rules export                      # to stdout
   kvdoctor rules export -o alerts.yaml
   kvdoctor rules export --scrape-interval 1m -o alerts.yaml
-  kvdoctor rules export --runbook-base-url https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/
+  kvdoctor rules export --runbook-base-url https://kvdoctor.example.com/runbooks/
   kvdoctor rules export --thresholds my-thresholds.yaml --slo-ms 50 -o alerts.yaml
   kvdoctor rules export --check -o rules/alerts.yaml   # exit 1 if the file is out of date
 
@@ -72,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         export,
         "--runbook-base-url",
-        help=f"where the runbooks are: each alert's runbook_url is URL/<Alert>.md (default {RUNBOOK_BASE_URL}, "
-        "the runbooks in this repository)",
+        help="where the runbooks are browsable, an absolute URL: each alert's runbook_url is URL/<Alert>.md "
+        "(the dashboard serves them at <dashboard>/runbooks/; the repository's are at "
+        f"<repository URL>/{RUNBOOK_BASE_URL}); without it the alerts carry no runbook_url",
     )
     export.add_argument(
         "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
@@ -96,10 +98,12 @@ def _interval(args: argparse.Namespace) -> float:
     return float(args.scrape_interval)
 
 
-def _runbook_base(args: argparse.Namespace) -> str:
-    base = RUNBOOK_BASE_URL if args.runbook_base_url is None else args.runbook_base_url.strip()
-    if not base or any(c.isspace() for c in base):
-        raise UsageError(f"--runbook-base-url must be a URL or path without spaces, got {args.runbook_base_url!r}")
+def _runbook_base(args: argparse.Namespace) -> str | None:
+    if args.runbook_base_url is None:
+        return None
+    base = args.runbook_base_url.strip()
+    if not base.startswith(("http://", "https://")) or any(c.isspace() for c in base):
+        raise UsageError(f"--runbook-base-url must be an absolute http(s) URL, got {args.runbook_base_url!r}")
     return base if base.endswith("/") else base + "/"
 
 
@@ -107,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "rules_action", None) != "export":
         raise UsageError("missing action; try: kvdoctor rules export [-o FILE]")
     thresholds = arguments.read_thresholds(args.thresholds)
-    text = render_rules_yaml(thresholds, _slo(args), _interval(args), _runbook_base(args))
+    runbook_base = _runbook_base(args)
+    text = render_rules_yaml(thresholds, _slo(args), _interval(args), runbook_base)
 
     if args.check:
         if not args.output:
@@ -124,12 +129,14 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return 0
 
+    if args.output and args.output != "-" and not Path(args.output).parent.is_dir():
+        raise UsageError(f"cannot write {args.output}: directory {Path(args.output).parent} does not exist")
+    if runbook_base is None:
+        print(f"kvdoctor rules export: {NO_RUNBOOK_NOTE}", file=sys.stderr)
     if not args.output or args.output == "-":
         sys.stdout.write(text)
         return 0
     target = Path(args.output)
-    if not target.parent.is_dir():
-        raise UsageError(f"cannot write {args.output}: directory {target.parent} does not exist")
     try:
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
