@@ -177,7 +177,10 @@ class Compiler:
         """Each pod's ITL SLO: the one it publishes, else the export-time one wherever a feature
         compared with the SLO has a sample (so the comparison needs no fallback of its own)."""
         keys = ", ".join(GPU_KEYS)
-        published = f"max by ({keys}) ({ITL_SLO})"
+        # the last published over the window, as every feature reads its window: a pod whose
+        # exporter stops is judged by its own SLO until its features run out, not the default
+        window = prom_context(self.thresholds).window
+        published = f"max by ({keys}) (last_over_time({ITL_SLO}[{window}]))"
         judged = _compared_with_slo()
         if not judged:
             return published
@@ -391,12 +394,14 @@ def dashboard_link(base: str) -> str:
 
 def exporter_down_expr(interval: float) -> str:
     """The exporter's target down, or up but without the exporter's own series, where the exporter
-    was seen within the last 20 scrapes: the series it published name the engine (its pod)."""
+    was seen within the last 20 scrapes, or where this alert already holds (so it lasts as long as
+    the target is down, not 20 scrapes): the series it published name the engine (its pod)."""
     seen = duration(interval * 20)
     keys = ", ".join(IDENTITY_KEYS)
-    recent = f"max by ({keys}, job) (max_over_time({BUILD_INFO}[{seen}]))"
+    held = f'ALERTS{{alertname="{EXPORTER_DOWN_ALERT}"}}'
+    known = f"max by ({keys}, job) (max_over_time({BUILD_INFO}[{seen}]) or {held})"
     gone = f"(up == 1 unless on(instance, job) {BUILD_INFO})"
-    return f"(up == 0 or {gone})\n* on(instance, job) group_left(namespace, pod) {recent}"
+    return f"(up == 0 or {gone})\n* on(instance, job) group_left(namespace, pod) {known}"
 
 
 def alert_rules(

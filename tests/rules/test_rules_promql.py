@@ -103,7 +103,7 @@ def test_recording_rules_cover_every_recorded_feature_and_named_condition():
         assert f"kvdoctor:{condition.name}" in records
     measured = f"{promql.record_name('itl_p95_seconds', t)} or {promql.record_name('time_per_token_mean_seconds', t)}"
     assert records["kvdoctor:itl_slo_seconds"] == (
-        "max by (namespace, pod, instance) (kvdoctor_inter_token_latency_slo_seconds) "
+        "max by (namespace, pod, instance) (last_over_time(kvdoctor_inter_token_latency_slo_seconds[180s])) "
         f"or on(namespace, pod, instance) group by (namespace, pod, instance) ({measured}) * 0.1"
     )
     # recording rules come before the alerts that read them (one group, evaluated in order)

@@ -66,13 +66,29 @@ def prometheus() -> str | None:
     return _local_or_path(TOOLS_DIR / "prometheus/usr/bin/prometheus", "prometheus")
 
 
-def alertmanager() -> str | None:
-    """Alertmanager from .tools/alertmanager (Debian package prometheus-alertmanager unpacked) or PATH,
-    where amtool sits beside it."""
-    found = _local_or_path(
+# Debian's alertmanager reads its default notification templates from here (built into the binary).
+DEBIAN_ALERTMANAGER_TEMPLATES = Path("/usr/share/prometheus/alertmanager/default.tmpl")
+
+
+def alertmanager_binary() -> str | None:
+    """Alertmanager from .tools/alertmanager (Debian package prometheus-alertmanager unpacked) or PATH."""
+    return _local_or_path(
         TOOLS_DIR / "alertmanager/usr/bin/prometheus-alertmanager", "prometheus-alertmanager", "alertmanager"
     )
-    return found if found and amtool(found) else None
+
+
+def alertmanager() -> str | None:
+    """An Alertmanager server that starts: Debian's needs its default templates in /usr/share."""
+    found = alertmanager_binary()
+    if found and found.endswith("prometheus-alertmanager") and not DEBIAN_ALERTMANAGER_TEMPLATES.is_file():
+        return None
+    return found
+
+
+def amtool_tool() -> str | None:
+    """amtool beside the alertmanager binary, or on PATH."""
+    found = alertmanager_binary()
+    return amtool(found) if found else shutil.which("amtool")
 
 
 def amtool(alertmanager_binary: str) -> str | None:
@@ -166,8 +182,11 @@ TOOLS: dict[str, tuple[Callable[[], str | None], str, str]] = {
     "promtool": _installed_by("prometheus", promtool, "promtool (Debian package prometheus)"),
     "prometheus": _installed_by("prometheus", prometheus, "a prometheus server (Debian package prometheus)"),
     "alertmanager": _installed_by(
-        "alertmanager", alertmanager, "alertmanager and amtool (Debian package prometheus-alertmanager)"
+        "alertmanager",
+        alertmanager,
+        "alertmanager (Debian package prometheus-alertmanager; its templates in /usr/share, copied as root)",
     ),
+    "amtool": _installed_by("alertmanager", amtool_tool, "amtool (Debian package prometheus-alertmanager)"),
     "victoria-metrics": _installed_by(
         "victoria-metrics", victoria_metrics, "victoria-metrics, vmagent and vmalert (Debian package victoria-metrics)"
     ),
