@@ -25,7 +25,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import VERDICTS
-from kvdoctor.rules.promql import ALERTS, RUNBOOK_BASE_URL, duration, rule_thresholds
+from kvdoctor.rules.promql import RUNBOOK_BASE_URL, duration, rule_thresholds
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import RATIO
 
@@ -47,12 +47,15 @@ VERDICT_COLOURS = {"healthy": "green", "idle": "text"}
 THRESHOLD_COLOUR = "red"
 
 
+# How bad a slow verdict is (the cause alerts are all severity info now: the SLO page is what pages).
+VERDICT_SEVERITY = {"kv_thrashing": "critical"}
+
+
 def verdict_colour(verdict: str) -> str:
-    """A verdict's colour on the verdict panels (its alert's severity; warning where it has none)."""
+    """A verdict's colour on the verdict panels (critical for thrashing; warning for the other slow ones)."""
     if verdict in VERDICT_COLOURS:
         return VERDICT_COLOURS[verdict]
-    severity = next((a.severity for a in ALERTS if a.verdict == verdict), "warning")
-    return SEVERITY_COLOURS.get(severity, "orange")
+    return SEVERITY_COLOURS[VERDICT_SEVERITY.get(verdict, "warning")]
 
 
 def _value_map(entries: dict[str, tuple[str, str]]) -> dm.ValueMap:

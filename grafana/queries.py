@@ -19,6 +19,7 @@ from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.promql import ALERTS, record_name
+from kvdoctor.rules.slo_alerts import SLO_ALERTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
 
@@ -89,7 +90,7 @@ def verdict_history() -> Query:
 
 def firing_alerts() -> Query:
     """kvdoctor's alerts firing now (every alert ``rules/promql.py`` defines)."""
-    names = "|".join(re.escape(alert.name) for alert in ALERTS)
+    names = "|".join(re.escape(alert.name) for alert in (*ALERTS, *SLO_ALERTS))
     expr = selector("ALERTS", ("alertname", "=~", names), ("alertstate", "=", "firing"))
     return Query(expr, "{{alertname}} {{pod}}", "")
 

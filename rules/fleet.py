@@ -25,14 +25,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
-from .features import GPU_KEYS
 from .promql import record_pattern, record_range_seconds
 from .records import attributes
 from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
 from .thresholds import DEFAULT_SLO_SECONDS
 from .tree import SLOW_VERDICTS, VERDICTS
 
-POD_KEYS = GPU_KEYS  # ("namespace", "pod"): a fleet row is a pod
+# a fleet row is a pod (the rules' records also carry the target's instance: rows group it away)
+POD_KEYS = ("namespace", "pod")
 UNKNOWN = "unknown"  # the verdict of a pod whose exporter publishes none (too old, or just started)
 FLEET_VERDICTS = (*VERDICTS, UNKNOWN)  # the order counts are listed in
 
