@@ -21,7 +21,7 @@ from dash import dcc, html
 from flask import Flask
 from werkzeug.serving import make_server
 
-from kvdoctor.dashboard import auth, ids
+from kvdoctor.dashboard import auth, ids, runbooks
 from kvdoctor.dashboard.pages import fleet, ledger, live
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.dashboard.sources import EXTENSION_KEY, Backend, backend
@@ -63,6 +63,7 @@ def create_app(
     # Liveness and readiness for the chart's probes: the process serves, the pages are registered.
     server.add_url_rule("/healthz", "healthz", lambda: {"status": "ok"})
     server.add_url_rule("/readyz", "readyz", lambda: {"status": "ready"})
+    runbooks.install(server)  # /runbooks/<Alert>: the alerts' runbook_url
     app = dash.Dash(
         "kvdoctor.dashboard",
         server=server,

@@ -220,11 +220,11 @@ def verdict_history_panel() -> statetimeline.Panel:
     )
 
 
-def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel:
+def firing_alerts_panel(runbook_base_url: str | None = None) -> table.Panel:
     alert_severities = (catalogue.CRITICAL, catalogue.WARNING, catalogue.INFO)
     severities = _value_map({s: (s, catalogue.SEVERITY_COLOURS[s]) for s in alert_severities})
     columns = ["alertname", "severity", "namespace", "pod", "model_name", "source"]
-    where = runbook_url(runbook_base_url, "<alert>")
+    where = runbook_url(runbook_base_url or RUNBOOK_BASE_URL, "<alert>")
     panel = (
         table.Panel()
         .show_header(True)
@@ -248,7 +248,7 @@ def firing_alerts_panel(runbook_base_url: str = RUNBOOK_BASE_URL) -> table.Panel
             ],
         )
     )
-    if browsable(runbook_base_url):
+    if runbook_base_url and browsable(runbook_base_url):
         runbook = {"title": "Runbook", "url": runbook_url(runbook_base_url, "${__value.raw}"), "targetBlank": True}
         panel.override_by_name("alertname", [dm.DynamicConfigValue("links", [runbook])])
     return panel
@@ -258,7 +258,7 @@ def build_dashboard(
     thresholds: Thresholds | None = None,
     slo_seconds: float = DEFAULT_SLO_SECONDS,
     scrape_interval_seconds: float | None = None,
-    runbook_base_url: str = RUNBOOK_BASE_URL,
+    runbook_base_url: str | None = None,
 ) -> dm.Dashboard:
     """The dashboard as the SDK's model, for the rule file ``kvdoctor rules export`` makes from the
     same arguments: ``thresholds`` sized for the scrape interval as the rules are (their recorded
@@ -300,7 +300,7 @@ def build_dashboard(
         .with_variable(picker(q.NAMESPACE))
         .with_variable(picker(q.POD))
     )
-    if browsable(runbook_base_url):
+    if runbook_base_url and browsable(runbook_base_url):
         board.link(
             db.DashboardLink("Runbooks").type(dm.DashboardLinkType.LINK).url(runbook_base_url).target_blank(True)
         )

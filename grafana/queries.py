@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.promql import ALERTS, record_name
+from kvdoctor.rules.slo_alerts import SLO_ALERTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
 from kvdoctor.rules.verdicts import VERDICTS, verdict_code
@@ -84,7 +85,7 @@ def verdict_history() -> Query:
 
 def firing_alerts() -> Query:
     """kvdoctor's alerts firing now (every alert ``rules/promql.py`` defines)."""
-    names = "|".join(re.escape(alert.name) for alert in ALERTS)
+    names = "|".join(re.escape(alert.name) for alert in (*ALERTS, *SLO_ALERTS))
     expr = selector("ALERTS", ("alertname", "=~", names), ("alertstate", "=", "firing"))
     return Query(expr, "{{alertname}} {{pod}}", "")
 

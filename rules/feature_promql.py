@@ -24,9 +24,14 @@ from .signals import (
 from .thresholds import Thresholds
 from .view import Part, Selector
 
-# Labels that identify an engine / a pod's GPUs in PromQL aggregations and joins.
-ENGINE_KEYS = ("namespace", "pod", "model_name", "engine")
-GPU_KEYS = ("namespace", "pod")
+# Labels that identify an engine / a pod's GPUs in PromQL aggregations and joins. ``instance`` is the
+# scrape target's address: in Kubernetes one per pod (so it adds nothing to namespace/pod), and
+# without Kubernetes labels (static configs, docker-compose, a VM) the only label that tells two
+# exporters apart, so two engines serving the same model never merge into one verdict and one alert.
+# An engine scraped by two jobs has one instance: it stays one engine.
+IDENTITY_KEYS = ("namespace", "pod", "instance")
+ENGINE_KEYS = (*IDENTITY_KEYS, "model_name", "engine")
+GPU_KEYS = IDENTITY_KEYS
 
 TIER_ALL = Selector(PREFIX_CACHE_HITS_BY_TIER)
 TIER_SLOW = Selector(PREFIX_CACHE_HITS_BY_TIER, (("tier", "!=", "device"),))

@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
-from .features import GPU_KEYS
 from .promql import record_pattern, record_range_seconds
 from .records import attributes
 from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
@@ -33,7 +32,8 @@ from .thresholds import DEFAULT_SLO_SECONDS
 from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
 from .verdicts import rank as verdict_rank
 
-POD_KEYS = GPU_KEYS  # ("namespace", "pod"): a fleet row is a pod
+# a fleet row is a pod (the rules' records also carry the target's instance: rows group it away)
+POD_KEYS = ("namespace", "pod")
 # The order counts are listed in; ``unknown`` is also the verdict of a pod whose exporter publishes none.
 FLEET_VERDICTS = VERDICTS
 

@@ -11,33 +11,24 @@ from __future__ import annotations
 
 import re
 
-# The runbooks' path in this repository: the one address right wherever the repository lives.
-DEFAULT_RUNBOOK_BASE = "docs/runbooks/"
+# The runbooks' path in this repository (the dashboard serves them at /runbooks/<Alert>).
+RUNBOOKS_IN_REPOSITORY = "docs/runbooks/"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _HTTP_URL = re.compile(r"^https?://[^/?#\s:@]+(:\d{1,5})?(/[^?#\s]*)?$", re.I)
-_PATH = re.compile(r"^[\w./~%+-]+$")
 
 
-def runbook_base(text: str | None) -> str:
-    """The base ``text`` names, ending in ``/``: an http(s) URL with a host (no query, no fragment)
-    or a path (``docs/runbooks``). ``ValueError`` of one line otherwise."""
+def runbook_base(text: str | None) -> str | None:
+    """The base ``text`` names, ending in ``/``: an absolute http(s) URL with a host (no query, no
+    fragment), so a link opens from Alertmanager, Slack or PagerDuty; None where none is given (the
+    alerts then carry no runbook link rather than a relative path). ``ValueError`` of one line otherwise."""
     if text is None:
-        return DEFAULT_RUNBOOK_BASE
+        return None
     base = text.strip()
     scheme = _SCHEME.match(base)
-    if scheme and scheme.group(1).lower() not in ("http", "https"):
+    if not scheme or scheme.group(1).lower() not in ("http", "https") or not _HTTP_URL.match(base):
         raise ValueError(
-            f"--runbook-base-url must be a URL (http or https) or a path, not a {scheme.group(1)}: URL: {text!r}"
-        )
-    if scheme and not _HTTP_URL.match(base):
-        raise ValueError(
-            f"--runbook-base-url must be a URL (http or https) with a host and no query or fragment, such as "
-            f"https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/, got {text!r}"
-        )
-    if not scheme and not _PATH.match(base):
-        raise ValueError(
-            f"--runbook-base-url must be a URL (http or https, such as https://wiki.example.com/runbooks/) or a "
-            f"path (such as docs/runbooks/), got {text!r}"
+            "--runbook-base-url must be an absolute http(s) URL with a host and no query or fragment, such as "
+            f"https://kvdoctor.example.com/runbooks/ (the dashboard serves them at /runbooks/), got {text!r}"
         )
     return base if base.endswith("/") else base + "/"
 

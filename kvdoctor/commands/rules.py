@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.output import check_document, runbook_base, write_document
-from kvdoctor.rules.promql import RUNBOOK_BASE_URL, render_rules_yaml
+from kvdoctor.rules.promql import NO_RUNBOOK_NOTE, RUNBOOK_BASE_URL, render_rules_yaml
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
 NAME = "rules"
@@ -23,8 +24,9 @@ examples:
 EXPORT_DESCRIPTION = f"""\
 Compile kvdoctor's decision tree into Prometheus recording and alerting rules over the canonical
 kvdoctor_* signals (engine-agnostic): KVCacheThrashing, KVCacheTierMiss, KVCacheCapacityPressure,
-RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound,
-KvdoctorSourceDown.
+RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound (the
+causes, severity info), KvdoctorSourceDown, KvdoctorExporterDown, and the latency SLO's burn-rate
+alerts KvdoctorLatencySLOFastBurn (page) and KvdoctorLatencySLOSlowBurn (ticket): docs/alerting.md.
 
 Every range the rules read holds at least 4 scrapes of --scrape-interval (default
 {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s; those rules also work at 30s). Give the interval your
@@ -36,7 +38,7 @@ examples:
   kvdoctor rules export                      # to stdout
   kvdoctor rules export -o alerts.yaml
   kvdoctor rules export --scrape-interval 1m -o alerts.yaml
-  kvdoctor rules export --runbook-base-url https://github.com/ORG/kvdoctor/blob/main/docs/runbooks/
+  kvdoctor rules export --runbook-base-url https://kvdoctor.example.com/runbooks/
   kvdoctor rules export --thresholds my-thresholds.yaml --slo-ms 50 -o alerts.yaml
   kvdoctor rules export --check -o rules/alerts.yaml   # exit 1 if the file is out of date
 
@@ -69,8 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         export,
         "--runbook-base-url",
-        help=f"where the runbooks are, an http(s) URL or a path: each alert's runbook_url is URL/<Alert>.md "
-        f"(default {RUNBOOK_BASE_URL}, the runbooks in this repository; grafana export takes the same)",
+        help="where the runbooks are browsable, an absolute URL: each alert's runbook_url is URL/<Alert>.md "
+        "(the dashboard serves them at <dashboard>/runbooks/; the repository's are at "
+        f"<repository URL>/{RUNBOOK_BASE_URL}); without it the alerts carry no runbook_url",
     )
     export.add_argument(
         "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
@@ -101,5 +104,7 @@ def run(args: argparse.Namespace) -> int:
     text = render_rules_yaml(thresholds, _slo(args), _interval(args), base)
     if args.check:
         return check_document(text, args.output, "kvdoctor rules export")
+    if base is None:
+        print(f"kvdoctor rules export: {NO_RUNBOOK_NOTE}", file=sys.stderr)
     write_document(text, args.output)
     return 0

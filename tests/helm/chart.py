@@ -169,10 +169,11 @@ def prometheus_seconds(duration: str) -> float:
     return sum(int(n) * units[u] for n, u in parts)
 
 
-def expected_rule_groups(alerts_doc: dict, rule_values: dict) -> list[dict]:
+def expected_rule_groups(alerts_doc: dict, rule_values: dict, site: str = "") -> list[dict]:
     """rules/alerts.yaml's groups with the chart's documented changes applied (written here
     independently of the template): per-alert enabled/for/severity/labels, ruleLabels on every
-    alert, groups left empty dropped."""
+    alert, groups left empty dropped; with the dashboard's external address ``site``, a runbook_url
+    under <site>/runbooks and a ``dashboard`` link on every alert."""
     overrides = rule_values.get("alerts") or {}
     rule_labels = rule_values.get("ruleLabels") or {}
     groups = []
@@ -193,6 +194,9 @@ def expected_rule_groups(alerts_doc: dict, rule_values: dict) -> list[dict]:
                 labels["severity"] = change["severity"]
             if labels:
                 rule["labels"] = labels
+            if site:
+                rule["annotations"]["runbook_url"] = f"{site}/runbooks/{rule['alert']}.md"
+                rule["annotations"]["dashboard"] = site + "/?pod={{ or $labels.pod $labels.instance }}"
             rules.append(rule)
         if rules:
             groups.append({**group, "rules": rules})

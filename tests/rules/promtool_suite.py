@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from kvdoctor.rules import promql
+from kvdoctor.rules.alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT
 from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
 from kvdoctor.rules.features import ENGINE_KEYS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
@@ -36,30 +37,48 @@ def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str
 
 
 def _annotations(
-    rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str], value: float, contributing: list[str]
+    rules: dict[str, dict],
+    spec: promql.AlertSpec,
+    labels: dict[str, str],
+    value: float,
+    slo_seconds: float,
+    contributing: list[str],
 ) -> dict[str, str]:
-    """The annotations Prometheus renders: the templates, and the differential the Python half gives."""
+    """What Prometheus renders: the templates' one query, the pod's SLO, answered with ``slo_seconds``,
+    and the differential the Python half gives."""
+
+    def query(expr: str) -> list:
+        return [({}, slo_seconds)] if expr.startswith(promql.SLO_RECORD + "{") else []
+
     return {
-        k: promql.contributing_text(contributing) if k == "contributing" else promql.render_template(v, labels, value)
+        k: promql.contributing_text(contributing)
+        if k == "contributing"
+        else promql.render_template(v, labels, value, query)
         for k, v in rules[spec.name]["annotations"].items()
     }
 
 
-def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict]) -> dict[str, list[dict]]:
-    """Alert name -> the promtool ``exp_alerts`` list at the scenario's end, from the Python verdict."""
+def expected_alerts(
+    scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict], slo_seconds: float | None = None
+) -> dict[str, list[dict]]:
+    """Alert name -> the promtool ``exp_alerts`` list at the scenario's end, from the Python verdict
+    (the exporter-down alert needs ``up``, which the scenarios do not have: tests/e2e covers it)."""
     out: dict[str, list[dict]] = {}
+    slo = scenario.published_slo or slo_seconds or DEFAULT_SLO_SECONDS
     for spec in promql.ALERTS:
+        if spec.name == EXPORTER_DOWN_ALERT:
+            continue
         out[spec.name] = []
         if spec.verdict is not None and spec.verdict == diagnosis.verdict and scenario.settles:
             labels = _engine_alert_labels(scenario, spec)
             value = diagnosis.features.get(spec.value_feature, math.nan)
             contributing = [c.verdict for c in diagnosis.differential]
-            annotations = _annotations(rules, spec, labels, value, contributing)
+            annotations = _annotations(rules, spec, labels, value, slo, contributing)
             out[spec.name] = [{"exp_labels": labels, "exp_annotations": annotations}]
-        if spec.verdict is None:
+        if spec.name == SOURCE_DOWN_ALERT:
             for source in scenario.sources_down:
                 labels = {"source": source, "pod": scenario.pod, "severity": spec.severity}
-                annotations = _annotations(rules, spec, labels, 0.0, [])
+                annotations = _annotations(rules, spec, labels, 0.0, slo, [])
                 out[spec.name].append({"exp_labels": labels, "exp_annotations": annotations})
     return out
 
@@ -97,7 +116,7 @@ def scenario_group(
         "input_series": scenario.input_series(),
         "alert_rule_test": [
             {"eval_time": at, "alertname": name, "exp_alerts": exp}
-            for name, exp in expected_alerts(scenario, diagnosis, rules).items()
+            for name, exp in expected_alerts(scenario, diagnosis, rules, slo_seconds).items()
         ],
         "promql_expr_test": [
             {
@@ -115,12 +134,13 @@ def write_test_file(
     scenarios: list[Scenario],
     thresholds: Thresholds | None = None,
     slo_seconds: float = DEFAULT_SLO_SECONDS,
-    runbook_base_url: str = promql.RUNBOOK_BASE_URL,
+    runbook_base_url: str | None = None,
+    scrape_interval_seconds: float = 15.0,
 ) -> Path:
     """The test file for ``rule_file``, compiled with ``thresholds`` (default: the default export's)
     and ``slo_seconds`` as the fallback SLO of pods that publish none."""
     t = thresholds or promql.rule_thresholds(None, None)
-    rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds, runbook_base_url)}
+    rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds, runbook_base_url, scrape_interval_seconds)}
     doc = {
         "rule_files": [str(rule_file)],
         "evaluation_interval": EVALUATION_INTERVAL,

@@ -54,6 +54,13 @@ def test_runbook_base_url_is_the_prefix_of_every_runbook_url(capsys):
     assert all(u.startswith("https://git.example.org/kvdoctor/docs/runbooks/") for u in urls.values())
 
 
+def test_without_a_runbook_base_the_export_says_so_and_writes_no_link(capsys):
+    assert main(["rules", "export"]) == 0
+    out, err = capsys.readouterr()
+    assert "runbook_url" not in out.split("groups:", 1)[1] and "no runbook_url" in err
+    assert exit_status(main, ["rules", "export", "--runbook-base-url", "docs/runbooks/"]) == 2
+
+
 def test_help_names_the_flags_and_the_exit_status(capsys):
     with pytest.raises(SystemExit):
         main(["rules", "export", "--help"])
@@ -64,7 +71,7 @@ def test_help_names_the_flags_and_the_exit_status(capsys):
 def test_check_mode(tmp_path, capsys):
     assert main(["rules", "export", "--check", "-o", str(COMMITTED)]) == 0
     stale = tmp_path / "alerts.yaml"
-    stale.write_text(COMMITTED.read_text().replace("for: 5m", "for: 1m", 1))
+    stale.write_text(COMMITTED.read_text().replace("for: 180s", "for: 60s", 1))
     assert main(["rules", "export", "--check", "-o", str(stale)]) == 1
     assert "out of date" in capsys.readouterr().err
 
@@ -79,7 +86,7 @@ def test_check_mode(tmp_path, capsys):
         (["rules", "export", "--check"], "--check needs -o FILE"),
         (["rules", "export", "--scrape-interval", "often"], "--scrape-interval: not a duration"),
         (["rules", "export", "--scrape-interval", "500ms"], "--scrape-interval must be at least 1s"),
-        (["rules", "export", "--runbook-base-url", " "], "--runbook-base-url must be a URL"),
+        (["rules", "export", "--runbook-base-url", " "], "--runbook-base-url must be an absolute"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):

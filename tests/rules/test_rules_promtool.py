@@ -44,7 +44,9 @@ def _rules_for(tmp_path: Path, interval: float) -> tuple[Path, Thresholds]:
 def test_every_scenario_fires_the_matching_alert_and_no_other(tmp_path):
     rules, thresholds = _rules_for(tmp_path, 1)
     assert thresholds == Thresholds()  # at 1 s, the exporter's own window
-    test_file = write_test_file(tmp_path / "scenarios.test.yaml", rules, list(SCENARIOS), thresholds)
+    test_file = write_test_file(
+        tmp_path / "scenarios.test.yaml", rules, list(SCENARIOS), thresholds, scrape_interval_seconds=1
+    )
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
 
@@ -66,7 +68,9 @@ def test_the_scenarios_fire_their_alert_at_common_scrape_intervals(tmp_path, scr
     scenarios = _at_interval(scrape, thresholds)
     wrong = [s.name for s in scenarios if python_diagnosis(s, thresholds).verdict != s.expected]
     assert not wrong, f"the Python verdict moved at a {scrape} s scrape interval: {wrong}"
-    test_file = write_test_file(tmp_path / f"scenarios-{scrape}.test.yaml", rules, scenarios, thresholds)
+    test_file = write_test_file(
+        tmp_path / f"scenarios-{scrape}.test.yaml", rules, scenarios, thresholds, scrape_interval_seconds=rules_for
+    )
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
 
@@ -76,7 +80,9 @@ def test_the_agreement_test_catches_drift(tmp_path):
     drifted = tmp_path / "drifted.yaml"
     drifted.write_text(promql.render_rules_yaml(Thresholds(kv_ceiling_ratio=0.97), scrape_interval_seconds=1))
     scenarios = [SCENARIO_BY_NAME["kv_ceiling_just_over"]]
-    test_file = write_test_file(tmp_path / "drift.test.yaml", drifted, scenarios, Thresholds())
+    test_file = write_test_file(
+        tmp_path / "drift.test.yaml", drifted, scenarios, Thresholds(), scrape_interval_seconds=1
+    )
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode != 0
     assert "KVCacheCapacityPressure" in result.stdout + result.stderr

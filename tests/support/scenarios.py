@@ -250,7 +250,8 @@ class Scenario:
             return self.duration
         alerts = [VERDICT_ALERT.get(self.expected)] if self.settles else []
         alerts += list(self.extra_alerts)
-        longest = max((_seconds(ALERT_BY_NAME[a].for_) for a in alerts if a), default=0.0)
+        # the for of the rules exported for this scrape interval (at least the default export's)
+        longest = max((ALERT_BY_NAME[a].for_seconds(max(self.step, 15.0)) for a in alerts if a), default=0.0)
         return self.window_seconds + longest + SETTLE_MARGIN
 
     @property

@@ -66,6 +66,36 @@ def prometheus() -> str | None:
     return _local_or_path(TOOLS_DIR / "prometheus/usr/bin/prometheus", "prometheus")
 
 
+# Debian's alertmanager reads its default notification templates from here (built into the binary).
+DEBIAN_ALERTMANAGER_TEMPLATES = Path("/usr/share/prometheus/alertmanager/default.tmpl")
+
+
+def alertmanager_binary() -> str | None:
+    """Alertmanager from .tools/alertmanager (Debian package prometheus-alertmanager unpacked) or PATH."""
+    return _local_or_path(
+        TOOLS_DIR / "alertmanager/usr/bin/prometheus-alertmanager", "prometheus-alertmanager", "alertmanager"
+    )
+
+
+def alertmanager() -> str | None:
+    """An Alertmanager server that starts: Debian's needs its default templates in /usr/share."""
+    found = alertmanager_binary()
+    if found and found.endswith("prometheus-alertmanager") and not DEBIAN_ALERTMANAGER_TEMPLATES.is_file():
+        return None
+    return found
+
+
+def amtool_tool() -> str | None:
+    """amtool beside the alertmanager binary, or on PATH."""
+    found = alertmanager_binary()
+    return amtool(found) if found else shutil.which("amtool")
+
+
+def amtool(alertmanager_binary: str) -> str | None:
+    """The amtool beside the alertmanager binary (or on PATH)."""
+    return _executable(Path(alertmanager_binary).with_name("amtool")) or shutil.which("amtool")
+
+
 def victoria_metrics() -> str | None:
     """VictoriaMetrics' single node from .tools/victoria-metrics (Debian package unpacked) or PATH,
     where vmagent and vmalert sit beside it."""
@@ -151,6 +181,12 @@ def _installed_by(part: str, finder: Callable[[], str | None], needs: str) -> tu
 TOOLS: dict[str, tuple[Callable[[], str | None], str, str]] = {
     "promtool": _installed_by("prometheus", promtool, "promtool (Debian package prometheus)"),
     "prometheus": _installed_by("prometheus", prometheus, "a prometheus server (Debian package prometheus)"),
+    "alertmanager": _installed_by(
+        "alertmanager",
+        alertmanager,
+        "alertmanager (Debian package prometheus-alertmanager; its templates in /usr/share, copied as root)",
+    ),
+    "amtool": _installed_by("alertmanager", amtool_tool, "amtool (Debian package prometheus-alertmanager)"),
     "victoria-metrics": _installed_by(
         "victoria-metrics", victoria_metrics, "victoria-metrics, vmagent and vmalert (Debian package victoria-metrics)"
     ),
@@ -215,6 +251,7 @@ requires_promtool = needs("promtool")
 requires_prometheus = needs("prometheus")
 requires_helm = needs("helm")
 requires_victoria_metrics = needs("victoria-metrics")
+requires_alertmanager = needs("alertmanager")
 requires_chromium = needs("chromium")
 requires_chromedriver = needs("chromedriver")
 requires_vllm = needs("vllm")

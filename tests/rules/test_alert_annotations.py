@@ -1,0 +1,113 @@
+"""Every alert's words, rendered as Prometheus renders them, with and without Kubernetes labels: none
+is empty, none leaves a template or a metric name behind, the engine is named by pod, else instance,
+else job, and runbook links are absolute or absent."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import yaml
+
+from kvdoctor.rules import alert_templates, promql
+from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
+
+KUBERNETES = {"namespace": "serving", "pod": "vllm-7f9c", "instance": "10.1.2.3:9745", "job": "kvdoctor"}
+STATIC = {"instance": "gpu-box-2:9745", "job": "kvdoctor"}  # a static config / docker-compose
+ENGINE = {"model_name": "meta-llama/Llama-2-7b-chat-hf", "engine": "vllm"}
+SLO_SECONDS = 0.015
+
+
+def _alerts(**kwargs) -> dict[str, dict]:
+    doc = yaml.safe_load(promql.render_rules_yaml(**kwargs))
+    return {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
+
+
+def _query(verdict_code: float | None):
+    def query(expr: str) -> list:
+        if expr.startswith(promql.SLO_RECORD + "{"):
+            return [({}, SLO_SECONDS)]
+        if expr.startswith(promql.VERDICT_RECORD + "{") and verdict_code is not None:
+            return [({}, verdict_code)]
+        return []
+
+    return query
+
+
+def _labels(name: str, target: dict[str, str]) -> dict[str, str]:
+    labels = {**target, **ENGINE, "alertname": name}
+    if name == "KvdoctorSourceDown":
+        labels["source"] = "dcgm"
+    return labels
+
+
+@pytest.mark.parametrize("target", [KUBERNETES, STATIC], ids=["kubernetes", "static"])
+@pytest.mark.parametrize("verdict", [None, "kv_thrashing", "healthy"])
+def test_every_annotation_renders_to_words_people_read(target, verdict):
+    code = float(promql.verdict_code(verdict)) if verdict else None
+    for name, rule in _alerts().items():
+        for key, text in rule["annotations"].items():
+            out = alert_templates.render(text, _labels(name, target), 0.1842, _query(code))
+            where = f"{name}.{key} ({'pod' if 'pod' in target else 'no pod'}, verdict {verdict})"
+            assert out.strip(), where
+            assert "{{" not in out and "}}" not in out and "$labels" not in out, (where, out)
+            assert not re.search(r"\bkvdoctor[_:][a-z_]+", out), (where, out)  # no metric names in prose
+            assert " on :" not in out and " on  " not in out and "  " not in out, (where, out)
+            name_shown = target.get("pod") or target["instance"]
+            assert name_shown in out or (key == "description" and name == "KvdoctorSourceDown"), (where, out)
+
+
+def test_values_are_in_units_people_read_with_the_pods_own_slo():
+    alerts = _alerts()
+    bw = alerts["DecodeMemoryBandwidthBound"]["annotations"]["summary"]
+    out = alert_templates.render(bw, _labels("x", STATIC), 0.1842, _query(None))
+    assert out == "Decode is HBM-bandwidth bound on gpu-box-2:9745: ITL p95 184.2ms, SLO 15ms"
+    kv = alerts["KVCacheCapacityPressure"]["annotations"]["summary"]
+    assert alert_templates.render(kv, _labels("x", KUBERNETES), 0.973).endswith(": 97.3% used")
+
+
+def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
+    page = _alerts()["KvdoctorLatencySLOFastBurn"]
+    code = float(promql.verdict_code("kv_thrashing"))
+    text = alert_templates.render(page["annotations"]["description"], _labels("p", KUBERNETES), 0.04, _query(code))
+    assert "KV cache thrashing" in text and "First action: now: route traffic away" in text
+    assert "its ITL SLO of 15ms" in text and "ITL p90 40ms over 5 minutes" in text
+    assert "Confidence: lower" in text  # the exporter's own verdict is not in this fake store
+    summary = alert_templates.render(page["annotations"]["summary"], _labels("p", KUBERNETES), 0.04, _query(None))
+    assert summary.endswith("Cause: unknown")  # no verdict: said, not left empty
+    assert page["labels"] == {"severity": "critical", "slo": "itl"}
+    assert _alerts()["KvdoctorLatencySLOSlowBurn"]["labels"]["severity"] == "warning"
+
+
+def test_the_engine_is_named_by_pod_else_instance_else_job():
+    t = alert_templates.engine()
+    assert alert_templates.render(t, KUBERNETES, math.nan) == "vllm-7f9c"
+    assert alert_templates.render(t, STATIC, math.nan) == "gpu-box-2:9745"
+    assert alert_templates.render(t, {"job": "kvdoctor"}, math.nan) == "kvdoctor"
+
+
+def test_runbook_links_are_absolute_or_absent_and_the_dashboard_link_is_the_pods():
+    assert all("runbook_url" not in r["annotations"] for r in _alerts().values())
+    base = "https://kvdoctor.example.com/runbooks"
+    linked = _alerts(runbook_base_url=base, dashboard_base_url="https://kvdoctor.example.com")
+    for name, rule in linked.items():
+        assert rule["annotations"]["runbook_url"] == f"{base}/{name}.md"
+        link = alert_templates.render(rule["annotations"]["dashboard"], KUBERNETES, 0.0)
+        assert link == "https://kvdoctor.example.com/?pod=vllm-7f9c"
+    assert set(SLO_ALERT_NAMES) <= set(linked)
+
+
+def test_cause_alerts_are_info_with_a_stated_for_that_scales_with_the_scrape_interval():
+    at15, at1 = _alerts(), _alerts(scrape_interval_seconds=1)
+    for name in promql.VERDICT_ALERT_NAMES:
+        assert at15[name]["labels"]["severity"] == "info" and at15[name]["for"] == "180s"
+        assert at1[name]["for"] == "12s"
+    assert at15["KvdoctorExporterDown"]["for"] == "60s" and at1["KvdoctorExporterDown"]["for"] == "4s"
+    fast = at15["KvdoctorLatencySLOFastBurn"]["expr"]
+    assert "[3600s]" in fast and "[300s]" in fast and "histogram_quantile(0.9," in fast
+    assert (
+        "[240s]" in at1["KvdoctorLatencySLOFastBurn"]["expr"] and "[20s]" in at1["KvdoctorLatencySLOFastBurn"]["expr"]
+    )
+    slow = at15["KvdoctorLatencySLOSlowBurn"]["expr"]
+    assert "[21600s]" in slow and "[1800s]" in slow and "histogram_quantile(0.95," in slow
