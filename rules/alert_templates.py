@@ -8,7 +8,8 @@ Kubernetes labels:
 - ``slo()``: the pod's own ITL SLO (``kvdoctor:itl_slo_seconds``, a query made when the alert
   fires), in milliseconds;
 - ``value(kind)``: ``$value`` in the unit people read (``184ms``, ``72.5%``, ``1.2G``);
-- ``if``/``with``/``else``/``end``, ``or``, ``eq``, ``printf``, ``query``, ``first``, ``value``.
+- ``if``/``with``/``range``/``else``/``end``, ``or``, ``eq``, ``printf``, ``query``, ``sortByLabel``,
+  ``first``, ``value``.
 
 ``render`` expands exactly these forms as Prometheus does (for tests: promtool's expected
 annotations, the check that nothing renders empty or leaves a template behind). Anything else is an
@@ -145,7 +146,7 @@ def _truthy(v: object) -> bool:
 
 @dataclass
 class _Node:
-    kind: str  # text | action | if | with | assign
+    kind: str  # text | action | if | with | range | assign
     text: str = ""
     pipe: str = ""
     then: list[_Node] = field(default_factory=list)
@@ -183,7 +184,7 @@ def _block(tokens: list[tuple[str, str]], i: int, top: bool = False) -> tuple[li
             if top:
                 raise ValueError(f"unexpected {{{{ {body} }}}}")
             return out, i
-        if word in ("if", "with"):
+        if word in ("if", "with", "range"):
             node, i = _control(tokens, i, word, body[len(word) :].strip())
             out.append(node)
             continue
@@ -238,6 +239,11 @@ class _Scope:
             return str(self.labels.get(word[len("$labels.") :], ""))
         if word in self.vars:
             return self.vars[word]
+        if ".Labels." in word and word.split(".", 1)[0] in self.vars:  # $c.Labels.x of a query's sample
+            name, label = word.split(".Labels.", 1)
+            sample = self.vars[name]
+            assert isinstance(sample, tuple)
+            return str(sample[0].get(label, ""))
         try:
             return float(word)
         except ValueError:
@@ -252,6 +258,10 @@ class _Scope:
             return _printf(str(args[0]), *args[1:])
         if name == "query":
             return list(self.query(str(args[0]))) if self.query else []
+        if name == "sortByLabel":
+            label, seq = str(args[0]), args[1]
+            assert isinstance(seq, list)
+            return sorted(seq, key=lambda sample: str(sample[0].get(label, "")))
         if name == "first":
             seq = args[0]
             assert isinstance(seq, list)
@@ -307,6 +317,16 @@ def _run(nodes: list[_Node], scope: _Scope, dot: object) -> str:
             out.append(go_g4(v) if isinstance(v, float) else str(v))
         elif node.kind == "assign":
             scope.vars[node.text] = scope.pipe(node.pipe, dot)
+        elif node.kind == "range":  # {{ range $i, $x := PIPE }}: each element, its index and itself
+            names, pipe = node.pipe.split(":=", 1)
+            index, element = (n.strip() for n in names.split(","))
+            items = scope.pipe(pipe.strip(), dot)
+            assert isinstance(items, list)
+            for n, item in enumerate(items):
+                scope.vars[index], scope.vars[element] = n, item
+                out.append(_run(node.then, scope, item))
+            if not items:
+                out.append(_run(node.otherwise, scope, dot))
         else:
             v = scope.pipe(node.pipe, dot)
             if _truthy(v):

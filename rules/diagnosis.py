@@ -46,7 +46,7 @@ from .signals import (
     PROMPT_TOKENS,
     SIGNALS,
 )
-from .thresholds import DEFAULT_THRESHOLDS, Thresholds
+from .thresholds import DEFAULT_THRESHOLDS, MIN_WINDOW_SAMPLES, Thresholds
 from .units import plural
 from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
 from .verdicts import rank as verdict_rank
@@ -63,9 +63,6 @@ _BATCHES = (
     (INTER_TOKEN_LATENCY + "_sum", INTER_TOKEN_LATENCY + "_count"),  # the knee's
 )
 _FEW_SAMPLES = 10
-# The fewest snapshots a window needs to be judged: a rate or a growth needs two samples in the
-# state sub-window, and one more keeps a single late scrape from deciding. Fewer: verdict unknown.
-MIN_WINDOW_SAMPLES = 3
 QUEUEING = "request_queueing"
 
 

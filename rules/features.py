@@ -282,6 +282,16 @@ FEATURES: dict[str, Feature] = {
             part="recent",
         ),
         Feature(
+            "kv_usage_floor",
+            ENGINE,
+            RATIO,
+            (KV_CACHE_USAGE,),
+            f"KV-cache usage, its lowest {_STATE}, fullest rank (a pool full throughout, not only at its peaks)",
+            lambda v, t: nanmax(v.quantiles(Selector(KV_CACHE_USAGE), 0.0, "recent")),
+            lambda c, t: f"max by ({c.engine_keys}) (min_over_time({KV_CACHE_USAGE}[{_recent(c)}]))",
+            part="recent",
+        ),
+        Feature(
             "kv_host_usage",
             ENGINE,
             RATIO,

@@ -62,6 +62,7 @@ FEATURE_LABELS: dict[str, str] = {
     "requests_swapped": "requests swapped out to host memory",
     "preemptions_per_minute": "preemptions",
     "kv_usage": "KV cache usage",
+    "kv_usage_floor": "KV cache usage, its lowest",
     "kv_host_usage": "host KV cache usage",
     "kv_to_gpu_bytes_per_second": "KV moved into the GPU",
     "slow_tier_hit_fraction": "prefix hits served from a slower tier",

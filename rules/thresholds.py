@@ -36,6 +36,10 @@ DIAGNOSIS_WINDOW_SECONDS = 60.0
 DEFAULT_SLO_SECONDS = 0.1
 # Every range the tree reads holds at least this many samples (rate and trend need several).
 MIN_SAMPLES_PER_RANGE = 4
+# The fewest snapshots a window needs to be judged: a rate or a growth needs two samples in the
+# state sub-window, and one more keeps a single late scrape from deciding. Fewer: verdict unknown
+# (no verdict record in PromQL).
+MIN_WINDOW_SAMPLES = 3
 # The scrape interval the default rule file is sized for (its ranges also hold two samples at 30 s).
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 15.0
 

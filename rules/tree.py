@@ -20,7 +20,7 @@ asks whether requests wait for another reason:
 
  1. idle                    no tokens generated, no request running or waiting
  2. kv_thrashing            preemptions (or swapped-out requests) while the engine is slow
- 3. kv_thrashing            KV moved into a GPU pool that sits at the ceiling, while slow
+ 3. kv_thrashing            KV moved into a GPU pool that stays at the ceiling, while slow
  4. kv_tier_miss            significant KV moved into the GPU while ITL or TTFT is over its SLO
  5. kv_capacity_pressure    KV pool at the ceiling and requests delayed (they wait, or TTFT is slow)
     (2-5: where the KV lives and whether it fits. First, because these hurt TTFT and every token even
@@ -87,6 +87,9 @@ ACTIVE = Named(
     ),
 )
 AT_CEILING = Cmp("kv_usage", ">=", Param("kv_ceiling_ratio"))
+# Full throughout the state sub-window: KV reloaded into such a pool evicts other KV. A pool that was
+# full only before a change of cause (its high quantile still full, its floor not) is no reload.
+FULL_THROUGHOUT = Cmp("kv_usage_floor", ">=", Param("kv_ceiling_ratio"))
 TRANSFERS_SIGNIFICANT = Named(
     "kv_transfers_significant",
     Any(
@@ -206,8 +209,8 @@ BRANCHES: tuple[Branch, ...] = (
         "thrashing_reload",
         "kv_thrashing",
         2,
-        All((TRANSFERS_SIGNIFICANT, AT_CEILING, ENGINE_SLOW)),
-        "KV moves into a GPU pool that sits at the ceiling, and the engine is slow",
+        All((TRANSFERS_SIGNIFICANT, FULL_THROUGHOUT, ENGINE_SLOW)),
+        "KV moves into a GPU pool that stays at the ceiling, and the engine is slow",
         _THRASHING_CONTEXT,
         base_confidence=0.8,
     ),

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     text = render_rules_yaml(thresholds, _slo(args), _interval(args), base)
     if args.check:
         return check_document(text, args.output, "kvdoctor rules export")
+    write_document(text, args.output)
     if base is None:
         print(f"kvdoctor rules export: {NO_RUNBOOK_NOTE}", file=sys.stderr)
-    write_document(text, args.output)
     return 0

@@ -36,6 +36,11 @@ def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str
     return labels
 
 
+def _engine_name(labels: dict[str, str]) -> str:
+    """How the alerts name an engine: its pod, else its instance, else its job."""
+    return labels.get("pod") or labels.get("instance") or labels.get("job") or "an unnamed engine"
+
+
 def _annotations(
     rules: dict[str, dict],
     spec: promql.AlertSpec,
@@ -51,7 +56,7 @@ def _annotations(
         return [({}, slo_seconds)] if expr.startswith(promql.SLO_RECORD + "{") else []
 
     return {
-        k: promql.contributing_text(contributing)
+        k: promql.contributing_text(contributing, _engine_name(labels))
         if k == "contributing"
         else promql.render_template(v, labels, value, query)
         for k, v in rules[spec.name]["annotations"].items()

@@ -180,7 +180,10 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     branches = [r["labels"]["branch"] for r in _rules() if r.get("record") == promql.BRANCH_RECORD]
     assert branches == [b.id for b in tree.BRANCHES[1:-1]] + [promql.QUEUE_CONSEQUENCE_BRANCH]
     # ... among the active engines whose exporter is scraped now (its own series, not stale)
-    assert expr.endswith(f"and on({keys}) kvdoctor:engine_active\nand on(namespace, pod, instance) kvdoctor:source_up")
+    assert expr.endswith(
+        f"and on({keys}) kvdoctor:engine_active\nand on(namespace, pod, instance) kvdoctor:source_up\n"
+        "and on(namespace, pod, instance) kvdoctor:judgeable"  # a window of 3 scrapes or more
+    )
     assert "kvdoctor_" not in expr
 
 
@@ -218,9 +221,17 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
             readers.setdefault(name, []).append(rule["record"])
         assert all(rule["expr"].count(name) == 1 for name in set(_RAW.findall(rule["expr"]))), rule["record"]
     shared = {name: rules for name, rules in readers.items() if len(rules) > 1}
-    # the queue gauge is read twice, by its median and by its growth (deriv): one series per engine
-    queue = shared.pop("kvdoctor_requests_waiting", [])
-    assert sorted(r.split(":")[1] for r in queue) in ([], ["queue_growth_per_minute", "requests_waiting"]), queue
+    # three gauges of one series per engine (or per source) are read twice, by two statistics of one
+    # range: the queue by its median and its growth, KV usage by its high quantile and its floor, the
+    # exporter's own series by the live record and the count that says a window can be judged
+    twice = {
+        "kvdoctor_requests_waiting": ["kvdoctor:queue_growth_per_minute", "kvdoctor:requests_waiting"],
+        "kvdoctor_kv_cache_usage_ratio": ["kvdoctor:kv_usage", "kvdoctor:kv_usage_floor"],
+        "kvdoctor_source_up": [promql.JUDGEABLE_RECORD, promql.SOURCE_UP_RECORD],
+    }
+    for name, records in twice.items():
+        read_by = sorted(r.rsplit(":", 1)[0] if r.count(":") > 1 else r for r in shared.pop(name, []))
+        assert read_by in ([], records), (name, read_by)
     assert not shared, shared
     assert len(readers) >= 15 and any(
         name.startswith("kvdoctor_inter_token_latency_seconds_bucket") for name in readers

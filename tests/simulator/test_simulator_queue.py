@@ -232,7 +232,7 @@ def test_the_demo_refuses_an_unknown_queue(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["demo", "--queue", "long"])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "invalid choice: 'long'" in err
+    assert exc.value.code == 2 and "--queue 'long'" in err and "steady" in err
 
 
 # ------------------------------------------------------------------------------------- the diagnosis

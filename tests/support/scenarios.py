@@ -1143,7 +1143,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         kv_usage=0.5,
         waiting=RampAtEnd(2, 32, 60),
         ttft=Latency(base=0.6, mix=((1.0, 1.0),)),
-        settles=False,
     ),
     _case(
         "ttft_over_threshold_decode_on_time",
