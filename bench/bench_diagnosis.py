@@ -3,7 +3,8 @@ PromQL rules (promtool), on the same cases.
 
     .venv/bin/python -m bench.bench_diagnosis                  # small corpus (CI), both halves
     .venv/bin/python -m bench.bench_diagnosis --size full      # every combination
-    .venv/bin/python -m bench.bench_diagnosis --markdown       # the same as Markdown (docs/diagnosis-benchmark.md)
+    .venv/bin/python -m bench.bench_diagnosis --markdown       # the same as Markdown
+    .venv/bin/python -m bench.bench_diagnosis --size full --markdown-out docs/diagnosis-benchmark.md
     .venv/bin/python -m bench.bench_diagnosis --record-floors  # write this run's figures as the floors
 
 The corpus (tests/support/corpus.py) labels each case with what is truly happening: every cause
@@ -52,6 +53,7 @@ from tests.support.corpus import (
 from tests.support.tools import promtool
 
 BENCH = "diagnosis"
+BEGIN, END = "<!-- bench-diagnosis:begin -->", "<!-- bench-diagnosis:end -->"
 FLOORS = Path(__file__).resolve().parent / "diagnosis_floors.json"
 HALVES = {"python": "Python (rules/diagnosis.py diagnose)", "promql": "PromQL rules (promtool, kvdoctor:verdict)"}
 SHORT = {
@@ -152,33 +154,61 @@ def lags(out: Out, scores: Scores) -> list[str]:
     """The cause-change figures; returns the one-line summaries."""
     summaries = []
     for step in INTERVALS:
-        worst, case_id, settled, never = scores.worst_lag(step)
-        if not settled and not never:
-            continue
-        target = f" (target <= {LAG_TARGET_SECONDS:g} s)" if step == 1.0 else ""
-        where = f" ({case_id.split('/')[1]}, {case_id.split('/', 2)[2]})" if case_id else ""
-        text = (
-            f"at {step:g} s sampling: worst lag {worst:g} s{where}{target}; "
-            f"{settled} of {settled + never} changes settled on the new cause"
-            if worst is not None
-            else f"at {step:g} s sampling: no change settled ({never})"
-        )
-        summaries.append(text)
-        out.line(("- " if out.markdown else "  ") + text)
-    slow = sorted(((v, k) for k, v in scores.lags.items() if v is None or v > LAG_TARGET_SECONDS), key=_lag_order)
+        for reference in (True, False):
+            worst, case_id, settled, never = scores.worst_lag(step, reference)
+            if not settled and not never:
+                continue
+            which = "vLLM V1, every signal family" if reference else "every change"
+            target = f" (target <= {LAG_TARGET_SECONDS:g} s)" if step == 1.0 and reference else ""
+            text = (
+                f"at {step:g} s sampling, {which}: worst lag {worst:g} s ({case_id}){target}; "
+                f"{settled} of {settled + never} changes settled on the new cause"
+                if worst is not None
+                else f"at {step:g} s sampling, {which}: no change settled ({never})"
+            )
+            summaries.append(text)
+            out.line(("- " if out.markdown else "  ") + text)
+    for step in INTERVALS:
+        pair_matrix(out, scores, step)
+    slow = sorted(
+        (
+            (v, k)
+            for k, v in scores.lags.items()
+            if scores.lag_case[k].reference and (v is None or v > LAG_TARGET_SECONDS)
+        ),
+        key=_lag_order,
+    )
     if slow:
-        out.line()
         out.line(
-            f"Changes over {LAG_TARGET_SECONDS:g} s or never settled ({len(slow)}), slowest first"
-            + (" (first 20)" if len(slow) > 20 else "")
-            + ":"
+            f"\nChanges on vLLM V1 with every signal family over {LAG_TARGET_SECONDS:g} s or never settled "
+            f"({len(slow)}), slowest first" + (" (first 25)" if len(slow) > 25 else "") + ":\n"
         )
         rows = []
-        for value, k in slow[:20]:
+        for value, k in slow[:25]:
             interim = ", ".join(f"{v} {n}x" for v, n in scores.interim.get(k, Counter()).most_common(3))
             rows.append([k, "never" if value is None else f"{value:g} s", interim or "-"])
-        out.table(["change", "lag", "verdicts between (the old cause's and others)"], rows)
+        out.table(["change", "lag", "verdicts after the switch other than the new cause"], rows)
     return summaries
+
+
+def pair_matrix(out: Out, scores: Scores, step: float) -> None:
+    """The lag of every change of cause on vLLM V1, every signal family, no noise: rows the cause
+    before, columns the cause after."""
+    cell: dict[tuple[str, str], str] = {}
+    for k, value in scores.lags.items():
+        case = scores.lag_case[k]
+        if case.reference and not case.noise and case.step == step:
+            cell[(case.previous, case.cause)] = "never" if value is None else f"{value:g}"
+    if not cell:
+        return
+    causes = [c for c in LABELS if any(c in pair for pair in cell)]
+    out.line(
+        f"\nLag in seconds at {step:g} s sampling, vLLM V1, every signal family, no noise "
+        "(rows: the cause before, columns: the cause after; never: not the new cause at the end):\n"
+    )
+    header = ["before \\ after", *(_short(c) for c in causes)]
+    rows = [[a, *(cell.get((a, b), "" if a == b else "-") for b in causes)] for a in causes]
+    out.table(header, rows)
 
 
 def _lag_order(item: tuple[float | None, str]) -> tuple[float, str]:
@@ -302,12 +332,57 @@ def record_floors(path: Path, size: str, measured: dict[str, Scores]) -> None:
     path.write_text(json.dumps(floors, indent=1, sort_keys=True) + "\n")
 
 
+def save_verdicts(path: Path, halves: dict[str, tuple[Verdicts, float]]) -> None:
+    doc = {
+        name: {"seconds": seconds, "verdicts": {k: [[t, v] for t, v in got.items()] for k, got in verdicts.items()}}
+        for name, (verdicts, seconds) in halves.items()
+    }
+    path.write_text(json.dumps(doc))
+
+
+def load_verdicts(path: Path, cases: Sequence[Case]) -> dict[str, tuple[Verdicts, float]]:
+    doc = json.loads(path.read_text())
+    out: dict[str, tuple[Verdicts, float]] = {}
+    for name, half in doc.items():
+        verdicts = {k: {float(t): v for t, v in got} for k, got in half["verdicts"].items()}
+        if set(verdicts) != {c.id for c in cases}:
+            raise SystemExit(f"{path}: its verdicts are for another corpus (another size or generator)")
+        out[name] = (verdicts, float(half["seconds"]))
+    return out
+
+
+def write_markdown(path: Path, text: str) -> None:
+    """``text`` into ``path``: between its BEGIN and END lines when it has them, else the whole file."""
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    else:
+        path.write_text(text + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=SIZES, default="small", help="corpus size (default small, the CI one)")
     parser.add_argument("--no-promql", action="store_true", help="the Python half only (no promtool)")
     parser.add_argument("--jobs", type=int, default=2, help="processes at once, Python and promtool (default 2)")
     parser.add_argument("--markdown", action="store_true", help="print Markdown (docs/diagnosis-benchmark.md)")
+    parser.add_argument(
+        "--markdown-out",
+        type=Path,
+        metavar="PATH",
+        help=f"also write the report as Markdown: between the {BEGIN} and {END} lines when PATH has them",
+    )
+    parser.add_argument(
+        "--save-verdicts", type=Path, metavar="PATH", help="also write every verdict (JSON), for --load-verdicts"
+    )
+    parser.add_argument(
+        "--load-verdicts",
+        type=Path,
+        metavar="PATH",
+        help="judge nothing: report the verdicts a --save-verdicts run wrote (re-rendering the report only)",
+    )
     parser.add_argument("--floors", type=Path, default=FLOORS, help=f"the floors file (default {FLOORS.name})")
     parser.add_argument("--record-floors", action="store_true", help="write this run's figures as the floors")
     parser.add_argument("--check-floors", action="store_true", help="exit 1 when a figure is below its floor")
@@ -319,36 +394,49 @@ def main(argv: list[str] | None = None) -> int:
     kinds = Counter(c.kind for c in cases)
     halves: dict[str, tuple[Verdicts, float]] = {}
     t0 = time.monotonic()
-    halves["python"] = (judge_python(cases, args.jobs), time.monotonic() - t0)
-    if not args.no_promql:
+    if args.load_verdicts:
+        halves = load_verdicts(args.load_verdicts, cases)
+    else:
+        halves["python"] = (judge_python(cases, args.jobs), time.monotonic() - t0)
+    if not args.no_promql and not args.load_verdicts:
         tool = promtool()
         if tool is None:
             print("bench_diagnosis: promtool not found (bash scripts/install-test-deps.sh --only prometheus)")
             return 2
         t0 = time.monotonic()
         halves["promql"] = (judge_promql(cases, tool, jobs=args.jobs), time.monotonic() - t0)
+    if args.save_verdicts:
+        save_verdicts(args.save_verdicts, halves)
     measured = {name: score(cases, verdicts) for name, (verdicts, _) in halves.items()}
     all_floors = load_floors(args.floors).get(args.size, {})
 
-    lines: list[str] = []
-    out = Out(args.markdown, lines.append)
-    out.line(
-        f"Diagnosis benchmark, {args.size} corpus: {len(cases)} cases "
-        f"({', '.join(f'{n} {k}' for k, n in kinds.items())}); "
-        f"generated and judged in {time.monotonic() - started:.0f} s"
-    )
+    elapsed = time.monotonic() - started
+    differ = disagreements(cases, halves["python"][0], halves["promql"][0]) if "promql" in halves else []
+
+    def report(markdown: bool) -> str:
+        lines: list[str] = []
+        out = Out(markdown, lines.append)
+        out.line(
+            f"Diagnosis benchmark, {args.size} corpus: {len(cases)} cases "
+            f"({', '.join(f'{n} {k}' for k, n in kinds.items())}); generated and judged in {elapsed:.0f} s"
+        )
+        for name, (_, seconds) in halves.items():
+            report_half(out, name, measured[name], all_floors.get(name, {}), seconds)
+        if "promql" in halves:
+            out.heading(f"Python and PromQL: {len(cases) - len(differ)}/{len(cases)} cases agree", 3)
+            if differ:
+                out.table(["case", "Python", "PromQL"], [list(d) for d in differ[:30]])
+        return "\n".join(lines)
+
     rows: list[Row] = []
-    for name, (_, seconds) in halves.items():
-        floors = all_floors.get(name, {})
-        report_half(out, name, measured[name], floors, seconds)
-        rows += rows_for(name, measured[name], floors)
+    for name in halves:
+        rows += rows_for(name, measured[name], all_floors.get(name, {}))
     if "promql" in halves:
-        differ = disagreements(cases, halves["python"][0], halves["promql"][0])
-        out.heading(f"Python and PromQL: {len(cases) - len(differ)}/{len(cases)} cases agree", 3)
-        if differ:
-            out.table(["case", "Python", "PromQL"], [list(d) for d in differ[:30]])
         rows.append(Row(BENCH, "Python and PromQL agree", f"{len(cases) - len(differ)}/{len(cases)} cases"))
-    print("\n".join(lines))
+    print(report(args.markdown))
+    if args.markdown_out:
+        write_markdown(args.markdown_out, report(True))
+        print(f"\nMarkdown report written to {args.markdown_out}")
 
     problems = {name: below_floors(measured[name], all_floors[name]) for name in measured if name in all_floors}
     if args.record_floors:
