@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Extra arguments for the demo, e.g. make demo ARGS="--scenario kv_thrashing"
 ARGS ?=
 
-.PHONY: help setup dev test-deps demo demo-check lint test test-fast bench bench-quick bench-fleet
+.PHONY: help setup dev test-deps demo demo-check lint test test-fast bench bench-quick bench-fleet bench-diagnosis
 
 help:
 	@echo "make setup      create .venv with kvdoctor (editable)"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench      run every benchmark (bench/run; the soak takes 30 minutes)"
 	@echo "make bench-quick  the same at CI sizes (a few minutes)"
 	@echo "make bench-fleet ENGINES=N  one Prometheus, N fake engines x 8 GPUs, the rules, the Fleet page (bench/bench_fleet.py)"
+	@echo "make bench-diagnosis  the tree on the labelled corpus, Python and PromQL (BENCH_ARGS=\"--size full\"; bench/bench_diagnosis.py)"
 
 # Stamps: re-run setup only when pyproject.toml changed since the last one.
 $(VENV)/.kvdoctor-setup: pyproject.toml scripts/setup.sh
@@ -81,3 +82,8 @@ bench-quick: $(VENV)/.kvdoctor-dev
 ENGINES ?= 100
 bench-fleet: $(VENV)/.kvdoctor-dev
 	$(PY) -m bench.bench_fleet --engines $(ENGINES) --markdown-row $(BENCH_ARGS)
+
+# The diagnosis benchmark (docs/diagnosis-benchmark.md): confusion matrix, accuracy per cause against
+# bench/diagnosis_floors.json, cause-change lags, false-healthy count; the small corpus unless BENCH_ARGS says.
+bench-diagnosis: $(VENV)/.kvdoctor-dev
+	$(PY) -m bench.bench_diagnosis $(BENCH_ARGS)

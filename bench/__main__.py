@@ -234,6 +234,7 @@ BENCHES = [
     Bench("onset", "bench.bench_onset", [], ["--quick"], json_rows=True),
     Bench("soak", "bench.bench_soak", [], ["--quick"], json_rows=True),
     Bench("fleet", "bench.bench_fleet", [], ["--quick"], json_rows=True),
+    Bench("diagnosis", "bench.bench_diagnosis", ["--size", "full"], ["--size", "small"], json_rows=True),
 ]
 
 
