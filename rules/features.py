@@ -273,6 +273,15 @@ FEATURES: dict[str, Feature] = {
             part="recent",
         ),
         Feature(
+            "preemptions_per_minute_window",
+            ENGINE,
+            PER_MINUTE,
+            (PREEMPTIONS,),
+            "preemptions (or retractions) per minute over the whole window: a thrash too sparse for the state "
+            "sub-window to see every time, while the pool stays full",
+            *_engine_rate(Selector(PREEMPTIONS), 60),
+        ),
+        Feature(
             "kv_usage",
             ENGINE,
             RATIO,

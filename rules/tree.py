@@ -19,7 +19,8 @@ question first -- is decode slow because it cannot compute or cannot move data? 
 asks whether requests wait for another reason:
 
  1. idle                    no tokens generated, no request running or waiting
- 2. kv_thrashing            preemptions (or swapped-out requests) while the engine is slow
+ 2. kv_thrashing            preemptions now (or over the window with the pool still full; or swapped-out
+                            requests) while the engine is slow
  3. kv_thrashing            KV moved into a GPU pool that stays at the ceiling, while slow
  4. kv_tier_miss            significant KV moved into the GPU while ITL or TTFT is over its SLO
  5. kv_capacity_pressure    KV pool at the ceiling and requests delayed (they wait, or TTFT is slow)
@@ -87,6 +88,17 @@ ACTIVE = Named(
     ),
 )
 AT_CEILING = Cmp("kv_usage", ">=", Param("kv_ceiling_ratio"))
+# Preempting now: in the state sub-window, or (a sparse thrash) over the window while the pool is
+# still full. Preemptions that stopped with the pool no longer full are not quoted as current.
+PREEMPTING = Named(
+    "preempting",
+    Any(
+        (
+            Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
+            All((Cmp("preemptions_per_minute_window", ">=", Param("preemptions_per_minute")), AT_CEILING)),
+        )
+    ),
+)
 # Full throughout the state sub-window: KV reloaded into such a pool evicts other KV. A pool that was
 # full only before a change of cause (its high quantile still full, its floor not) is no reload.
 FULL_THROUGHOUT = Cmp("kv_usage_floor", ">=", Param("kv_ceiling_ratio"))
@@ -147,6 +159,7 @@ BANDWIDTH_HIGH = Named(
 # Recorded by the PromQL half, in this order (later ones may use the earlier ones).
 NAMED_CONDITIONS: tuple[Named, ...] = (
     ACTIVE,
+    PREEMPTING,
     TRANSFERS_SIGNIFICANT,
     ITL_SLOW,
     ITL_FAST,
@@ -192,7 +205,7 @@ BRANCHES: tuple[Branch, ...] = (
         "thrashing_preemptions",
         "kv_thrashing",
         2,
-        All((Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")), ENGINE_SLOW)),
+        All((PREEMPTING, ENGINE_SLOW)),
         "the engine preempts requests (the KV pool ran out) and is slow",
         _THRASHING_CONTEXT,
     ),

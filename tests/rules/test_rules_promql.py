@@ -221,13 +221,15 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
             readers.setdefault(name, []).append(rule["record"])
         assert all(rule["expr"].count(name) == 1 for name in set(_RAW.findall(rule["expr"]))), rule["record"]
     shared = {name: rules for name, rules in readers.items() if len(rules) > 1}
-    # three gauges of one series per engine (or per source) are read twice, by two statistics of one
-    # range: the queue by its median and its growth, KV usage by its high quantile and its floor, the
-    # exporter's own series by the live record and the count that says a window can be judged
+    # four series of one per engine (or per source) are read twice, by two statistics: the queue by its
+    # median and its growth, KV usage by its high quantile and its floor, the preemptions over the state
+    # sub-window and the window, the exporter's own series by the live record and the count that says
+    # a window can be judged
     twice = {
         "kvdoctor_requests_waiting": ["kvdoctor:queue_growth_per_minute", "kvdoctor:requests_waiting"],
         "kvdoctor_kv_cache_usage_ratio": ["kvdoctor:kv_usage", "kvdoctor:kv_usage_floor"],
         "kvdoctor_source_up": [promql.JUDGEABLE_RECORD, promql.SOURCE_UP_RECORD],
+        "kvdoctor_preemptions_total": ["kvdoctor:preemptions_per_minute", "kvdoctor:preemptions_per_minute_window"],
     }
     for name, records in twice.items():
         read_by = sorted(r.rsplit(":", 1)[0] if r.count(":") > 1 else r for r in shared.pop(name, []))

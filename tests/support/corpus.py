@@ -71,6 +71,7 @@ from kvdoctor.rules.signals import (
     PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     SIGNALS,
+    SOURCE_UP,
     TIME_TO_FIRST_TOKEN,
     Kind,
 )
@@ -646,6 +647,10 @@ def _recorded_series(path: str) -> dict[SeriesKey, np.ndarray]:
         labels.setdefault("pod", "recorded-0")
         if key[0].startswith("kvdoctor_gpu_") or "engine" in labels:
             out[(key[0], tuple(sorted(labels.items())))] = row
+    # the exporter that recorded it publishes its own series at every scrape (a raw engine capture has none)
+    up = np.full(n, np.nan)
+    up[offsets] = 1.0
+    out.setdefault((SOURCE_UP, (("pod", "recorded-0"), ("source", "engine"))), up)
     return out
 
 
@@ -783,8 +788,11 @@ def judge_python(cases: Sequence[Case], jobs: int = 1) -> Verdicts:
     return {c.id: verdicts[c.id] for c in cases}
 
 
-_CODE_TO_VERDICT = {promql.verdict_code(v): v for v in tree.VERDICTS}
-_NO_VERDICT = "idle"  # kvdoctor:verdict covers the active engines: no sample is the tree's idle
+# kvdoctor:verdict covers the active engines of a window that can be judged: no sample is the tree's
+# idle where the window holds enough scrapes (kvdoctor:judgeable, 0 below), else unknown (-1 below)
+_NOT_JUDGEABLE = -1
+_CODE_TO_VERDICT = {promql.verdict_code(v): v for v in tree.VERDICTS} | {_NOT_JUDGEABLE: "unknown"}
+_NO_VERDICT = "idle"
 _FAILED = re.compile(r"time: ([0-9a-z.]+),\s*\n\s*exp: [^\n]*\n\s*got: ([^\n]*)")
 _SAMPLE = re.compile(r"\{([^}]*)\} (\S+)")
 
@@ -797,7 +805,8 @@ def _prom_seconds(text: str) -> float:
 
 
 def _test_group(index: int, case: Case) -> dict:
-    expr = f'label_replace(kvdoctor:verdict or on() vector(0), "case", "{index}", "", "")'
+    judged = f"kvdoctor:verdict or on() (group({promql.JUDGEABLE_RECORD}) * 0) or on() vector({_NOT_JUDGEABLE})"
+    expr = f'label_replace({judged}, "case", "{index}", "", "")'
     return {
         "name": case.id,
         "interval": f"{case.step:g}s",
