@@ -5,6 +5,7 @@ a source), as OpenMetrics when the scraper asks for it; the JSON endpoints read 
 the sources' status. The responses are documented in the OpenAPI schema (``/openapi.json``) so the
 API can be checked against it. With ``--web.config.file`` every request passes ``web_guard.py``
 (basic auth, rate limit, headers); ``serve_in_thread`` adds TLS from ``app.state.web_guard``.
+What the app needs of the exporter is ``Served`` (``runtime.Exporter`` is one).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+import threading
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
@@ -21,10 +23,39 @@ from pydantic import BaseModel, Field
 import kvdoctor
 from kvdoctor.exporter.collectors.engine import engine_status
 from kvdoctor.exporter.exposition import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, MetricsPages
+from kvdoctor.exporter.settings import ExporterSettings
+from kvdoctor.exporter.store import RingStore
 from kvdoctor.exporter.web_config import load_web_config
 from kvdoctor.exporter.web_guard import GuardMiddleware, WebGuard
+from kvdoctor.rules.collection import Collector
 
 log = logging.getLogger("kvdoctor.exporter")
+
+
+class Served(Protocol):
+    """What the app serves: the exporter's settings, its pre-rendered page, store and state."""
+
+    @property
+    def settings(self) -> ExporterSettings: ...
+    @property
+    def store(self) -> RingStore: ...
+    @property
+    def collectors(self) -> list[Collector]: ...
+    @property
+    def ready(self) -> threading.Event: ...
+    @property
+    def cycles(self) -> int: ...
+    @property
+    def last_cycle_seconds(self) -> float: ...
+    @property
+    def diagnosing(self) -> bool:
+        """Whether a diagnosis is made each cycle (else /api/v1/diagnosis says it is not enabled)."""
+        ...
+
+    def metrics_bytes(self) -> bytes: ...
+    def diagnosis(self) -> dict[str, Any] | None: ...
+    def status(self) -> dict[str, dict[str, Any]]: ...
+    def context(self) -> dict[str, Any]: ...
 
 
 class MetricsResponse(Response):
@@ -127,14 +158,14 @@ def json_response(payload: Any, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type="application/json")
 
 
-def create_app(exporter) -> FastAPI:
+def create_app(exporter: Served) -> FastAPI:
     """The FastAPI app serving ``exporter`` (a ``kvdoctor.exporter.runtime.Exporter``).
 
     Raises ``WebConfigError`` (a ValueError, one line) when its settings' ``web_config_file`` cannot be used.
     """
-    web_config_file = getattr(exporter.settings, "web_config_file", None)
+    web_config_file = exporter.settings.web_config_file
     guard = WebGuard(load_web_config(web_config_file)) if web_config_file else None
-    max_window = int(getattr(exporter.settings, "max_window_seconds", 900))
+    max_window = int(exporter.settings.max_window_seconds)
     app = FastAPI(
         title="kvdoctor exporter",
         version=kvdoctor.__version__,
@@ -145,11 +176,9 @@ def create_app(exporter) -> FastAPI:
     if guard is not None:
         app.add_middleware(GuardMiddleware, guard=guard)
         log.info("web config %s: %s", web_config_file, guard.config.describe())
-    # Served by the connection itself under serve_in_thread (exporter/fastpath.py); the route below
-    # answers the same bytes for other servers and documents /metrics in the OpenAPI schema.
     pages = MetricsPages(exporter.metrics_bytes)
-    app.state.prerendered = {"/metrics": pages.negotiate}
 
+    @app.head("/metrics", include_in_schema=False)  # the length, no body (uvicorn drops it)
     @app.get(
         "/metrics",
         response_class=MetricsResponse,
@@ -190,7 +219,7 @@ def create_app(exporter) -> FastAPI:
     def diagnosis() -> Response:
         result = exporter.diagnosis()
         if result is None:
-            if getattr(exporter, "diagnose_hook", None) is None:
+            if not exporter.diagnosing:
                 reason = "diagnosis is not enabled in this exporter"
             else:
                 reason = "no diagnosis yet: the first collection cycle has not completed"
@@ -214,7 +243,7 @@ def create_app(exporter) -> FastAPI:
                 "retained_snapshots": len(exporter.store),
                 "sources": exporter.status(),
                 "engine": engine_status(exporter.collectors),
-                "context": exporter.context() if hasattr(exporter, "context") else None,
+                "context": exporter.context(),
             }
         )
 

@@ -1,4 +1,4 @@
-"""The engine collector's HTTP fetch (a socket HTTP/1.1 client, the body parsed as it arrives)
+"""The engine collector's HTTP fetch (httpx, the body parsed as it arrives)
 against real local servers: a kept-alive connection the server closed while idle, redirects,
 chunked bodies cut anywhere (inside a line, inside a UTF-8 character), other charsets, interim
 and malformed answers, a body cut short, a trickle past the timeout, and https with a verifying
@@ -230,7 +230,9 @@ def test_an_interim_1xx_answer_is_skipped(serve):
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nup 1\n\r\n0\r\n\r\n", "transport_error"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nup 1\n", "transport_error"),  # cut in a chunk
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1XX\r\n0\r\n\r\n", "transport_error"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "unsupported_encoding"),
+        # httpx (h11) reads chunked framing only: any other Transfer-Encoding is malformed for it
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "transport_error"),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 0\r\n\r\n", "unsupported_encoding"),
         (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n", "transport_error"),  # cut in the head
     ],
     ids=[
@@ -240,6 +242,7 @@ def test_an_interim_1xx_answer_is_skipped(serve):
         "cut-in-a-chunk",
         "chunk-longer-than-said",
         "gzip-transfer-encoding",
+        "brotli-content-encoding",
         "cut-in-the-head",
     ],
 )
@@ -347,3 +350,31 @@ def test_https_with_a_trusted_certificate_is_scraped_on_one_connection(serve, ce
     server = _tls_server(serve, certificate)
     _scrape_vllm_page_twice(server.url("/metrics"))
     assert server.connections == 1
+
+
+def test_plain_http_loads_no_ca_store_and_a_redirect_to_https_is_verified(serve, certificate, monkeypatch):
+    loaded = []
+    trusting = ssl.create_default_context(cafile=str(certificate / "cert.pem"))
+    monkeypatch.setattr(http_module, "_tls_context", lambda: loaded.append(True) or trusting)
+    plain = serve({"/metrics": respond(VLLM_TEXT.encode())})
+    assert collect(plain.url("/metrics")).samples == whole_page(VLLM_TEXT)
+    assert loaded == []
+    secure = _tls_server(serve, certificate)
+    origin = serve({"/metrics": redirect(secure.url("/metrics"), status=302)})
+    assert collect(origin.url("/metrics")).samples == whole_page(VLLM_TEXT)
+    assert loaded == [True]
+    monkeypatch.setattr(http_module, "_tls_context", ssl.create_default_context)  # our CA not trusted
+    assert reason_of(origin.url("/metrics")) == "connect_error"
+
+
+def test_a_redirect_with_a_body_over_the_cap_is_followed_on_a_new_connection(serve):
+    server = serve({})
+    big = b"x" * (http_module.MAX_REDIRECT_BODY * 4)
+    server.routes.update(
+        {
+            "/metrics": respond(big, status=301, content_type="text/plain", headers={"Location": "/real"}),
+            "/real": respond(VLLM_TEXT.encode()),
+        }
+    )
+    assert collect(server.url("/metrics")).samples == whole_page(VLLM_TEXT)
+    assert server.connections == 2
