@@ -28,13 +28,13 @@ from dash import ClientsideFunction, Input, Output, State, dcc, html, no_update
 
 from kvdoctor.dashboard import charts, components, derive, figures, ids, promql
 from kvdoctor.dashboard.sources import (
-    SourceError,
     backend,
     fetch_live_from_exporter,
     fetch_live_from_prometheus,
     now,
     prometheus_diagnosis,
 )
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.knee import detect_knee
 
 PATH = "/"
@@ -229,9 +229,9 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
             )
             return fetch_live_from_exporter(b.exporter, seconds, target, s.rate_window_seconds)
         if b.prometheus is None:
-            raise SourceError("history and other exporters need --prometheus")
+            raise SourceError("no_prometheus", "history and other exporters need --prometheus")
         if not instance:
-            raise SourceError("history comes from Prometheus: pick one of its exporters")
+            raise SourceError("no_prometheus", "history comes from Prometheus: pick one of its exporters")
         end = history["to"] if range_value == "fixed" and history else clock
         if is_history:
             step = promql.range_step(span, s.oversampling * s.max_points)

@@ -10,8 +10,8 @@ from dash import no_update
 from kvdoctor.dashboard import charts
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import live
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.sources.exporter_api import ExporterClient
-from kvdoctor.sources.http import SourceError
 from tests.support.synthetic import SCENARIOS, FakeExporter, SyntheticEngine, diagnosis_for, fake_fleet
 
 DATA, CURSOR, DIAGNOSIS, HEALTH, OPTIONS, DISABLED = range(6)
