@@ -56,6 +56,17 @@ SLO_RECORD = "kvdoctor:itl_slo_seconds"  # the SLO each pod is judged by: its ow
 VERDICT_RECORD = "kvdoctor:verdict"  # the tree's answer for each active engine, as its verdict_code
 SOURCE_DOWN_RECORD = "kvdoctor:source_down"  # the sources whose last collection failed
 
+# Prometheus refuses a range query with more points per series than this.
+MAX_POINTS_PER_SERIES = 11_000
+
+
+def quote(value: str) -> str:
+    """``value`` as a PromQL double-quoted string literal, quotes included: every label value that
+    reaches a query goes through here, so it can only select series, never change the query."""
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
 ENGINE_ON = "on(" + ", ".join(ENGINE_KEYS) + ")"
 GPU_ON = "on(" + ", ".join(GPU_KEYS) + ")"
 

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvdoctor.rules.collection import SourceError
+from kvdoctor.rules.promql import MAX_POINTS_PER_SERIES
 from kvdoctor.rules.signals import SIGNALS
 from kvdoctor.rules.window import SeriesKey, Window, labels_of
 from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, Closing, HttpClient, one_line
@@ -60,7 +61,6 @@ QUERY_RANGE_PATH = "/api/v1/query_range"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_POINTS = 1000  # range queries: at most this many steps per series
 MAX_RAW_SECONDS = 3600  # longer windows are read with a range query instead of raw samples
-MAX_POINTS_PER_SERIES = 11000  # Prometheus refuses a range query with more points per series
 LOOKBACK_SECONDS = 300  # Prometheus' default lookback delta: an instant query sees samples this old
 # Uncompressed: a day of history is a few MB of JSON, and Prometheus gzipping it (and us gunzipping
 # it) costs more than moving the bytes between a client and a Prometheus in one cluster: a fifth
@@ -179,11 +179,12 @@ def parse_selector(selector: str | None) -> str:
 
     A metric name is refused: the source picks the ``kvdoctor_*`` series itself.
     """
-    return ",".join(f'{label}{op}"{value}"' for label, op, value in parse_matchers(selector))
+    return ",".join(f"{label}{op}{literal}" for label, op, literal in parse_matchers(selector))
 
 
 def parse_matchers(selector: str | None) -> list[tuple[str, str, str]]:
-    """``parse_selector``'s matchers one by one: ``(label, operator, value as written in the quotes)``;
+    """``parse_selector``'s matchers one by one: ``(label, operator, the value's string literal as
+    written, quotes included)``;
     ValueError for a selector that is not label matchers."""
     text = (selector or "").strip()
     if text.startswith("{") and text.endswith("}"):
@@ -203,7 +204,7 @@ def parse_matchers(selector: str | None) -> list[tuple[str, str, str]]:
             )
         if m.group(1) == "__name__":
             raise ValueError(f"bad selector {selector!r}: do not match __name__, kvdoctor selects its own series")
-        matchers.append((m.group(1), m.group(2), m.group(3)))
+        matchers.append((m.group(1), m.group(2), f'"{m.group(3)}"'))
         pos = m.end()
         if pos < len(text):
             if text[pos] != ",":

@@ -21,8 +21,7 @@ from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import NotApplicable, SourceError
 from kvdoctor.rules.ledger import lookup_gpu
-
-MIB = 1024 * 1024
+from kvdoctor.rules.units import MIB
 
 
 @dataclass

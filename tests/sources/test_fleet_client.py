@@ -105,4 +105,4 @@ def test_an_unreadable_store_is_a_source_error():
 
 
 def test_the_namespace_is_quoted_into_one_matcher():
-    assert fleet_matchers('{pod="a"}', 'we"ird') == [("pod", "=", "a"), ("namespace", "=", 'we\\"ird')]
+    assert fleet_matchers('{pod="a"}', 'we"ird') == [("pod", "=", '"a"'), ("namespace", "=", '"we\\"ird"')]
