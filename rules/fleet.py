@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
-from .features import GPU_KEYS
+from .feature_promql import GPU_KEYS
 from .promql import record_pattern, record_range_seconds
 from .records import attributes
 from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING

@@ -38,14 +38,13 @@ from collections.abc import Mapping
 import yaml
 
 from . import tree
-from .alert_specs import ALERT_BY_NAME as ALERT_BY_NAME
+
+# ALERTS and RUNBOOK_BASE_URL are still imported from here by grafana/builder.py and the CLI.
 from .alert_specs import ALERTS as ALERTS
 from .alert_specs import RUNBOOK_BASE_URL as RUNBOOK_BASE_URL
-from .alert_specs import VERDICT_ALERT as VERDICT_ALERT
-from .alert_specs import VERDICT_ALERT_NAMES as VERDICT_ALERT_NAMES
-from .alert_specs import AlertSpec as AlertSpec
 from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, features_of
-from .features import ENGINE, ENGINE_KEYS, FEATURES, GPU, GPU_KEYS, PromContext, prom_number
+from .feature_promql import ENGINE_KEYS, GPU_KEYS, PromContext, prom_number
+from .features import ENGINE, FEATURES, GPU
 from .signals import ITL_SLO, SOURCE_UP
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds, sized_for_interval
 from .units import humanize, humanize_percentage

@@ -20,23 +20,23 @@ import json
 import math
 from pathlib import Path
 
-from kvdoctor.rules import promql
+from kvdoctor.rules import alert_specs, promql
 from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
-from kvdoctor.rules.features import ENGINE_KEYS
+from kvdoctor.rules.feature_promql import ENGINE_KEYS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from tests.support.scenarios import Scenario
 
 EVALUATION_INTERVAL = "30s"
 
 
-def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str, str]:
+def _engine_alert_labels(scenario: Scenario, spec: alert_specs.AlertSpec) -> dict[str, str]:
     labels = {k: v for k, v in scenario.engine_labels().items() if k in ENGINE_KEYS}
     labels["severity"] = spec.severity
     return labels
 
 
 def _annotations(
-    rules: dict[str, dict], spec: promql.AlertSpec, labels: dict[str, str], value: float
+    rules: dict[str, dict], spec: alert_specs.AlertSpec, labels: dict[str, str], value: float
 ) -> dict[str, str]:
     return {k: promql.render_template(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
 
@@ -44,7 +44,7 @@ def _annotations(
 def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict]) -> dict[str, list[dict]]:
     """Alert name -> the promtool ``exp_alerts`` list at the scenario's end, from the Python verdict."""
     out: dict[str, list[dict]] = {}
-    for spec in promql.ALERTS:
+    for spec in alert_specs.ALERTS:
         out[spec.name] = []
         if spec.verdict is not None and spec.verdict == diagnosis.verdict and scenario.settles:
             labels = _engine_alert_labels(scenario, spec)
@@ -58,10 +58,10 @@ def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, d
 
 
 def _alerts_series(scenario: Scenario, verdict: str) -> list[dict]:
-    name = promql.VERDICT_ALERT.get(verdict)
+    name = alert_specs.VERDICT_ALERT.get(verdict)
     if name is None:
         return []
-    spec = promql.ALERT_BY_NAME[name]
+    spec = alert_specs.ALERT_BY_NAME[name]
     labels = {
         "alertname": name,
         "alertstate": "firing" if scenario.settles else "pending",
@@ -83,7 +83,7 @@ def scenario_group(
     diagnosis = python_diagnosis(scenario, thresholds, slo_seconds)
     verdict = diagnosis.verdict
     at = f"{scenario.eval_seconds}s"
-    verdict_alerts = "|".join(promql.VERDICT_ALERT_NAMES)
+    verdict_alerts = "|".join(alert_specs.VERDICT_ALERT_NAMES)
     return {
         "name": scenario.name,
         "interval": f"{scenario.step:g}s",
@@ -108,7 +108,7 @@ def write_test_file(
     scenarios: list[Scenario],
     thresholds: Thresholds | None = None,
     slo_seconds: float = DEFAULT_SLO_SECONDS,
-    runbook_base_url: str = promql.RUNBOOK_BASE_URL,
+    runbook_base_url: str = alert_specs.RUNBOOK_BASE_URL,
 ) -> Path:
     """The test file for ``rule_file``, compiled with ``thresholds`` (default: the default export's)
     and ``slo_seconds`` as the fallback SLO of pods that publish none."""
