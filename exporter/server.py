@@ -1,4 +1,8 @@
-"""Running an ASGI app with uvicorn as it ships: in a background thread, or blocking until Ctrl-C / SIGTERM.
+"""Running an ASGI app with uvicorn: in a background thread, or blocking until Ctrl-C / SIGTERM.
+
+Everything on the wire is uvicorn's as it ships (its HTTP protocol and parser, keep-alive, the
+Date header); the one change is its housekeeping tick, once a second instead of ten times
+(``_Server``: the idle wake-ups were a third of the exporter's CPU budget).
 
 With a web configuration (``app.state.web_guard``, ``exporter/web_guard.py``) uvicorn is given its
 TLS context (``ReloadingContext``: certificates reloaded when their files change) and, only when
@@ -82,10 +86,29 @@ def _checking_client_sans(guard: WebGuard) -> type[asyncio.Protocol]:
     return ClientSansChecked
 
 
+TICK_SECONDS = 1.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, its housekeeping tick once a second instead of ten times.
+
+    uvicorn's ``main_loop`` wakes every 0.1 s to run ``on_tick``, which refreshes the Date header
+    on every tenth tick and checks ``should_exit``. On a small shared VM those ten wake-ups of an
+    idle event loop cost ~0.15 % of a core, a third of the exporter's whole budget at 1 Hz. Here
+    ``on_tick`` runs once a second as if it were always the tenth (counter 0), so the Date header
+    is refreshed as often as uvicorn refreshes it and nothing else differs; a stop is seen within
+    a second. The only change to uvicorn: everything on the wire is uvicorn's own.
+    """
+
+    async def main_loop(self) -> None:
+        while not await self.on_tick(0):
+            await asyncio.sleep(TICK_SECONDS)
+
+
 class ServerHandle:
     """A uvicorn server running in a daemon thread; ``stop()`` shuts it down."""
 
-    def __init__(self, server: uvicorn.Server, thread: threading.Thread, sock: socket.socket, scheme: str = "http"):
+    def __init__(self, server: _Server, thread: threading.Thread, sock: socket.socket, scheme: str = "http"):
         self._server = server
         self._thread = thread
         self._socket = sock
@@ -105,7 +128,7 @@ class ServerHandle:
         return self._thread.is_alive()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._server.should_exit = True  # uvicorn's main loop looks every 0.1 s
+        self._server.should_exit = True  # seen at the next tick (TICK_SECONDS)
         self._thread.join(timeout)
         if self._thread.is_alive():  # a stuck connection: stop waiting for it
             self._server.force_exit = True
@@ -156,7 +179,7 @@ def serve_in_thread(
         # otherwise replace it.
         config.load()
         config.ssl = tls
-    server = uvicorn.Server(config)
+    server = _Server(config)
     handle_box: list[ServerHandle] = []
 
     def run() -> None:

@@ -1,7 +1,7 @@
 """Fetching one exposition page over HTTP with httpx, as text decoded as it is read (engine and dcgm collectors).
 
-``HttpExposition`` wraps one ``httpx.Client``: one kept-alive connection (httpx opens a new one
-when the server closed it while idle); TLS with one verifying context per process (the system's
+``HttpExposition`` asks through httpx's transports: one kept-alive connection (httpx opens a new
+one when the server closed it while idle); TLS with one verifying context per process (the system's
 CA store; proxy variables are not used); redirects followed by hand, so that the deadline and a
 small cap hold on each redirect's body too; gzip inflated here in bounded steps, so that the size
 cap holds on the inflated body; one deadline for the whole fetch, the caller's parsing of the
@@ -41,6 +41,7 @@ IDENTITY_ENCODINGS = frozenset({"", "identity"})
 READ_SIZE = 16 * 1024
 PARSE_SHARE = 0.5  # of the timeout, for the caller's parsing of the pieces (see HttpExposition)
 MAX_REDIRECTS = 5
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECT_BODY = 64 * 1024  # a redirect's body up to this is read, to keep the connection
 
 
@@ -68,21 +69,18 @@ class HttpExposition:
         self.url = url
         self.timeout = float(timeout)
         self.max_body_bytes = int(max_body_bytes)
+        # httpx's transports, without its Client: a page fetched every second needs no cookie
+        # jar, auth flow or event hooks (half of the Client's cost per request), and redirects are
+        # followed here anyway.
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        https = _LazyTlsTransport(limits)
+        # plain http never uses its TLS context; https goes through the lazy transport
+        self._http = httpx.HTTPTransport(verify=_NO_TLS, limits=limits, trust_env=False)
+        self._https = _LazyTlsTransport(limits)
         if url.lower().startswith("https:"):
             # Now, not on the first fetch: loading the CA store (tens of ms, ~2 MB) must not eat
             # into the first collection's deadline. For plain http it is loaded only if a
             # redirect leads to https.
-            https.transport()
-        self._client = httpx.Client(
-            headers=REQUEST_HEADERS,
-            # plain http never uses this context; https goes through the lazy transport
-            transport=httpx.HTTPTransport(verify=_NO_TLS, limits=limits, trust_env=False),
-            mounts={"https://": https},
-            trust_env=False,
-            follow_redirects=False,
-        )
+            self._https.transport()
 
     def fetch(self) -> str:
         """The whole page as one str."""
@@ -93,8 +91,7 @@ class HttpExposition:
         deadline = time.monotonic() + self.timeout
         url = self.url
         try:
-            response = self._open(deadline)
-            url = str(response.url)
+            response, url = self._open(deadline)
             try:
                 yield from self._body(response, url, deadline)
             finally:
@@ -112,29 +109,31 @@ class HttpExposition:
             raise SourceError("transport_error", f"GET {url}: bad URL: {exc}") from None
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
+        self._https.close()
 
     # -- the request ---------------------------------------------------------------------------
 
-    def _open(self, deadline: float) -> httpx.Response:
-        """The 2xx answer to GET ``self.url``, redirects followed, its body not read yet."""
-        request = self._client.build_request("GET", self.url)
+    def _open(self, deadline: float) -> tuple[httpx.Response, str]:
+        """The 2xx answer to GET ``self.url``, redirects followed, its body not read yet; and its URL."""
+        url = httpx.URL(self.url)
         for _ in range(MAX_REDIRECTS + 1):
-            request.extensions["timeout"] = httpx.Timeout(self._remaining(deadline, str(request.url))).as_dict()
-            response = self._client.send(request, stream=True)
-            following = response.next_request
-            if following is None:
-                if not response.is_success:
+            timeout = httpx.Timeout(self._remaining(deadline, str(url))).as_dict()
+            request = httpx.Request("GET", url, headers=REQUEST_HEADERS, extensions={"timeout": timeout})
+            transport = self._https if url.scheme == "https" else self._http
+            response = transport.handle_request(request)
+            status = response.status_code
+            location = response.headers.get("location") if status in REDIRECT_STATUSES else None
+            if not location:
+                if not 200 <= status < 300:
                     response.close()
-                    raise SourceError(
-                        f"http_{response.status_code}", f"GET {response.url}: HTTP {response.status_code}"
-                    )
-                return response
-            self._discard(response, deadline)
-            request = following
+                    raise SourceError(f"http_{status}", f"GET {url}: HTTP {status}")
+                return response, str(url)
+            self._discard(response, str(url), deadline)
+            url = url.join(location)
         raise SourceError("transport_error", f"GET {self.url}: more than {MAX_REDIRECTS} redirects")
 
-    def _discard(self, response: httpx.Response, deadline: float) -> None:
+    def _discard(self, response: httpx.Response, url: str, deadline: float) -> None:
         """Read a redirect's small body so the connection serves the next request; else drop it."""
         size = 0
         try:
@@ -142,7 +141,7 @@ class HttpExposition:
                 size += len(data)
                 if size > MAX_REDIRECT_BODY:
                     break  # closing the answer unread closes its connection
-                self._remaining(deadline, str(response.url))
+                self._remaining(deadline, url)
         finally:
             response.close()
 

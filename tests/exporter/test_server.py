@@ -4,6 +4,7 @@ with idle connections open, and ``serve``'s exit status."""
 
 from __future__ import annotations
 
+import email.utils
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import CONTENT_TYPE
+from kvdoctor.exporter.server import serve_in_thread
 from tests.exporter.test_exporter_app import make_exporter, serving
 
 served = pytest.fixture(name="served")(serving)
@@ -145,6 +147,37 @@ def test_stop_closes_idle_scraper_connections_promptly(served):
     assert time.monotonic() - started < 3.0
     assert _closed(sock)
     sock.close()
+
+
+def test_uvicorns_tick_runs_once_a_second_and_keeps_the_date_current(monkeypatch):
+    """uvicorn's housekeeping (the Date header, should_exit) once a second, not ten times: an idle
+    exporter's event loop wakes once a second, and the Date is never more than a second old."""
+    from kvdoctor.exporter import server as server_module
+
+    ticks: list[int] = []
+    original = server_module._Server.on_tick
+
+    async def counting(self, counter):
+        ticks.append(counter)
+        return await original(self, counter)
+
+    monkeypatch.setattr(server_module._Server, "on_tick", counting)
+    exporter = make_exporter()
+    handle = serve_in_thread(create_app(exporter), "127.0.0.1", 0)
+    try:
+        time.sleep(3.2)
+        idle_ticks = len(ticks)
+        before = int(time.time())
+        date = httpx.get(f"{handle.url}/healthz").headers["date"]
+        after = int(time.time())
+        assert before - 1 <= email.utils.parsedate_to_datetime(date).timestamp() <= after
+    finally:
+        started = time.monotonic()
+        handle.stop(timeout=30)
+        exporter.stop()
+    assert 3 <= idle_ticks <= 5  # uvicorn's own loop: ~32 in 3.2 s
+    assert set(ticks) == {0}  # every tick refreshes the Date, as uvicorn's tenth tick does
+    assert time.monotonic() - started < 3 and not handle.alive
 
 
 def test_serve_returns_1_when_the_server_dies_and_0_when_asked_to_stop():
