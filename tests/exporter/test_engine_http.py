@@ -7,6 +7,7 @@ context."""
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import ssl
 import subprocess
@@ -15,6 +16,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from kvdoctor.exporter.collectors import http as http_module
 from kvdoctor.exporter.collectors.engine import EngineCollector
@@ -378,3 +381,52 @@ def test_a_redirect_with_a_body_over_the_cap_is_followed_on_a_new_connection(ser
     )
     assert collect(server.url("/metrics")).samples == whole_page(VLLM_TEXT)
     assert server.connections == 2
+
+
+# -- anything a server may send --------------------------------------------------------------------
+
+_STATUS_LINES = st.sampled_from(
+    [b"HTTP/1.1 200 OK", b"HTTP/1.0 200 OK", b"HTTP/1.1 301 Moved", b"HTTP/1.1 503 Busy", b"HTTP/2 200", b"ICY 200 OK"]
+)
+_HEADERS = st.lists(
+    st.sampled_from(
+        [
+            b"Content-Length: 5",
+            b"Content-Length: -1",
+            b"Content-Length: 99999999999",
+            b"Transfer-Encoding: chunked",
+            b"Content-Encoding: gzip",
+            b"Content-Type: text/plain; charset=utf-16",
+            b"Location: /metrics",
+            b"Location: ftp://x/",
+            b"Connection: close",
+            b" folded",
+        ]
+    )
+    | st.binary(max_size=40).filter(lambda b: b"\r\n" not in b),
+    max_size=5,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(status=_STATUS_LINES, headers=_HEADERS, body=st.binary(max_size=300), cut=st.integers(0, 400))
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Encoding: gzip"], body=b"not gzip at all", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Type: text/plain; charset=utf-16"], body=b"\xff", cut=0)
+@example(status=b"HTTP/1.1 301 Moved", headers=[b"Location: ftp://x/"], body=b"", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Length: -1"], body=b"up 1\n", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Encoding: gzip"], body=gzip.compress(b"x" * 5000), cut=0)
+def test_whatever_the_server_answers_the_fetch_gives_text_or_a_source_error(fake_server, status, headers, body, cut):
+    """A failing source never takes the exporter down: every answer, however malformed or cut
+    short, is the page's text or a ``SourceError`` with a reason, within the deadline."""
+    answer = (status + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body)[: cut or None]
+    server = fake_server({"/metrics": raw_answer(answer)})
+    page = HttpExposition(server.url("/metrics"), timeout=0.5, max_body_bytes=1000)
+    started = time.monotonic()
+    try:
+        assert isinstance(page.fetch(), str)
+    except SourceError as exc:
+        assert re.fullmatch(r"[a-z0-9_]+", exc.reason) and "\n" not in str(exc)
+    finally:
+        page.close()
+        server.stop()
+    assert time.monotonic() - started < 2.0
