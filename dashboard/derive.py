@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlencode
 import numpy as np
 
 from kvdoctor.rules import signals as S
-from kvdoctor.rules.stats import histogram_quantile_rows
+from kvdoctor.rules.stats import counter_rate, histogram_quantile_rows, windowed_increase
 from kvdoctor.rules.verdicts import CATALOGUE, rank
 from kvdoctor.rules.window import Labels, Window
 
@@ -97,46 +97,6 @@ def natural_key(text: str):
 
 
 # ------------------------------------------------------------------------------------ arithmetic
-
-
-def corrected_counter(values: np.ndarray) -> np.ndarray:
-    """The counter with resets undone (each drop adds the value before it), NaN where absent."""
-    out = np.full(len(values), np.nan)
-    valid = ~np.isnan(values)
-    v = values[valid]
-    if len(v) == 0:
-        return out
-    resets = v[1:] < v[:-1]
-    correction = np.concatenate(([0.0], np.cumsum(np.where(resets, v[:-1], 0.0))))
-    out[valid] = v + correction
-    return out
-
-
-def windowed_increase(ts: np.ndarray, values: np.ndarray, window: float) -> tuple[np.ndarray, np.ndarray]:
-    """(increase, span): for each point, the counter's increase since the oldest sample at most
-    ``window`` seconds older, and that span in seconds. NaN where the point is absent or there is
-    no earlier sample in the window. Counter resets are handled."""
-    inc = np.full(len(ts), np.nan)
-    span = np.full(len(ts), np.nan)
-    corrected = corrected_counter(np.asarray(values, dtype=float))
-    valid = np.flatnonzero(~np.isnan(corrected))
-    if len(valid) < 2:
-        return inc, span
-    vt, vc = ts[valid], corrected[valid]
-    first = np.searchsorted(vt, vt - window - 1e-9, side="left")
-    d_t = vt - vt[first]
-    d_v = vc - vc[first]
-    has_span = d_t > 0
-    inc[valid[has_span]] = d_v[has_span]
-    span[valid[has_span]] = d_t[has_span]
-    return inc, span
-
-
-def counter_rate(ts: np.ndarray, values: np.ndarray, window: float) -> np.ndarray:
-    """Per-second rate over the trailing window (NaN where undefined)."""
-    inc, span = windowed_increase(ts, values, window)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return inc / span
 
 
 def nansum_rows(arrays: list[np.ndarray], n: int) -> np.ndarray:

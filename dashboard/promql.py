@@ -3,8 +3,8 @@
 The Fleet page's summary is ``kvdoctor.sources.fleet.read_fleet``'s (its queries are in
 ``kvdoctor.rules.fleet``); here are only the two queries for the rows a page shows.
 
-Every label value that reaches a query goes through ``quote`` (a PromQL string literal), so a
-value taken from a page URL can only ever select series, never change the query.
+Every label value that reaches a query goes through ``kvdoctor.rules.promql.quote`` (a PromQL
+string literal), so a value taken from a page URL can only ever select series, never change the query.
 """
 
 from __future__ import annotations
@@ -14,18 +14,10 @@ import re
 from collections.abc import Iterable, Mapping
 
 from kvdoctor.rules import signals as S
-from kvdoctor.rules.promql import record_pattern
+from kvdoctor.rules.promql import MAX_POINTS_PER_SERIES, quote, record_pattern
 
-# Prometheus refuses range queries of more than 11,000 points per series.
-MAX_POINTS_PER_SERIES = 11_000
 TARGET_LABEL = "instance"  # one scrape target = one exporter = one engine pod
 CAPACITY_MATCH = "instance, pod, engine, dp_rank"  # the labels a KV capacity shares with its usage
-
-
-def quote(value: str) -> str:
-    """A PromQL double-quoted string literal for ``value``."""
-    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
 
 
 def matchers(labels: Mapping[str, str]) -> str:

@@ -27,6 +27,7 @@ from kvdoctor.dashboard import derive, promql
 from kvdoctor.dashboard.derive import GpuSeries, LiveFrame, SourceHealth, TargetOption
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.fleet import FleetRow, FleetSummary
 from kvdoctor.rules.promql import record_range_seconds
@@ -34,7 +35,6 @@ from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.rules.window import Window, labels_of
 from kvdoctor.sources.exporter_api import ExporterClient
 from kvdoctor.sources.fleet import read_fleet
-from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.prometheus import PrometheusClient, RangeSeries
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "FleetCache",
     "FleetPage",
     "LiveFetch",
-    "SourceError",
     "backend",
     "fetch_live_from_exporter",
     "fetch_live_from_prometheus",

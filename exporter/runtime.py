@@ -108,6 +108,11 @@ class Exporter:
         return self.published.to_json()
 
     @property
+    def diagnosing(self) -> bool:
+        """Whether each cycle ends with a diagnosis (a ``diagnose_hook`` was given)."""
+        return self.diagnose_hook is not None
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

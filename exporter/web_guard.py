@@ -1,11 +1,13 @@
 """Enforcing the web configuration (``web_config.py``) on every connection and request.
 
-``WebGuard`` holds what both HTTP paths need -- the connection-level fast path for ``/metrics``
-(``fastpath.py``) and the ASGI app behind it (``GuardMiddleware``) -- so that TLS, client
-certificates, basic auth, the rate limit and the extra headers hold on every path:
+``WebGuard`` holds the checks of one configuration: the server (``server.py``) takes its TLS
+context and, with ``client_allowed_sans``, checks each connection's client certificate; the ASGI
+middleware (``GuardMiddleware``) holds basic auth, the rate limit and the extra headers on every
+request, ``/metrics`` included:
 
 - TLS: ``ssl_context`` is given to the listening server; a client without a required
-  certificate is refused in the handshake. The certificate, key and client CA files are watched:
+  certificate is refused in the handshake; one whose certificate names none of
+  ``client_allowed_sans`` is closed before any byte of HTTP. The certificate, key and client CA files are watched:
   a handshake after they change (a rotated Kubernetes Secret) uses the new ones.
 - Basic auth: the ``Authorization`` header is checked against the bcrypt hashes with a constant-
   time comparison (``bcrypt.checkpw``); an unknown user is checked against a dummy hash so the
@@ -167,7 +169,7 @@ class ReloadingContext:
 
 
 class WebGuard:
-    """The checks of one web configuration, shared by the fast path and the ASGI middleware."""
+    """The checks of one web configuration, shared by the server (TLS, client SANs) and the ASGI middleware."""
 
     def __init__(self, config: WebConfig):
         self.config = config
@@ -176,7 +178,6 @@ class WebGuard:
         self.limiter = TokenBucket(config.rate_limit) if config.rate_limit is not None else None
         self.allowed_sans = frozenset(config.tls.client_allowed_sans) if config.tls is not None else frozenset()
         self.asgi_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in config.headers]
-        self.header_lines = b"".join(b"%s: %s\r\n" % kv for kv in self.asgi_headers)
 
     @property
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -202,20 +203,6 @@ class WebGuard:
             return True
         log.warning("refused a client certificate without an allowed SAN (it has %s)", sorted(names) or "none")
         return False
-
-    def refusal(self, status: int, keep_alive: bool) -> bytes:
-        """A whole HTTP/1.1 response for 401 or 429 (the fast path writes it as is)."""
-        reason, body = (b"Unauthorized", _UNAUTHORIZED) if status == 401 else (b"Too Many Requests", _TOO_MANY)
-        challenge = b'www-authenticate: Basic realm="kvdoctor"\r\n' if status == 401 else b""
-        return b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n%s%s%s\r\n%s" % (
-            status,
-            reason,
-            len(body),
-            challenge,
-            self.header_lines,
-            b"" if keep_alive else b"connection: close\r\n",
-            body,
-        )
 
 
 class GuardMiddleware:

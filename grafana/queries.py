@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.alert_specs import ALERTS
 from kvdoctor.rules.features import FEATURES
-from kvdoctor.rules.promql import ALERTS, record_name
+from kvdoctor.rules.promql import record_name
 from kvdoctor.rules.slo_alerts import SLO_ALERTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND

@@ -21,7 +21,10 @@ class NotApplicable(Exception):
 
 
 class SourceError(Exception):
-    """A collection failed for a known reason; ``reason`` is a short snake_case label value."""
+    """A source could not be read, for a known reason: ``reason`` is a short snake_case label
+    value (``timeout``, ``connection_refused``, ``http_503``...), the message one line saying
+    why. The one error type of every reader of a source: the exporter's collectors, the API
+    clients (``kvdoctor.sources``), the simulator."""
 
     def __init__(self, reason: str, message: str = ""):
         super().__init__(message or reason)

@@ -18,21 +18,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .feature_promql import ENGINE_KEYS as ENGINE_KEYS
-from .feature_promql import GPU_KEYS as GPU_KEYS
 from .feature_promql import TIER_ALL as _TIER_ALL
 from .feature_promql import TIER_DEVICE as _TIER_DEVICE
 from .feature_promql import TIER_SLOW as _TIER_SLOW
-from .feature_promql import PromContext as PromContext
 from .feature_promql import (
+    PromContext,
     gpu_busy_promql,
     gpu_median_max_promql,
     gpu_precise_promql,
     mean_time_per_token_promql,
+    prom_number,
     quantile_promql,
     slow_tier_fraction_promql,
 )
-from .feature_promql import prom_number as prom_number
 from .feature_promql import recent_range as _recent
 from .signals import (
     GENERATION_SECONDS,

@@ -48,17 +48,12 @@ FLEET_FEATURES: dict[str, str] = {
 _DIRECT_LABELS = frozenset(POD_KEYS)
 _BY_POD = ", ".join(POD_KEYS)
 
-Matcher = tuple[str, str, str]  # (label, operator, value as written inside the double quotes)
+Matcher = tuple[str, str, str]  # (label, operator, a PromQL string literal, quotes included: promql.quote)
 Sample = tuple[Mapping[str, str], float]  # one series of an instant answer: its labels and value
 
 
-def quote(value: str) -> str:
-    """``value`` as the inside of a PromQL double-quoted string (``Matcher``'s third part)."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def render_matchers(matchers: Iterable[Matcher]) -> str:
-    return ",".join(f'{label}{op}"{value}"' for label, op, value in matchers)
+    return ",".join(f"{label}{op}{literal}" for label, op, literal in matchers)
 
 
 @dataclass(frozen=True)
@@ -334,7 +329,6 @@ __all__ = [
     "FleetSummary",
     "Matcher",
     "fleet_queries",
-    "quote",
     "render_matchers",
     "summarize",
     "worst_first_key",

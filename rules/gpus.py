@@ -24,7 +24,8 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
-GB = 1e9
+from .units import GB
+
 GIB = 1024**3
 TFLOPS = 1e12
 PCIE_X16_BANDWIDTH = {3: 15.75 * GB, 4: 31.5 * GB, 5: 63 * GB}  # bytes/s per direction

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .gpus import GPU_CATALOGUE as GPU_CATALOGUE
 from .gpus import PCIE_X16_BANDWIDTH
+
+# Still imported from here by rules/diagnosis.py and simulator/deployment.py.
 from .gpus import GpuSpec as GpuSpec
 from .gpus import gpu_spec as gpu_spec
 from .gpus import lookup_gpu as lookup_gpu

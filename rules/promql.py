@@ -40,14 +40,11 @@ import yaml
 from . import alert_templates, slo_alerts, tree
 from .alert_specs import ALERT_BY_NAME as ALERT_BY_NAME
 from .alert_specs import ALERTS as ALERTS
-from .alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, fill
+from .alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, VERDICT_ALERT, AlertSpec, fill
 from .alert_specs import RUNBOOK_BASE_URL as RUNBOOK_BASE_URL
-from .alert_specs import VERDICT_ALERT as VERDICT_ALERT
-from .alert_specs import VERDICT_ALERT_NAMES as VERDICT_ALERT_NAMES
-from .alert_specs import AlertSpec as AlertSpec
 from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, features_of
-from .feature_promql import IDENTITY_KEYS
-from .features import ENGINE, ENGINE_KEYS, FEATURES, GPU, GPU_KEYS, PromContext, prom_number
+from .feature_promql import ENGINE_KEYS, GPU_KEYS, IDENTITY_KEYS, PromContext, prom_number
+from .features import ENGINE, FEATURES, GPU
 from .signals import BUILD_INFO, ITL_SLO, SOURCE_UP
 from .thresholds import (
     DEFAULT_SCRAPE_INTERVAL_SECONDS,
@@ -65,6 +62,17 @@ VERDICT_RECORD = "kvdoctor:verdict"  # the tree's answer for each active engine,
 BRANCH_RECORD = "kvdoctor:branch"  # 1 per engine and branch whose own condition holds (the differential)
 QUEUE_CONSEQUENCE_BRANCH = "queue_consequence"  # the queue beside a slow verdict, in BRANCH_RECORD
 SOURCE_DOWN_RECORD = "kvdoctor:source_down"  # the sources whose last collection failed
+
+# Prometheus refuses a range query with more points per series than this.
+MAX_POINTS_PER_SERIES = 11_000
+
+
+def quote(value: str) -> str:
+    """``value`` as a PromQL double-quoted string literal, quotes included: every label value that
+    reaches a query goes through here, so it can only select series, never change the query."""
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
 
 ENGINE_ON = "on(" + ", ".join(ENGINE_KEYS) + ")"
 GPU_ON = "on(" + ", ".join(GPU_KEYS) + ")"

@@ -24,7 +24,9 @@ import numpy as np
 
 __all__ = [
     "bucket_quantile",
+    "corrected_counter",
     "counter_deltas",
+    "counter_rate",
     "deriv",
     "forward_fill",
     "histogram_quantile",
@@ -36,6 +38,7 @@ __all__ = [
     "rate",
     "sorted_bucket_quantile",
     "theil_sen_slope",
+    "windowed_increase",
 ]
 
 
@@ -368,6 +371,49 @@ def sorted_bucket_quantile(q: float, bounds: list[float], counts: list[float]) -
     below = cum[idx - 1] if idx > 0 else 0.0
     in_bucket = cum[idx] - below
     return float(lower + (upper - lower) * ((rank - below) / in_bucket if in_bucket > 0 else 1.0))
+
+
+def corrected_counter(values: np.ndarray) -> np.ndarray:
+    """One counter with resets undone (each drop adds the value before it, as ``increase`` and
+    ``counter_deltas`` count a reset), NaN where absent."""
+    out = np.full(len(values), np.nan)
+    valid = ~np.isnan(values)
+    v = values[valid]
+    if len(v) == 0:
+        return out
+    resets = v[1:] < v[:-1]
+    correction = np.concatenate(([0.0], np.cumsum(np.where(resets, v[:-1], 0.0))))
+    out[valid] = v + correction
+    return out
+
+
+def windowed_increase(ts: np.ndarray, values: np.ndarray, window: float) -> tuple[np.ndarray, np.ndarray]:
+    """(increase, span) of one counter: for each point, the counter's increase since the oldest sample at most
+    ``window`` seconds older, and that span in seconds. NaN where the point is absent or there is
+    no earlier sample in the window. Counter resets are handled."""
+    inc = np.full(len(ts), np.nan)
+    span = np.full(len(ts), np.nan)
+    corrected = corrected_counter(np.asarray(values, dtype=float))
+    valid = np.flatnonzero(~np.isnan(corrected))
+    if len(valid) < 2:
+        return inc, span
+    vt, vc = ts[valid], corrected[valid]
+    first = np.searchsorted(vt, vt - window - 1e-9, side="left")
+    d_t = vt - vt[first]
+    d_v = vc - vc[first]
+    has_span = d_t > 0
+    inc[valid[has_span]] = d_v[has_span]
+    span[valid[has_span]] = d_t[has_span]
+    return inc, span
+
+
+def counter_rate(ts: np.ndarray, values: np.ndarray, window: float) -> np.ndarray:
+    """One counter's per-second rate over the trailing window at each point (NaN where undefined;
+    no extrapolation: what a chart of the last samples shows, not PromQL's ``rate``)."""
+    inc, span = windowed_increase(ts, values, window)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: np.ndarray = inc / span
+    return out
 
 
 def counter_deltas(values: np.ndarray) -> np.ndarray:

@@ -370,16 +370,16 @@ def _walk(
         if c in name_start:
             # The cheap part, for every line: where the name ends, and is it wanted?
             brace = find("{", pos, end)
-            if brace == -1:
-                name_end = find(" ", pos, end)
-                if name_end == -1:
-                    name_end = find("\t", pos, end)
-                    if name_end == -1:
-                        raise _error(text, pos, end, "a sample line needs a value")
-            else:
+            if brace != -1:
                 name_end = find(" ", pos, brace)
                 if name_end == -1:
                     name_end = brace
+            else:
+                name_end = find(" ", pos, end)
+                if name_end == -1:
+                    name_end = find("\t", pos, end)
+                if name_end == -1:
+                    raise _error(text, pos, end, "a sample line needs a value")
             if checked_one and wanted is not None and text[pos:name_end] not in wanted:
                 pos = nl + 1
                 continue
@@ -389,25 +389,10 @@ def _walk(
             checked_one = True
         elif c == "#":
             if wanted_prefixes is not None and checked_one and text.startswith("# TYPE ", pos):
-                # Skip a whole family at once, up to the next "# TYPE", when no wanted name starts
-                # with its name and every line there either starts with it or is a comment (the
-                # next family's # HELP): a few str.count calls instead of a Python loop per line.
-                name_stop = find(" ", pos + 7, end)
-                family = text[pos + 7 : name_stop if name_stop != -1 else end]
-                first = nl + 1
-                if family and family[0] in name_start and family not in wanted_prefixes and first < n:
-                    block_end = find("\n# TYPE ", nl, n)
-                    if block_end == -1:
-                        block_end = n
-                        while block_end > first and text[block_end - 1] in "\r\n":
-                            block_end -= 1
-                    if first < block_end and text.count("\n", first, block_end) + 1 == (
-                        text.count("\n" + family, first, block_end)
-                        + text.count("\n#", first, block_end)
-                        + text.startswith((family, "#"), first, block_end)
-                    ):
-                        pos = block_end + 1
-                        continue
+                skip_to = _unwanted_family_end(text, pos, end, nl, n, wanted_prefixes)
+                if skip_to is not None:
+                    pos = skip_to + 1
+                    continue
             elif openmetrics and end - pos == 5 and text.startswith("# EOF", pos):
                 return checked_one
         elif c == " " or c == "\t":  # leading blanks: skip them and look at the line again
@@ -423,6 +408,30 @@ def _walk(
             raise _error(text, pos, end, "not an exposition line")
         pos = nl + 1
     return checked_one
+
+
+def _unwanted_family_end(text: str, pos: int, end: int, nl: int, n: int, wanted_prefixes: frozenset[str]) -> int | None:
+    """Where the family whose ``# TYPE`` line is ``text[pos:end]`` ends, when it can be skipped
+    whole: no wanted name starts with its name, and every line up to the next ``# TYPE`` either
+    starts with it or is a comment (the next family's # HELP). A few str.count calls instead of
+    a Python loop per line; None when the lines must be walked."""
+    name_stop = text.find(" ", pos + 7, end)
+    family = text[pos + 7 : name_stop if name_stop != -1 else end]
+    first = nl + 1
+    if not family or family[0] not in _NAME_START or family in wanted_prefixes or first >= n:
+        return None
+    block_end = text.find("\n# TYPE ", nl, n)
+    if block_end == -1:
+        block_end = n
+        while block_end > first and text[block_end - 1] in "\r\n":
+            block_end -= 1
+    lines = text.count("\n", first, block_end) + 1
+    of_family = (
+        text.count("\n" + family, first, block_end)
+        + text.count("\n#", first, block_end)
+        + text.startswith((family, "#"), first, block_end)
+    )
+    return block_end if first < block_end and lines == of_family else None
 
 
 def family_names(text: str) -> set[str]:

@@ -13,10 +13,11 @@ import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.context import Context, context_from_json
 from kvdoctor.rules.textparse import ExpositionError, iter_samples
 from kvdoctor.rules.window import Snapshot, Window, series_key
-from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, HttpClient, SourceError, one_line
+from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, HttpClient, one_line
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
@@ -40,6 +41,9 @@ CANONICAL_PREFIX = "kvdoctor_"
 
 class NoWindowApi(SourceError):
     """The server answers 404 to the window API: not a kvdoctor exporter, or one without the API."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("no_window_api", message)
 
 
 class WindowRefused(SourceError):
@@ -83,7 +87,7 @@ class ExporterClient(ApiClient):
             window = Window.from_json(payload)
         except ValueError as exc:  # also JSONDecodeError and UnicodeDecodeError
             detail = str(exc).splitlines()[0][:120]
-            raise SourceError(one_line(f"{where} did not return a kvdoctor window: {detail}")) from None
+            raise SourceError("parse_error", one_line(f"{where} did not return a kvdoctor window: {detail}")) from None
         sources = payload.get("sources")
         return window, ({"sources": sources} if isinstance(sources, dict) else None)
 
@@ -112,7 +116,9 @@ class ExporterClient(ApiClient):
         try:
             return context_from_json(payload)
         except ValueError as exc:
-            raise SourceError(one_line(f"{self._http.where(STATUS_PATH)} has a malformed context: {exc}")) from None
+            raise SourceError(
+                "parse_error", one_line(f"{self._http.where(STATUS_PATH)} has a malformed context: {exc}")
+            ) from None
 
     def interval(self) -> float | None:
         """The exporter's collection interval from its status (None if it does not say)."""
@@ -136,7 +142,7 @@ class ExporterClient(ApiClient):
                 if name.startswith(CANONICAL_PREFIX):
                     snap.samples[series_key(name, labels)] = value
         except ExpositionError as exc:
-            raise SourceError(one_line(f"{where} is not a Prometheus exposition: {exc}")) from None
+            raise SourceError("parse_error", one_line(f"{where} is not a Prometheus exposition: {exc}")) from None
         if not snap.samples:
-            raise SourceError(f"{where} has no {CANONICAL_PREFIX}* samples: is it a kvdoctor exporter?")
+            raise SourceError("no_data", f"{where} has no {CANONICAL_PREFIX}* samples: is it a kvdoctor exporter?")
         return snap

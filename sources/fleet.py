@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 
-from kvdoctor.rules.fleet import FleetSummary, Matcher, fleet_queries, quote, render_matchers, summarize
+from kvdoctor.rules.fleet import FleetSummary, Matcher, fleet_queries, render_matchers, summarize
+from kvdoctor.rules.promql import quote
 from kvdoctor.sources.http import one_line
 from kvdoctor.sources.prometheus import BadSelector, PrometheusClient, QueryRejected, parse_matchers
 

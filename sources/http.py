@@ -8,8 +8,11 @@ It owns what every client needs and none should copy:
 - a cap on the body's size (as decoded), checked against its Content-Length first, then while reading;
 - no redirects: the base URL is fixed once, and nothing an answer says makes the client fetch another
   URL (a dashboard must never be steered to one);
-- every failure is one ``SourceError`` whose message is one line naming the server and the path:
-  refused or unreachable, timed out, closed without an answer, an HTTP status, not JSON, over the cap.
+- every failure is one ``SourceError`` (``kvdoctor.rules.collection``, the exporter's collectors
+  raise it too) whose message is one line naming the server and the path, and whose reason is
+  the collectors' word for it: ``connection_refused`` or ``connect_error``, ``timeout``,
+  ``transport_error`` (closed without an answer), ``http_<status>``, ``parse_error`` (not JSON),
+  ``body_too_large``; ``bad_url`` for a base URL it cannot use.
 
 An HTTP status is not a failure here: ``get`` and ``post_form`` return the ``Answer`` whatever its
 status, since what a 404 or an error body means is the API's business; ``get_json`` is the common
@@ -29,26 +32,23 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from kvdoctor.rules.collection import SourceError
+from kvdoctor.rules.units import MIB
+
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "Answer",
     "ApiClient",
     "Closing",
     "HttpClient",
-    "SourceError",
     "check_base_url",
     "one_line",
 ]
 
-MIB = 1024 * 1024
 DEFAULT_MAX_BYTES = 256 * MIB  # a bigger answer is refused, not parsed
 MAX_MESSAGE_CHARS = 300
 
 Params = Mapping[str, str | int | float]
-
-
-class SourceError(Exception):
-    """A source could not be read; the message is one line saying why."""
 
 
 def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -62,13 +62,13 @@ def check_base_url(url: str, name: str) -> str:
     http(s) URL with a host and no query or fragment."""
     parts = urlsplit((url or "").strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SourceError(one_line(f"{name} needs an http(s) URL such as http://host:port, got {url!r}"))
+        raise SourceError("bad_url", one_line(f"{name} needs an http(s) URL such as http://host:port, got {url!r}"))
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
-        raise SourceError(one_line(f"{name} URL has a bad port: {url!r}")) from None
+        raise SourceError("bad_url", one_line(f"{name} URL has a bad port: {url!r}")) from None
     if parts.query or parts.fragment:
-        raise SourceError(one_line(f"{name} URL must not carry a query or a fragment, got {url!r}"))
+        raise SourceError("bad_url", one_line(f"{name} URL must not carry a query or a fragment, got {url!r}"))
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
@@ -153,7 +153,8 @@ class HttpClient(Closing):
             return answer.json()
         except ValueError:
             raise SourceError(
-                one_line(f"{self.where(path)} did not answer JSON ({answer.content_type or 'no content type'})")
+                "parse_error",
+                one_line(f"{self.where(path)} did not answer JSON ({answer.content_type or 'no content type'})"),
             ) from None
 
     def status_error(self, answer: Answer) -> SourceError:
@@ -161,7 +162,7 @@ class HttpClient(Closing):
         text = f"{self.name} at {answer.url} answered HTTP {answer.status}"
         if 300 <= answer.status < 400 and answer.location:
             text += f", a redirect to {answer.location} (not followed: give that URL)"
-        return SourceError(one_line(text))
+        return SourceError(f"http_{answer.status}", one_line(text))
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Answer:
         where = self.where(path)
@@ -193,18 +194,22 @@ class HttpClient(Closing):
         except httpx.TimeoutException:
             raise self._timed_out(where) from None
         except httpx.ConnectError as exc:
-            why = "connection refused" if "refused" in str(exc).lower() else (str(exc) or type(exc).__name__)
-            raise SourceError(one_line(f"cannot reach {where}: {why}")) from None
+            refused = "refused" in str(exc).lower()
+            why = "connection refused" if refused else (str(exc) or type(exc).__name__)
+            reason = "connection_refused" if refused else "connect_error"
+            raise SourceError(reason, one_line(f"cannot reach {where}: {why}")) from None
         except httpx.RemoteProtocolError:
-            raise SourceError(one_line(f"{where} closed the connection without a complete answer")) from None
+            raise SourceError(
+                "transport_error", one_line(f"{where} closed the connection without a complete answer")
+            ) from None
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise SourceError(one_line(f"{where}: {type(exc).__name__}: {exc}")) from None
+            raise SourceError("transport_error", one_line(f"{where}: {type(exc).__name__}: {exc}")) from None
 
     def _timed_out(self, where: str) -> SourceError:
-        return SourceError(one_line(f"{where} did not answer within {self.timeout:g} s"))
+        return SourceError("timeout", one_line(f"{where} did not answer within {self.timeout:g} s"))
 
     def _too_big(self, where: str) -> SourceError:
-        return SourceError(one_line(f"{where} sent an answer over {_size(self.max_bytes)}"))
+        return SourceError("body_too_large", one_line(f"{where} sent an answer over {_size(self.max_bytes)}"))
 
     def close(self) -> None:
         self._client.close()

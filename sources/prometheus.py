@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvdoctor.rules.collection import SourceError
+from kvdoctor.rules.promql import MAX_POINTS_PER_SERIES
 from kvdoctor.rules.signals import SIGNALS
 from kvdoctor.rules.window import SeriesKey, Window, labels_of
-from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, Closing, HttpClient, SourceError, one_line
+from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, Closing, HttpClient, one_line
 
 __all__ = [
     "MAX_POINTS",
@@ -59,7 +61,6 @@ QUERY_RANGE_PATH = "/api/v1/query_range"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_POINTS = 1000  # range queries: at most this many steps per series
 MAX_RAW_SECONDS = 3600  # longer windows are read with a range query instead of raw samples
-MAX_POINTS_PER_SERIES = 11000  # Prometheus refuses a range query with more points per series
 LOOKBACK_SECONDS = 300  # Prometheus' default lookback delta: an instant query sees samples this old
 # Uncompressed: a day of history is a few MB of JSON, and Prometheus gzipping it (and us gunzipping
 # it) costs more than moving the bytes between a client and a Prometheus in one cluster: a fifth
@@ -78,7 +79,7 @@ class QueryRejected(SourceError):
     """Prometheus refused the query itself (``bad_data``); ``detail`` is its reason."""
 
     def __init__(self, message: str, detail: str) -> None:
-        super().__init__(message)
+        super().__init__("query_rejected", message)
         self.detail = detail
 
 
@@ -134,13 +135,16 @@ class PrometheusClient(ApiClient):
         if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
             if answer.status != 200:
                 raise self._http.status_error(answer)
-            raise SourceError(f"{where} does not answer like a Prometheus HTTP API (no Prometheus JSON)")
+            raise SourceError(
+                "not_prometheus", f"{where} does not answer like a Prometheus HTTP API (no Prometheus JSON)"
+            )
         if body["status"] == "error":
             error = one_line(body.get("error") or "")
             if body.get("errorType") == "bad_data" or answer.status == 400:
                 raise QueryRejected(one_line(f"{where} rejected the query: {error}"), error)
             raise SourceError(
-                one_line(f"{where} answered HTTP {answer.status}: {body.get('errorType') or 'error'}: {error}")
+                f"http_{answer.status}",
+                one_line(f"{where} answered HTTP {answer.status}: {body.get('errorType') or 'error'}: {error}"),
             )
         data = body.get("data") or {}
         if not isinstance(data, dict):
@@ -162,10 +166,12 @@ class PrometheusClient(ApiClient):
         return out
 
     def _unexpected(self, path: str, what: str) -> SourceError:
-        return SourceError(one_line(f"{self._http.where(path)} sent an unexpected answer: {what}"))
+        return SourceError("parse_error", one_line(f"{self._http.where(path)} sent an unexpected answer: {what}"))
 
     def _malformed(self, path: str, exc: Exception) -> SourceError:
-        return SourceError(one_line(f"{self._http.where(path)} sent a malformed series: {type(exc).__name__}: {exc}"))
+        return SourceError(
+            "parse_error", one_line(f"{self._http.where(path)} sent a malformed series: {type(exc).__name__}: {exc}")
+        )
 
 
 def parse_selector(selector: str | None) -> str:
@@ -173,11 +179,12 @@ def parse_selector(selector: str | None) -> str:
 
     A metric name is refused: the source picks the ``kvdoctor_*`` series itself.
     """
-    return ",".join(f'{label}{op}"{value}"' for label, op, value in parse_matchers(selector))
+    return ",".join(f"{label}{op}{literal}" for label, op, literal in parse_matchers(selector))
 
 
 def parse_matchers(selector: str | None) -> list[tuple[str, str, str]]:
-    """``parse_selector``'s matchers one by one: ``(label, operator, value as written in the quotes)``;
+    """``parse_selector``'s matchers one by one: ``(label, operator, the value's string literal as
+    written, quotes included)``;
     ValueError for a selector that is not label matchers."""
     text = (selector or "").strip()
     if text.startswith("{") and text.endswith("}"):
@@ -197,7 +204,7 @@ def parse_matchers(selector: str | None) -> list[tuple[str, str, str]]:
             )
         if m.group(1) == "__name__":
             raise ValueError(f"bad selector {selector!r}: do not match __name__, kvdoctor selects its own series")
-        matchers.append((m.group(1), m.group(2), m.group(3)))
+        matchers.append((m.group(1), m.group(2), f'"{m.group(3)}"'))
         pos = m.end()
         if pos < len(text):
             if text[pos] != ",":
@@ -227,7 +234,7 @@ class PrometheusSource(Closing):
             self.matchers = parse_selector(selector)
         except ValueError as exc:
             self.close()
-            raise SourceError(str(exc)) from None
+            raise SourceError("bad_selector", str(exc)) from None
         self.url = self._client.url
         self.selector = "{" + self.matchers + "}"
 
@@ -245,8 +252,9 @@ class PrometheusSource(Closing):
             values = [value for _, value in self._client.query(self._newest_expression(), at)]
         if not values or math.isnan(values[0]):
             raise SourceError(
+                "no_data",
                 f"no kvdoctor_* series match {self.selector} at {self.url} in the {LOOKBACK_SECONDS // 60} minutes "
-                f"before {_iso(at)} (for older data give --at)"
+                f"before {_iso(at)} (for older data give --at)",
             )
         return values[0]
 
@@ -268,7 +276,7 @@ class PrometheusSource(Closing):
         ``step=S``: a range query every ``S`` seconds.
         """
         if not seconds > 0:
-            raise SourceError(f"the window must be positive, got {seconds!r} s")
+            raise SourceError("bad_window", f"the window must be positive, got {seconds!r} s")
         end = self.newest_sample_time() if at is None else float(at)
         start = end - seconds
         if step is None and seconds > MAX_RAW_SECONDS:
@@ -280,16 +288,18 @@ class PrometheusSource(Closing):
                 window = _series_window(series).slice(start, end)
             else:
                 if not step > 0:
-                    raise SourceError(f"the step must be positive, got {step!r} s")
+                    raise SourceError("bad_window", f"the step must be positive, got {step!r} s")
                 if seconds / step > MAX_POINTS_PER_SERIES:
                     raise SourceError(
+                        "bad_window",
                         f"a {seconds:g} s window at a {step:g} s step is over Prometheus' "
-                        f"{MAX_POINTS_PER_SERIES:,} points per series: raise the step"
+                        f"{MAX_POINTS_PER_SERIES:,} points per series: raise the step",
                     )
                 window = _series_window(self._client.query_range(self.series_selector, start, end, step))
         if not len(window) or not window.series:
             raise SourceError(
-                f"no kvdoctor_* samples match {self.selector} at {self.url} between {_iso(start)} and {_iso(end)}"
+                "no_data",
+                f"no kvdoctor_* samples match {self.selector} at {self.url} between {_iso(start)} and {_iso(end)}",
             )
         _check_one_target(window, self.selector)
         return window

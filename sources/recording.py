@@ -17,9 +17,9 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.window import Snapshot, Window
 from kvdoctor.sources.exporter_api import METRICS_PATH, WINDOW_PATH, ExporterClient, NoWindowApi
-from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.traces import write_raw_captures, write_window
 
 __all__ = ["CHECKPOINT_SECONDS", "ExporterRecorder", "RawRecording", "Recording", "SnapshotRecording"]
@@ -152,7 +152,7 @@ class ExporterRecorder:
         try:
             self._poll_window()
         except NoWindowApi:
-            raise SourceError(f"{self.client.url}{WINDOW_PATH} disappeared") from None
+            raise SourceError("no_window_api", f"{self.client.url}{WINDOW_PATH} disappeared") from None
 
     def _poll_window(self) -> None:
         newest = self.recording.newest()

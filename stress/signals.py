@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.window import Snapshot, Window
 from kvdoctor.sources.exporter_api import ExporterClient
-from kvdoctor.sources.http import SourceError
 
 __all__ = ["ExporterSignals", "SignalRecorder", "SignalsError"]
 

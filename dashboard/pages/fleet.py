@@ -25,7 +25,8 @@ import dash
 from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from kvdoctor.dashboard import components, fleet_view, ids
-from kvdoctor.dashboard.sources import FleetPage, SourceError, backend, fleet_page, fleet_summary, now
+from kvdoctor.dashboard.sources import FleetPage, backend, fleet_page, fleet_summary, now
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.fleet import FleetSummary
 
 PATH = "/fleet"

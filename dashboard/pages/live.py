@@ -9,7 +9,8 @@ Data flow (STYLE.md):
 
 Figures and extendData payloads are made on the server (charts.py, figures.py); the two browser
 functions (assets/kvdoctor.js) only gate and route. What the browser already holds (the last timestamp,
-what each figure is made of) lives in the LIVE_CURSOR store, so the server keeps no state. On a
+what each figure is made of) lives in the LIVE_CURSOR store, so the server keeps no state: ``update``
+takes it as a ``Cursor`` and returns the next one with the outputs (an ``Update``). On a
 failed fetch the charts get no points (only the tick, for the gate) and keep what they have; the
 badge turns stale.
 """
@@ -20,6 +21,7 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import dash
@@ -28,13 +30,15 @@ from dash import ClientsideFunction, Input, Output, State, dcc, html, no_update
 
 from kvdoctor.dashboard import charts, components, derive, figures, ids, promql
 from kvdoctor.dashboard.sources import (
-    SourceError,
+    Backend,
+    LiveFetch,
     backend,
     fetch_live_from_exporter,
     fetch_live_from_prometheus,
     now,
     prometheus_diagnosis,
 )
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.knee import detect_knee
 
 PATH = "/"
@@ -205,39 +209,106 @@ def _stale_after(settings, from_prometheus: bool) -> float:
     return STALE_AFTER_REFRESHES * settings.refresh_seconds + 5.0
 
 
-def fetch(tick, target_value, range_value, instance, history, cursor):
-    """Interval tick or control change -> new points (or a full frame) in the stores."""
-    b = backend()
-    s = b.settings
-    target = derive.parse_target(target_value)
-    is_history, span = parse_range(range_value, s.live_seconds)
-    if range_value == "fixed" and history:
-        is_history, span = True, history["to"] - history["from"]
-    from_prometheus = bool(instance) or b.exporter is None or is_history
-    key = [target_value, range_value, instance, history]
-    full = not cursor or cursor.get("key") != key
-    if is_history and not full:
-        return no_update, no_update, no_update, no_update, no_update, True  # a fixed range: fetched once
-    clock = now()
+@dataclass(frozen=True)
+class Controls:
+    """The page's controls as the callback gets them (the range picker's value, the target's, ...)."""
 
-    def get(full_fetch: bool):
+    target: str | None = None
+    range: str | None = None
+    instance: str | None = None
+    history: dict[str, float] | None = None  # a fixed range from a Fleet link: {"from", "to"}
+
+    def key(self) -> list[Any]:
+        """What the charts were fetched for: a change means a whole new frame."""
+        return [self.target, self.range, self.instance, self.history]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """What the browser already holds (the LIVE_CURSOR store), so the server keeps no state."""
+
+    key: list[Any] | None = None  # Controls.key() of the frame the charts show
+    last: float = -math.inf  # the newest timestamp the charts hold
+    sigs: Any = None  # what each figure is made of (charts.signatures): other traces, rebuild
+    tops: Any = None  # each chart's axis tops: a point above them, rebuild
+    targets: str | None = None  # digest of the target options sent
+    diag: str | None = None  # digest of the diagnosis payload sent
+    newest: float | None = None  # the source's newest sample time (the badge)
+
+    @classmethod
+    def from_store(cls, data: dict[str, Any] | None) -> Cursor:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in names})
+
+    def to_store(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one fetch gives each output; None keeps what the output has."""
+
+    data: dict[str, Any] | None = None  # LIVE_DATA: figures, extendData, or only the tick
+    cursor: Cursor | None = None
+    diagnosis: dict[str, Any] | None = None  # LIVE_DIAGNOSIS: the banner's payload
+    health: dict[str, Any] | None = None  # LIVE_HEALTH: the badge
+    options: list[dict[str, str]] | None = None  # the target picker's options
+    interval_disabled: bool | None = None  # a fixed range is fetched once
+
+    def outputs(self) -> tuple[Any, ...]:
+        """The callback's outputs, in ``_register_callbacks``' order."""
+        values = (
+            self.data,
+            None if self.cursor is None else self.cursor.to_store(),
+            self.diagnosis,
+            self.health,
+            self.options,
+            self.interval_disabled,
+        )
+        return tuple(no_update if v is None else v for v in values)
+
+
+def fetch(tick, target_value, range_value, instance, history, cursor):
+    """The Live callback: ``update`` over the stores' JSON."""
+    controls = Controls(target_value, range_value, instance, history)
+    return update(tick, controls, Cursor.from_store(cursor), backend(), now()).outputs()
+
+
+def update(tick: int, controls: Controls, cursor: Cursor, b: Backend, clock: float) -> Update:
+    """Interval tick or control change -> new points (or a full frame) for the stores.
+
+    Depends only on its arguments: the controls, what the browser holds, the sources (the only
+    I/O) and the time; what the browser should hold next comes back in ``Update.cursor``."""
+    s = b.settings
+    target = derive.parse_target(controls.target)
+    is_history, span = parse_range(controls.range, s.live_seconds)
+    history = controls.history
+    if controls.range == "fixed" and history:
+        is_history, span = True, history["to"] - history["from"]
+    from_prometheus = bool(controls.instance) or b.exporter is None or is_history
+    key = controls.key()
+    full = cursor.key != key
+    if is_history and not full:
+        return Update(interval_disabled=True)  # a fixed range: fetched once
+    instance = controls.instance
+
+    def get(full_fetch: bool) -> LiveFetch:
         if not from_prometheus:
+            assert b.exporter is not None
             seconds = (
-                span
-                if full_fetch
-                else min(span, clock - cursor["last"] + s.rate_window_seconds + 3 * s.refresh_seconds)
+                span if full_fetch else min(span, clock - cursor.last + s.rate_window_seconds + 3 * s.refresh_seconds)
             )
             return fetch_live_from_exporter(b.exporter, seconds, target, s.rate_window_seconds)
         if b.prometheus is None:
-            raise SourceError("history and other exporters need --prometheus")
+            raise SourceError("no_prometheus", "history and other exporters need --prometheus")
         if not instance:
-            raise SourceError("history comes from Prometheus: pick one of its exporters")
-        end = history["to"] if range_value == "fixed" and history else clock
+            raise SourceError("no_prometheus", "history comes from Prometheus: pick one of its exporters")
+        end = history["to"] if controls.range == "fixed" and history else clock
         if is_history:
             step = promql.range_step(span, s.oversampling * s.max_points)
         else:
             step = max(1.0, float(math.ceil(s.refresh_seconds)))
-        start = end - span if full_fetch else cursor["last"] - s.rate_window_seconds - 3 * step
+        start = end - span if full_fetch else cursor.last - s.rate_window_seconds - 3 * step
         start = math.floor(start / step) * step  # a stable grid, so appended points line up
         got = fetch_live_from_prometheus(b.prometheus, instance, target, start, end, step, s.rate_window_seconds)
         if is_history:
@@ -247,8 +318,7 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
             )
         return got
 
-    previous_newest = (cursor or {}).get("newest")
-    last = (cursor or {}).get("last", -math.inf)
+    last = cursor.last
     try:
         got = get(full)
         chart_diagnosis = got.diagnosis
@@ -274,9 +344,9 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
                     if len(got.frame)
                     else None
                 )
-                sigs = charts.signatures(probe) if probe else cursor.get("sigs")
-            above = chart_data is not None and charts.exceeds(charts.axis_tops(chart_data), cursor.get("tops"))
-            if sigs != cursor.get("sigs") or above:
+                sigs = charts.signatures(probe) if probe else cursor.sigs
+            above = chart_data is not None and charts.exceeds(charts.axis_tops(chart_data), cursor.tops)
+            if sigs != cursor.sigs or above:
                 # something new to draw (a GPU, the knee, the floor) or points above an axis' top
                 # (the axes are fixed, so the two of a chart share their ticks): rebuild, do not append
                 full = True
@@ -285,8 +355,9 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
                 chart_data = charts.live_charts(got.frame, chart_diagnosis)
                 sigs = charts.signatures(chart_data)
     except SourceError as exc:
-        health = {"ok": False, "error": str(exc), "newest": previous_newest, "history": False}
-        return _no_points(tick), no_update, no_update, health, no_update, no_update
+        return Update(
+            data=_no_points(tick), health={"ok": False, "error": str(exc), "newest": cursor.newest, "history": False}
+        )
 
     if full:
         # History shares a points budget per chart (drawing speed); live charts keep every point.
@@ -299,21 +370,20 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
     else:
         data = _no_points(tick)
     newest_ts = float(got.frame.ts[-1]) if len(got.frame) else last
-    newest = got.newest if math.isfinite(got.newest) else previous_newest
+    newest = got.newest if math.isfinite(got.newest) else cursor.newest
     options = [{"label": o.label, "value": o.value} for o in got.targets]
-    if target_value and target_value not in {o["value"] for o in options}:
-        options.append({"label": f"{target_value} (not seen)", "value": target_value})
+    if controls.target and controls.target not in {o["value"] for o in options}:
+        options.append({"label": f"{controls.target} (not seen)", "value": controls.target})
     diag_payload = {"diagnosis": got.diagnosis, "notes": got.notes}
-    diag_digest = _digest(diag_payload)
-    new_cursor = {
-        "key": key,
-        "last": max(last, newest_ts) if not full else newest_ts,
-        "sigs": sigs,
-        "tops": charts.axis_tops(chart_data) if full and chart_data else (cursor or {}).get("tops"),
-        "targets": _digest(options),
-        "diag": diag_digest,
-        "newest": newest,
-    }
+    new_cursor = Cursor(
+        key=key,
+        last=max(last, newest_ts) if not full else newest_ts,
+        sigs=sigs,
+        tops=charts.axis_tops(chart_data) if full and chart_data else cursor.tops,
+        targets=_digest(options),
+        diag=_digest(diag_payload),
+        newest=newest,
+    )
     stale = (
         newest is None
         or not math.isfinite(newest)
@@ -327,13 +397,13 @@ def fetch(tick, target_value, range_value, instance, history, cursor):
     }
     if stale and not is_history:
         health.update(ok=False, error="no new data from the source" if newest else "no data yet")
-    return (
-        data,
-        new_cursor,
-        diag_payload if full or (cursor or {}).get("diag") != diag_digest else no_update,
-        health,
-        options if full or (cursor or {}).get("targets") != new_cursor["targets"] else no_update,
-        is_history,
+    return Update(
+        data=data,
+        cursor=new_cursor,
+        diagnosis=diag_payload if full or cursor.diag != new_cursor.diag else None,
+        health=health,
+        options=options if full or cursor.targets != new_cursor.targets else None,
+        interval_disabled=is_history,
     )
 
 

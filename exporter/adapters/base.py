@@ -30,6 +30,8 @@ RawSample = tuple[str, Mapping[str, str], float]
 # A source family that needs its own label match: ("vllm:kv_offload_total_bytes_total",
 # {"transfer_type": "CPU_to_GPU"}). Plain strings in ``MetricMap.sources`` match on ``match`` only.
 Source = tuple[str, Mapping[str, str]]
+_ByName = Mapping[str, list[tuple[Mapping[str, str], float]]]  # samples by name: (labels, value)
+_Found = tuple[str, Mapping[str, str], float]  # (suffix, labels, canonical value) of one sample
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 MAX_CACHED_KEYS = 1024  # canonical keys an adapter remembers (~1 KB each; a vLLM page needs ~60)
@@ -305,51 +307,66 @@ class EngineAdapter:
             out[key] = v if is_gauge else out.get(key, 0.0) + v
 
         for row, (m, is_gauge, converts, suffixes, sources) in enumerate(self._plan):  # type: ignore[attr-defined]
-            if m.requires and not any(r in by_name for r in m.requires):
-                continue
-            if m.unless and any(u in by_name for u in m.unless):
+            if (m.requires and not any(r in by_name for r in m.requires)) or (
+                m.unless and any(u in by_name for u in m.unless)
+            ):
                 continue
             for src in sources:
-                matched = False
                 if isinstance(src, Ratio):
-                    for labels, part in by_name.get(src.part[0], ()):
-                        if not _matches(labels, src.part[1]):
-                            continue
-                        matched = True
-                        whole = self._partner(by_name, src.whole, labels)
-                        if whole is None or not whole > 0:
-                            continue
-                        v = m.to_canonical(labels, part / whole)
-                        if v is not None:
-                            emit(row, m, is_gauge, "", labels, v)
+                    found = self._ratio_values(m, src, by_name)
                 else:
-                    name, match = src
-                    for suffix in suffixes:
-                        for labels, value in by_name.get(name + suffix, ()):
-                            if not _matches(labels, match):
-                                continue
-                            matched = True
-                            if m.value is not None:
-                                mapped = m.value(labels, value)
-                                if mapped is None:
-                                    continue
-                                v = mapped
-                            else:
-                                v = value * m.scale
-                            if m.times is not None:
-                                factor = self._partner(by_name, m.times, labels)
-                                if factor is None:
-                                    continue
-                                v *= factor
-                            if converts:
-                                checked = m.to_canonical(labels, v)
-                                if checked is None:
-                                    continue
-                                v = checked
-                            emit(row, m, is_gauge, suffix, labels, v)
-                if matched:
-                    break  # newest present name wins
+                    found = self._mapped_values(m, src, suffixes, converts, by_name)
+                if found is None:
+                    continue  # no sample of this name: the next (older) name
+                for suffix, labels, v in found:
+                    emit(row, m, is_gauge, suffix, labels, v)
+                break  # newest present name wins
         return out
+
+    def _ratio_values(self, m: MetricMap, src: Ratio, by_name: _ByName) -> list[_Found] | None:
+        """``m``'s values from a ``Ratio`` source: part / whole of each matching part sample; None
+        when no part sample matches (the next source is tried)."""
+        parts = [(labels, part) for labels, part in by_name.get(src.part[0], ()) if _matches(labels, src.part[1])]
+        if not parts:
+            return None
+        found: list[_Found] = []
+        for labels, part in parts:
+            whole = self._partner(by_name, src.whole, labels)
+            v = m.to_canonical(labels, part / whole) if whole is not None and whole > 0 else None
+            if v is not None:
+                found.append(("", labels, v))
+        return found
+
+    def _mapped_values(
+        self, m: MetricMap, src: Source, suffixes: tuple[str, ...], converts: bool, by_name: _ByName
+    ) -> list[_Found] | None:
+        """``m``'s values from one named source, each suffix of it (a histogram's _bucket, _sum,
+        _count); None when no sample matches (the next source is tried)."""
+        name, match = src
+        matched = False
+        found: list[_Found] = []
+        for suffix in suffixes:
+            for labels, value in by_name.get(name + suffix, ()):
+                if not _matches(labels, match):
+                    continue
+                matched = True
+                v = self._mapped(m, labels, value, converts, by_name)
+                if v is not None:
+                    found.append((suffix, labels, v))
+        return found if matched else None
+
+    def _mapped(
+        self, m: MetricMap, labels: Mapping[str, str], value: float, converts: bool, by_name: _ByName
+    ) -> float | None:
+        """One sample's canonical value: ``m.value`` or ``m.scale``, times its ``times`` partner,
+        then ``m.to_canonical`` where the unit converts; None drops the sample."""
+        v = m.value(labels, value) if m.value is not None else value * m.scale
+        if v is not None and m.times is not None:
+            factor = self._partner(by_name, m.times, labels)
+            v = None if factor is None else v * factor
+        if v is not None and converts:
+            v = m.to_canonical(labels, v)
+        return v
 
     def _output_key(
         self, m: MetricMap, suffix: str, labels: Mapping[str, str], extra_labels: Mapping[str, str] | None

@@ -29,12 +29,11 @@ from kvdoctor.exporter.collectors.base import register
 from kvdoctor.exporter.gpu_filter import make_gpu_filter
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
+from kvdoctor.rules.units import MIB
 from kvdoctor.rules.window import SeriesKey
 
 from .engine import configured_url, parse_exposition, scrape_options
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
-
-MIB = 1024 * 1024
 
 # dcgm-exporter field -> (canonical signal, scale, method label or None)
 FIELDS: dict[str, tuple[str, float, str | None]] = {

@@ -22,7 +22,8 @@ from kvdoctor.fleet_report import DEFAULT_LIMIT, render_fleet
 from kvdoctor.rules.actions import GROUP_TITLES, shown
 from kvdoctor.rules.context import Context, resolve
 from kvdoctor.rules.diagnosis import Diagnosis, diagnose
-from kvdoctor.rules.fleet import FleetRow, FleetSummary, quote
+from kvdoctor.rules.fleet import FleetRow, FleetSummary
+from kvdoctor.rules.promql import quote
 from kvdoctor.rules.thresholds import sized_for_interval
 from kvdoctor.rules.units import fmt_ms, plural
 from kvdoctor.rules.verdicts import UNKNOWN
@@ -271,7 +272,7 @@ def pod_selector(row: FleetRow) -> str:
     """The one pod the fleet read found, as a selector for its window (GPU series included)."""
     if not row.pod:
         return ""
-    return "{" + f'namespace="{quote(row.namespace)}",pod="{quote(row.pod)}"' + "}"
+    return "{" + f"namespace={quote(row.namespace)},pod={quote(row.pod)}" + "}"
 
 
 def load_window(

@@ -16,28 +16,6 @@ from tests.support.synthetic import ENGINE, SCENARIOS, SyntheticEngine
 INF = math.inf
 
 
-@pytest.mark.parametrize(
-    "values, expected",
-    [
-        ([1, 2, 3], [1, 2, 3]),
-        ([5, 7, 2, 4], [5, 7, 9, 11]),  # reset to 2: 7 was lost, so add it
-        ([5, 7, 2, 1, 3], [5, 7, 9, 10, 12]),  # two resets
-        ([np.nan, 3, np.nan, 5], [np.nan, 3, np.nan, 5]),  # gaps stay gaps
-    ],
-)
-def test_corrected_counter_undoes_resets(values, expected):
-    np.testing.assert_allclose(derive.corrected_counter(np.array(values, float)), expected, equal_nan=True)
-
-
-def test_windowed_increase_counts_across_a_reset_and_spans_the_window():
-    ts = np.arange(6, dtype=float)
-    values = np.array([0, 10, 20, 5, 15, 25], float)  # reset between t=2 and t=3: +5 counts
-    inc, span = derive.windowed_increase(ts, values, window=2.0)
-    np.testing.assert_allclose(inc, [np.nan, 10, 20, 15, 15, 20], equal_nan=True)
-    np.testing.assert_allclose(span, [np.nan, 1, 2, 2, 2, 2], equal_nan=True)
-    np.testing.assert_allclose(derive.counter_rate(ts, values, 2.0)[2:], [10, 7.5, 7.5, 10])
-
-
 def test_histogram_quantile_interpolates_like_promql():
     bounds = np.array([0.1, 0.2, 0.4, INF])
     # 10 in <=0.1, 30 in (0.1,0.2], 40 in (0.2,0.4], 20 above 0.4

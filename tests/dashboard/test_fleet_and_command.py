@@ -17,6 +17,7 @@ from kvdoctor.dashboard import components, figures, fleet_view, ids, promql
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import fleet
 from kvdoctor.dashboard.sources import FleetCache, FleetPage
+from kvdoctor.rules import promql as rules_promql
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.fleet import FLEET_VERDICTS, summarize
 from kvdoctor.rules.tree import SLOW_VERDICTS
@@ -191,7 +192,7 @@ def test_fleet_without_prometheus_says_what_it_needs():
     ],
 )
 def test_promql_quoting(value, literal):
-    assert promql.quote(value) == literal
+    assert rules_promql.quote(value) == literal
 
 
 def test_promql_matchers_refuse_odd_label_names():

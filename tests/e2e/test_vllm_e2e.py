@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from kvdoctor.rules.promql import VERDICT_ALERT, condition_name, record_name, rule_thresholds
+from kvdoctor.rules.alert_specs import VERDICT_ALERT
+from kvdoctor.rules.promql import condition_name, record_name, rule_thresholds
 from tests.e2e.kvdoctor_stack import ALERT_RULES, ExporterProcess, Watcher, prometheus_config, restart_engine
 from tests.e2e.vllm_server import BackgroundLoad
 from tests.support.tools import requires_prometheus, requires_vllm, wait_until

@@ -11,12 +11,12 @@ from kvdoctor.exporter.collectors.engine import parse_exposition
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import NotApplicable, SourceError
+from kvdoctor.rules.units import MIB
 from tests.support.servers import respond
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests/fixtures/dcgm"
 H100 = (FIXTURES / "dcgm-exporter-h100x2.txt").read_text()
 MIG = (FIXTURES / "dcgm-exporter-a100-mig.txt").read_text()
-MIB = 1024 * 1024
 GPU0 = {"gpu": "0", "uuid": "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "model": "NVIDIA H100 80GB HBM3"}
 GPU1 = {"gpu": "1", "uuid": "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a", "model": "NVIDIA H100 80GB HBM3"}
 

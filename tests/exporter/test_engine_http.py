@@ -1,4 +1,4 @@
-"""The engine collector's HTTP fetch (a socket HTTP/1.1 client, the body parsed as it arrives)
+"""The engine collector's HTTP fetch (httpx, the body parsed as it arrives)
 against real local servers: a kept-alive connection the server closed while idle, redirects,
 chunked bodies cut anywhere (inside a line, inside a UTF-8 character), other charsets, interim
 and malformed answers, a body cut short, a trickle past the timeout, and https with a verifying
@@ -7,6 +7,7 @@ context."""
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import ssl
 import subprocess
@@ -15,6 +16,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from kvdoctor.exporter.collectors import http as http_module
 from kvdoctor.exporter.collectors.engine import EngineCollector
@@ -230,7 +233,9 @@ def test_an_interim_1xx_answer_is_skipped(serve):
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nup 1\n\r\n0\r\n\r\n", "transport_error"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nup 1\n", "transport_error"),  # cut in a chunk
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1XX\r\n0\r\n\r\n", "transport_error"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "unsupported_encoding"),
+        # httpx (h11) reads chunked framing only: any other Transfer-Encoding is malformed for it
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "transport_error"),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 0\r\n\r\n", "unsupported_encoding"),
         (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n", "transport_error"),  # cut in the head
     ],
     ids=[
@@ -240,6 +245,7 @@ def test_an_interim_1xx_answer_is_skipped(serve):
         "cut-in-a-chunk",
         "chunk-longer-than-said",
         "gzip-transfer-encoding",
+        "brotli-content-encoding",
         "cut-in-the-head",
     ],
 )
@@ -347,3 +353,80 @@ def test_https_with_a_trusted_certificate_is_scraped_on_one_connection(serve, ce
     server = _tls_server(serve, certificate)
     _scrape_vllm_page_twice(server.url("/metrics"))
     assert server.connections == 1
+
+
+def test_plain_http_loads_no_ca_store_and_a_redirect_to_https_is_verified(serve, certificate, monkeypatch):
+    loaded = []
+    trusting = ssl.create_default_context(cafile=str(certificate / "cert.pem"))
+    monkeypatch.setattr(http_module, "_tls_context", lambda: loaded.append(True) or trusting)
+    plain = serve({"/metrics": respond(VLLM_TEXT.encode())})
+    assert collect(plain.url("/metrics")).samples == whole_page(VLLM_TEXT)
+    assert loaded == []
+    secure = _tls_server(serve, certificate)
+    origin = serve({"/metrics": redirect(secure.url("/metrics"), status=302)})
+    assert collect(origin.url("/metrics")).samples == whole_page(VLLM_TEXT)
+    assert loaded == [True]
+    monkeypatch.setattr(http_module, "_tls_context", ssl.create_default_context)  # our CA not trusted
+    assert reason_of(origin.url("/metrics")) == "connect_error"
+
+
+def test_a_redirect_with_a_body_over_the_cap_is_followed_on_a_new_connection(serve):
+    server = serve({})
+    big = b"x" * (http_module.MAX_REDIRECT_BODY * 4)
+    server.routes.update(
+        {
+            "/metrics": respond(big, status=301, content_type="text/plain", headers={"Location": "/real"}),
+            "/real": respond(VLLM_TEXT.encode()),
+        }
+    )
+    assert collect(server.url("/metrics")).samples == whole_page(VLLM_TEXT)
+    assert server.connections == 2
+
+
+# -- anything a server may send --------------------------------------------------------------------
+
+_STATUS_LINES = st.sampled_from(
+    [b"HTTP/1.1 200 OK", b"HTTP/1.0 200 OK", b"HTTP/1.1 301 Moved", b"HTTP/1.1 503 Busy", b"HTTP/2 200", b"ICY 200 OK"]
+)
+_HEADERS = st.lists(
+    st.sampled_from(
+        [
+            b"Content-Length: 5",
+            b"Content-Length: -1",
+            b"Content-Length: 99999999999",
+            b"Transfer-Encoding: chunked",
+            b"Content-Encoding: gzip",
+            b"Content-Type: text/plain; charset=utf-16",
+            b"Location: /metrics",
+            b"Location: ftp://x/",
+            b"Connection: close",
+            b" folded",
+        ]
+    )
+    | st.binary(max_size=40).filter(lambda b: b"\r\n" not in b),
+    max_size=5,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(status=_STATUS_LINES, headers=_HEADERS, body=st.binary(max_size=300), cut=st.integers(0, 400))
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Encoding: gzip"], body=b"not gzip at all", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Type: text/plain; charset=utf-16"], body=b"\xff", cut=0)
+@example(status=b"HTTP/1.1 301 Moved", headers=[b"Location: ftp://x/"], body=b"", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Length: -1"], body=b"up 1\n", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Encoding: gzip"], body=gzip.compress(b"x" * 5000), cut=0)
+def test_whatever_the_server_answers_the_fetch_gives_text_or_a_source_error(fake_server, status, headers, body, cut):
+    """A failing source never takes the exporter down: every answer, however malformed or cut
+    short, is the page's text or a ``SourceError`` with a reason, within the deadline."""
+    answer = (status + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body)[: cut or None]
+    server = fake_server({"/metrics": raw_answer(answer)})
+    page = HttpExposition(server.url("/metrics"), timeout=0.5, max_body_bytes=1000)
+    started = time.monotonic()
+    try:
+        assert isinstance(page.fetch(), str)
+    except SourceError as exc:
+        assert re.fullmatch(r"[a-z0-9_]+", exc.reason) and "\n" not in str(exc)
+    finally:
+        page.close()
+        server.stop()
+    assert time.monotonic() - started < 2.0

@@ -1,5 +1,5 @@
 """What every Prometheus exporter serves, served here: ``kvdoctor_build_info``, the standard
-``process_*`` metrics, and OpenMetrics to a scraper that asks for it (fast path and app alike),
+``process_*`` metrics, and OpenMetrics to a scraper that asks for it (over a socket and in process alike),
 checked by promtool and by a strict OpenMetrics parser."""
 
 from __future__ import annotations
@@ -137,10 +137,10 @@ def same_samples(classic: str, openmetrics: str) -> None:
     assert not any(name.endswith("_total") for name in counters)
 
 
-@pytest.mark.parametrize("path", ["fast path", "app"])
+@pytest.mark.parametrize("path", ["server", "app"])
 def test_openmetrics_when_asked_classic_text_otherwise(served, path):
     exporter, handle = served
-    if path == "fast path":
+    if path == "server":
         get = lambda accept: httpx.get(f"{handle.url}/metrics", headers={"accept": accept} if accept else {})  # noqa: E731
     else:
         app = TestClient(create_app(exporter))

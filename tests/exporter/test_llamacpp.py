@@ -268,8 +268,12 @@ def test_the_exporter_says_which_adapter_it_uses_at_start_and_in_its_status(llam
         else:
             assert "(adapter llamacpp, configured; cannot provide: preemptions_total," in line.string
         url = line.group(1)
-        status = wait_until(lambda: httpx.get(f"{url}/api/v1/status", timeout=5).json()["engine"]["adapter"])
-        assert status == "llamacpp"
-        engine_block = httpx.get(f"{url}/api/v1/status", timeout=5).json()["engine"]
+
+        def slots_read() -> dict | None:  # the adapter is known before its endpoints are first read
+            block = httpx.get(f"{url}/api/v1/status", timeout=5).json()["engine"]
+            return block if block["adapter"] and block["endpoints"].get("/slots", {}).get("up") is not None else None
+
+        engine_block = wait_until(slots_read)
+        assert engine_block["adapter"] == "llamacpp"
     assert engine_block["selection"] == ("auto" if engine == "auto" else "configured")
-    assert engine_block["endpoints"]["/slots"]["up"] is True
+    assert engine_block["endpoints"]["/slots"]["up"] is True, engine_block

@@ -20,9 +20,8 @@ from kvdoctor.exporter.collectors.nvml import NvmlCollector, check, nvml_collect
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import NotApplicable, SourceError
-from kvdoctor.rules.ledger import lookup_gpu
-
-MIB = 1024 * 1024
+from kvdoctor.rules.gpus import lookup_gpu
+from kvdoctor.rules.units import MIB
 
 
 @dataclass

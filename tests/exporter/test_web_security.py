@@ -1,7 +1,7 @@
 """TLS, client certificates, basic auth, the rate limit and the configured headers, on real
-sockets: the ``/metrics`` fast path (exporter/fastpath.py) and the app behind it hold the same
-rules. Certificates come from a CA made in the test (tests/support/certificates.py); a real
-Prometheus scrapes the exporter over TLS with a client certificate and basic auth."""
+sockets: every path, ``/metrics`` included, holds the same rules. Certificates come from a CA
+made in the test (tests/support/certificates.py); a real Prometheus scrapes the exporter over
+TLS with a client certificate and basic auth."""
 
 from __future__ import annotations
 
@@ -188,8 +188,8 @@ def test_bcrypt_runs_once_per_credential_not_once_per_scrape(serve, pki, monkeyp
     handle = serve(TLS + AUTH)
     with client(pki, auth=("prometheus", PASSWORD)) as https:
         for _ in range(10):
-            assert https.get(handle.url + "/metrics").status_code == 200  # the fast path
-            assert https.get(handle.url + "/api/v1/status").status_code == 200  # the app
+            assert https.get(handle.url + "/metrics").status_code == 200
+            assert https.get(handle.url + "/api/v1/status").status_code == 200
     with client(pki, auth=("prometheus", "wrong")) as https:
         for _ in range(5):
             assert https.get(handle.url + "/metrics").status_code == 401

@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.grafana import builder, queries
-from kvdoctor.rules import promql, verdicts
+from kvdoctor.rules import alert_specs, promql, verdicts
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
@@ -233,7 +233,7 @@ def test_runbook_links_where_the_runbooks_are_browsable():
 
     # the default base is a path in the repository: no link a browser could follow from Grafana
     assert links(B.load()) == (None, [])
-    assert promql.RUNBOOK_BASE_URL + "<alert>.md" in by_title(B.load(), "Firing kvdoctor alerts")["description"]
+    assert alert_specs.RUNBOOK_BASE_URL + "<alert>.md" in by_title(B.load(), "Firing kvdoctor alerts")["description"]
     base = "https://git.example.com/kvdoctor/docs/runbooks/"
     row, board = links(builder.dashboard_dict(runbook_base_url=base))
     assert row == [{"targetBlank": True, "title": "Runbook", "url": base + "${__value.raw}.md"}]

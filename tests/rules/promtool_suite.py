@@ -20,17 +20,17 @@ import json
 import math
 from pathlib import Path
 
-from kvdoctor.rules import promql
+from kvdoctor.rules import alert_specs, promql
 from kvdoctor.rules.alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT
 from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
-from kvdoctor.rules.features import ENGINE_KEYS
+from kvdoctor.rules.feature_promql import ENGINE_KEYS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from tests.support.scenarios import Scenario
 
 EVALUATION_INTERVAL = "30s"
 
 
-def _engine_alert_labels(scenario: Scenario, spec: promql.AlertSpec) -> dict[str, str]:
+def _engine_alert_labels(scenario: Scenario, spec: alert_specs.AlertSpec) -> dict[str, str]:
     labels = {k: v for k, v in scenario.engine_labels().items() if k in ENGINE_KEYS}
     labels["severity"] = spec.severity
     return labels
@@ -89,10 +89,10 @@ def expected_alerts(
 
 
 def _alerts_series(scenario: Scenario, verdict: str) -> list[dict]:
-    name = promql.VERDICT_ALERT.get(verdict)
+    name = alert_specs.VERDICT_ALERT.get(verdict)
     if name is None:
         return []
-    spec = promql.ALERT_BY_NAME[name]
+    spec = alert_specs.ALERT_BY_NAME[name]
     labels = {
         "alertname": name,
         "alertstate": "firing" if scenario.settles else "pending",
@@ -114,7 +114,7 @@ def scenario_group(
     diagnosis = python_diagnosis(scenario, thresholds, slo_seconds)
     verdict = diagnosis.verdict
     at = f"{scenario.eval_seconds}s"
-    verdict_alerts = "|".join(promql.VERDICT_ALERT_NAMES)
+    verdict_alerts = "|".join(alert_specs.VERDICT_ALERT_NAMES)
     return {
         "name": scenario.name,
         "interval": f"{scenario.step:g}s",

@@ -13,7 +13,6 @@ from kvdoctor.rules.fleet import (
     UNKNOWN,
     FleetRow,
     fleet_queries,
-    quote,
     summarize,
     worst_first_key,
 )
@@ -53,14 +52,14 @@ def test_without_matchers_every_query_reads_the_whole_fleet_without_a_join():
 
 
 def test_namespace_and_pod_matchers_narrow_each_query_directly():
-    q = fleet_queries([("namespace", "=", "prod"), ("pod", "=~", "vllm-.*")])
+    q = fleet_queries([("namespace", "=", '"prod"'), ("pod", "=~", '"vllm-.*"')])
     for expr in (q.pods, q.verdicts, q.features):
         assert 'namespace="prod"' in expr and 'pod=~"vllm-.*"' in expr
         assert " and on(" not in expr
 
 
 def test_other_matchers_narrow_through_the_pods_query():
-    q = fleet_queries([("namespace", "=", "prod"), ("model_name", "=", "llama")])
+    q = fleet_queries([("namespace", "=", '"prod"'), ("model_name", "=", '"llama"')])
     assert 'model_name="llama"' in q.pods
     for expr in (q.verdicts, q.features):
         assert expr.endswith(f" and on(namespace, pod) {q.pods}")
@@ -80,7 +79,7 @@ def test_the_record_patterns_match_every_sizing_of_the_rule_file():
 
 
 def test_quote_escapes_what_a_promql_string_cannot_hold():
-    assert quote('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+    assert promql.quote('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
 
 
 # ------------------------------------------------------------------------------------ summary

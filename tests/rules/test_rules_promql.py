@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import promql, tree, units
+from kvdoctor.rules import alert_specs, promql, tree, units
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.thresholds import Thresholds
@@ -57,7 +57,7 @@ def _alerts() -> dict[str, dict]:
 
 def test_the_alerts_are_exactly_the_specified_ones():
     assert set(_alerts()) == EXPECTED_ALERTS
-    assert set(promql.VERDICT_ALERT) == set(tree.SLOW_VERDICTS)  # every slow verdict, nothing else
+    assert set(alert_specs.VERDICT_ALERT) == set(tree.SLOW_VERDICTS)  # every slow verdict, nothing else
 
 
 def rule_is_a_verdict(name: str) -> bool:
@@ -187,9 +187,9 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     assert "kvdoctor_" not in expr
 
 
-@pytest.mark.parametrize("name", sorted(promql.VERDICT_ALERT_NAMES))
+@pytest.mark.parametrize("name", sorted(alert_specs.VERDICT_ALERT_NAMES))
 def test_each_verdict_alert_reads_the_verdict_record(name):
-    spec = promql.ALERT_BY_NAME[name]
+    spec = alert_specs.ALERT_BY_NAME[name]
     expr = _alerts()[name]["expr"]
     is_verdict = f"kvdoctor:verdict == {promql.verdict_code(spec.verdict)}"
     value = promql.record_name(spec.value_feature, promql.rule_thresholds(None, None))

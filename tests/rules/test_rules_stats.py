@@ -136,3 +136,31 @@ def test_theil_sen_ignores_a_stall():
     y[30] = 40.0  # one preemption stall
     assert stats.theil_sen_slope(x, y) == pytest.approx(0.001)
     assert math.isnan(stats.theil_sen_slope(np.array([1.0]), np.array([1.0])))
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([1, 2, 3], [1, 2, 3]),
+        ([5, 7, 2, 4], [5, 7, 9, 11]),  # reset to 2: 7 was lost, so add it
+        ([5, 7, 2, 1, 3], [5, 7, 9, 10, 12]),  # two resets
+        ([np.nan, 3, np.nan, 5], [np.nan, 3, np.nan, 5]),  # gaps stay gaps
+    ],
+)
+def test_corrected_counter_undoes_resets(values, expected):
+    np.testing.assert_allclose(stats.corrected_counter(np.array(values, float)), expected, equal_nan=True)
+
+
+def test_windowed_increase_counts_across_a_reset_and_spans_the_window():
+    ts = np.arange(6, dtype=float)
+    values = np.array([0, 10, 20, 5, 15, 25], float)  # reset between t=2 and t=3: +5 counts
+    inc, span = stats.windowed_increase(ts, values, window=2.0)
+    np.testing.assert_allclose(inc, [np.nan, 10, 20, 15, 15, 20], equal_nan=True)
+    np.testing.assert_allclose(span, [np.nan, 1, 2, 2, 2, 2], equal_nan=True)
+    np.testing.assert_allclose(stats.counter_rate(ts, values, 2.0)[2:], [10, 7.5, 7.5, 10])
+
+
+@pytest.mark.parametrize("values", [[5, 7, 2, 4], [0, 10, 20, 5, 15, 25], [3, 3, 0, 0, 9, 1]])
+def test_counter_deltas_and_the_corrected_counter_count_a_reset_alike(values):
+    v = np.array(values, float)
+    np.testing.assert_allclose(stats.counter_deltas(v)[0], np.diff(stats.corrected_counter(v)))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.window import Window, labels_of
 from kvdoctor.sources.exporter_api import ExporterClient, NoWindowApi, exporter_base_url
-from kvdoctor.sources.http import SourceError
 from tests.support.servers import JSON, FakeServer, computed, respond
 
 T0 = 1_700_000_000.0

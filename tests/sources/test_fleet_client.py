@@ -10,10 +10,10 @@ from urllib.parse import parse_qs
 import pytest
 
 from kvdoctor.rules import promql
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.fleet import UNKNOWN
 from kvdoctor.rules.signals import DIAGNOSIS_VERDICT
 from kvdoctor.sources.fleet import fleet_matchers, read_fleet
-from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.prometheus import BadSelector, PrometheusClient
 from tests.support.servers import FakeServer, send_json
 
@@ -105,4 +105,4 @@ def test_an_unreadable_store_is_a_source_error():
 
 
 def test_the_namespace_is_quoted_into_one_matcher():
-    assert fleet_matchers('{pod="a"}', 'we"ird') == [("pod", "=", "a"), ("namespace", "=", 'we\\"ird')]
+    assert fleet_matchers('{pod="a"}', 'we"ird') == [("pod", "=", '"a"'), ("namespace", "=", '"we\\"ird"')]

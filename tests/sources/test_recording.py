@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.window import Window, labels_of
 from kvdoctor.sources import recording
 from kvdoctor.sources.exporter_api import ExporterClient
-from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.recording import ExporterRecorder, RawRecording, SnapshotRecording
 from kvdoctor.sources.traces import load_trace
 from tests.support.servers import JSON, FakeServer, respond

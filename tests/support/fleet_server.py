@@ -44,8 +44,8 @@ from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.settings import load_settings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.alert_specs import VERDICT_ALERT
 from kvdoctor.rules.collection import Collected
-from kvdoctor.rules.promql import VERDICT_ALERT
 from kvdoctor.rules.records import attributes
 from kvdoctor.rules.textparse import iter_samples
 from kvdoctor.rules.window import SeriesKey, labels_of

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvdoctor.rules.promql import ALERT_BY_NAME, VERDICT_ALERT
+from kvdoctor.rules.alert_specs import ALERT_BY_NAME, VERDICT_ALERT
 from kvdoctor.rules.signals import (
     CONTEXT_INFO,
     GENERATION_SECONDS,
