@@ -53,7 +53,7 @@ from tests.support.corpus import (
 from tests.support.tools import promtool
 
 BENCH = "diagnosis"
-BEGIN, END = "<!-- bench-diagnosis:begin -->", "<!-- bench-diagnosis:end -->"
+BEGIN, END = "<!-- bench-diagnosis results: begin -->", "<!-- bench-diagnosis results: end -->"
 FLOORS = Path(__file__).resolve().parent / "diagnosis_floors.json"
 HALVES = {"python": "Python (rules/diagnosis.py diagnose)", "promql": "PromQL rules (promtool, kvdoctor:verdict)"}
 SHORT = {

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_templates, promql
+from kvdoctor.rules import alert_specs, alert_templates, promql
 from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
 
 KUBERNETES = {"namespace": "serving", "pod": "vllm-7f9c", "instance": "10.1.2.3:9745", "job": "kvdoctor"}
@@ -100,7 +100,7 @@ def test_runbook_links_are_absolute_or_absent_and_the_dashboard_link_is_the_pods
 
 def test_cause_alerts_are_info_with_a_stated_for_that_scales_with_the_scrape_interval():
     at15, at1 = _alerts(), _alerts(scrape_interval_seconds=1)
-    for name in promql.VERDICT_ALERT_NAMES:
+    for name in alert_specs.VERDICT_ALERT_NAMES:
         assert at15[name]["labels"]["severity"] == "info" and at15[name]["for"] == "180s"
         assert at1[name]["for"] == "12s"
     assert at15["KvdoctorExporterDown"]["for"] == "60s" and at1["KvdoctorExporterDown"]["for"] == "4s"

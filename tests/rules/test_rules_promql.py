@@ -61,7 +61,7 @@ def test_the_alerts_are_exactly_the_specified_ones():
 
 
 def rule_is_a_verdict(name: str) -> bool:
-    return name in promql.VERDICT_ALERT_NAMES
+    return name in alert_specs.VERDICT_ALERT_NAMES
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
