@@ -159,6 +159,20 @@ def action_list(actions: Iterable[Mapping]) -> html.Div | None:
     return html.Div(parts, className="actions")
 
 
+def also_present(differential: Iterable[Mapping]) -> str:
+    """The differential in one short line: "Also present: KV capacity pressure (0.80); requests waiting,
+    a consequence of the slowness"; empty where nothing else holds."""
+    parts = []
+    for entry in differential:
+        verdict = str(entry.get("verdict") or "")
+        if entry.get("consequence"):
+            parts.append("requests waiting, a consequence of the slowness")
+        elif verdict:
+            sure = format_confidence(entry.get("confidence"))
+            parts.append(verdict_title(verdict) + (f" ({sure})" if sure else ""))
+    return "Also present: " + "; ".join(parts) if parts else ""
+
+
 def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
     """The verdict banner: headline, confidence, evidence against thresholds, ordered actions."""
     if not diagnosis:
@@ -177,6 +191,9 @@ def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
         html.Div(head, className="verdict-head"),
         html.P(str(diagnosis.get("headline") or ""), className="verdict-headline"),
     ]
+    also = also_present(diagnosis.get("differential") or [])
+    if also:
+        body.append(html.P(also, className="verdict-also"))
     columns = []
     table = evidence_table(diagnosis.get("evidence") or [])
     if table is not None:

@@ -28,9 +28,9 @@ from .units import (
     SECONDS,
     TOKENS_PER_SECOND,
     fmt_bytes,
-    fmt_duration,
     fmt_ms,
     fmt_pct,
+    fmt_seconds,
 )
 from .verdicts import verdict as catalogue_entry
 
@@ -182,7 +182,7 @@ def shown(feature: str, value: float) -> str:
     if " / " in feature:
         return f"{value:.2f}x"
     if unit == SECONDS:
-        return f"{value:.2f} s" if feature in _SHOWN_IN_SECONDS else fmt_ms(value, trim=True)
+        return fmt_seconds(value) if feature in _SHOWN_IN_SECONDS else fmt_ms(value, trim=True)
     if unit == RATIO:
         return fmt_pct(value, 1 if 0 < abs(value) < 0.01 else 0)
     if unit == BYTES_PER_SECOND:
@@ -382,8 +382,8 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
         )
     if at_least(v, "ttft_p95_seconds", t.ttft_slow_seconds):
         out.append(
-            f"TTFT p{t.ttft_quantile * 100:g} {fmt_duration(v['ttft_p95_seconds'])} over "
-            f"{fmt_duration(t.ttft_slow_seconds)} with nothing waiting: long prompts (prefill)"
+            f"TTFT p{t.ttft_quantile * 100:g} {fmt_seconds(v['ttft_p95_seconds'])} over "
+            f"{fmt_seconds(t.ttft_slow_seconds)} with nothing waiting: long prompts (prefill)"
         )
     return out
 

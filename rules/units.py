@@ -71,6 +71,11 @@ def fmt_ms(
     return text + " ms"
 
 
+def fmt_seconds(seconds: float, decimals: int = 2) -> str:
+    """Seconds, always: a time to first token reads the same unit on every surface (``0.35 s``)."""
+    return f"{seconds:.{decimals}f} s"
+
+
 def fmt_duration(seconds: float, decimals: int = 2) -> str:
     """Milliseconds below a second, seconds from one: ``9.92 ms``, ``1.25 s``; ``inf`` if endless."""
     if math.isinf(seconds):

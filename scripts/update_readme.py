@@ -18,7 +18,9 @@ from kvdoctor.exporter.collectors import base as collectors
 from kvdoctor.rules import signals
 from kvdoctor.rules.actions import ACTION_BY_ID, FIX, VERDICT_ACTIONS
 from kvdoctor.rules.alert_specs import VERDICT_ALERT
-from kvdoctor.rules.tree import BRANCHES, SLOW_VERDICTS, VERDICTS
+from kvdoctor.rules.thresholds import MIN_WINDOW_SAMPLES
+from kvdoctor.rules.tree import BRANCHES
+from kvdoctor.rules.verdicts import SLOW_VERDICTS, UNKNOWN, WORST_FIRST
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -32,10 +34,16 @@ FILES: dict[str, tuple[str, ...]] = {
 
 
 def verdicts_table() -> str:
-    """The verdicts the tree gives: when (its branches in words), the alert, the cheapest two fixes."""
+    """The verdicts, worst first (the catalogue's rank): when (its branches in words), the alert, the
+    cheapest two fixes."""
     rows = ["| verdict | when | alert | fix, cheapest first |", "|---|---|---|---|"]
-    for verdict in VERDICTS:
+    for verdict in WORST_FIRST:
         when = "; or ".join(b.summary for b in BRANCHES if b.verdict == verdict)
+        if verdict == UNKNOWN:
+            when = (
+                f"the window holds fewer than {MIN_WINDOW_SAMPLES} snapshots: too short to judge (`diagnose` exits 2, "
+                "the rules record no verdict)"
+            )
         fixes = sorted(
             (ACTION_BY_ID[a] for a in VERDICT_ACTIONS.get(verdict, ()) if ACTION_BY_ID[a].group == FIX),
             key=lambda a: a.cost,

@@ -130,3 +130,18 @@ def test_evidence_rows_are_the_rules_words_without_internal_names():
     assert [row.children[1].children for row in rows] == ["decides", "", "not measured"]
     assert not any("itl_p95_seconds" in _text(row) or "kv_usage" in _text(row) for row in rows)
     assert feature_label("itl_p95_seconds / itl_early_median_seconds").count(" / ") == 1
+
+
+def test_the_banner_says_what_else_is_present_in_one_short_line():
+    diagnosis = {
+        "verdict": "memory_bandwidth_bound",
+        "headline": "Decode is HBM-bandwidth bound",
+        "differential": [
+            {"verdict": "kv_capacity_pressure", "confidence": 0.8, "consequence": False},
+            {"verdict": "request_queueing", "confidence": 0.85, "consequence": True},
+        ],
+    }
+    text = _text(components.banner(diagnosis))
+    assert "Also present: KV capacity pressure (80%); requests waiting, a consequence of the slowness" in text
+    assert "Also present" not in _text(components.banner({**diagnosis, "differential": []}))
+    assert components.also_present([]) == ""
