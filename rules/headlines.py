@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .actions import LedgerFacts
 from .knee import Knee
 from .thresholds import Thresholds
-from .units import fmt_bytes, fmt_ms, fmt_pct, fmt_seconds
+from .units import fmt_bytes, fmt_ms, fmt_pct, fmt_seconds, plural
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def delay_text(f: HeadlineFacts) -> str:
     v, t = f.values, f.thresholds
     parts = []
     if at_least(v, "requests_waiting", t.queue_waiting_min):
-        parts.append(f"{v['requests_waiting']:.0f} requests waiting")
+        parts.append(f"{plural(round(v['requests_waiting']), 'request')} waiting")
     if at_least(v, "ttft_p95_seconds", t.ttft_slow_seconds):
         parts.append(f"TTFT p{t.ttft_quantile * 100:g} {fmt_seconds(v['ttft_p95_seconds'])}")
     p95, mean = f.get("itl_p95_seconds"), f.get("time_per_token_mean_seconds")

@@ -31,6 +31,7 @@ from .units import (
     fmt_ms,
     fmt_pct,
     fmt_seconds,
+    plural,
 )
 from .verdicts import verdict as catalogue_entry
 
@@ -350,7 +351,8 @@ def notes(v: Mapping[str, float], slo_seconds: float, t: Thresholds) -> list[str
     no_queue = "no queue" if waiting == 0 else ("queue not reported" if math.isnan(waiting) else "a short queue")
     if at_least(v, "requests_waiting", t.queue_waiting_min):
         out.append(
-            f"{v['requests_waiting']:.0f} requests waiting, but the queue neither grows nor delays the first token: "
+            f"{plural(round(v['requests_waiting']), 'request')} waiting, but the queue neither grows nor delays the "
+            "first token: "
             "not slowness"
         )
     if at_least(v, "kv_usage", t.kv_ceiling_ratio):
@@ -397,7 +399,7 @@ def headline(branch: Branch, facts: HeadlineFacts, hit_ratio: float | None) -> s
     v, t = facts.values, facts.thresholds
     text = catalogue_entry(branch.verdict).headline(branch.id, facts)
     if branch.step == DECODE_STEP and at_least(v, "requests_waiting", t.queue_waiting_min):
-        text += f"; {v['requests_waiting']:.0f} requests waiting: a consequence of slow decode"
+        text += f"; {plural(round(v['requests_waiting']), 'request')} waiting: a consequence of slow decode"
     if branch.verdict == "healthy" and hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
         text += f"; prefix cache hit ratio {fmt_pct(hit_ratio)} and fast"
     if branch.verdict in SLOW_VERDICTS and hit_ratio is not None and hit_ratio >= t.prefix_hit_ratio_high:
