@@ -23,7 +23,7 @@ NOT_APPLICABLE_RETRY_SECONDS = 30.0
 
 
 def call_collector(collector: Collector) -> Outcome:
-    """One collection, never raising: the isolation STYLE.md asks for."""
+    """One collection, never raising: a failing source costs its own ``source_up``, never the scrape."""
     start = time.perf_counter()
     try:
         collected = collector.collect()

@@ -2,7 +2,7 @@
 
 A collector reads one source (NVML, an engine's /metrics, dcgm-exporter, the simulator) and
 returns canonical samples. Collectors may raise: the exporter's runtime wraps every call, so a
-failing source never fails the scrape (STYLE.md). "Not applicable here" (no GPU, no URL
+failing source never fails the scrape. "Not applicable here" (no GPU, no URL
 configured) is reported with ``NotApplicable`` and is not an error. The contract lives in
 ``rules`` so that every package that implements a source (the exporter's collectors, the
 simulated GPU) can implement it without importing the exporter.

@@ -367,7 +367,7 @@ def _present(values: np.ndarray) -> np.ndarray:
 
 
 def _ledger_numbers(facts: LedgerFacts, values: dict[str, float]) -> dict[str, float | None]:
-    """Measured ITL against the physical floor (DESIGN.md: "measured 11.8 ms vs a floor of 9.4 ms")."""
+    """Measured ITL against the physical floor ("measured 11.8 ms vs a floor of 9.4 ms")."""
     per_token = facts.kv_bytes()
     floor = facts.floor(per_token)
     p95 = values.get("itl_p95_seconds", math.nan)

@@ -1,6 +1,6 @@
 """Knee detection on the window's (KV usage, inter-token latency) pairs.
 
-Two shapes tell two stories (DESIGN.md):
+Two shapes tell two stories:
 
 - ``rises_with_kv``: latency climbs steadily with resident KV -- every decode step re-reads the
   whole KV of the batch, so the step time grows with it (HBM bandwidth);

@@ -1,8 +1,8 @@
 """Every number the decision tree compares against, in one documented object.
 
 The Python evaluator (``diagnose``) and the PromQL compiler (``rules/promql.py``) read the same
-``Thresholds``, so the verdict on a dashboard and the alert that fires agree. Defaults follow
-DESIGN.md. Override any subset from YAML::
+``Thresholds``, so the verdict on a dashboard and the alert that fires agree. Each default is
+documented beside it. Override any subset from YAML::
 
     # thresholds.yaml
     kv_ceiling_ratio: 0.95

@@ -199,6 +199,31 @@ class Branch:
 _THRASHING_CONTEXT = ("requests_swapped", "kv_host_usage", "ttft_p95_seconds")
 _GPU_CONTEXT = ("dram_bandwidth_ratio", "sm_active_ratio", "gpu_busy_ratio")
 
+
+def _decode_slow(
+    branch_id: str,
+    verdict: str,
+    summary: str,
+    *cause: Condition,
+    base_confidence: float | None = None,
+    fallback: bool = False,
+) -> Branch:
+    """A branch of step 3, why decode is slow: ITL over the SLO and ``cause`` (none: ITL over the
+    SLO alone), blamed on the GPU side, its evidence showing the GPU counters."""
+    condition = All((ITL_SLOW, *cause)) if cause else ITL_SLOW
+    return Branch(
+        branch_id,
+        verdict,
+        DECODE_STEP,
+        condition,
+        summary,
+        _GPU_CONTEXT,
+        gpu_side=True,
+        base_confidence=base_confidence,
+        fallback=fallback,
+    )
+
+
 BRANCHES: tuple[Branch, ...] = (
     Branch("idle", "idle", 1, Not(ACTIVE), "no tokens generated, no request running or waiting"),
     Branch(
@@ -243,59 +268,38 @@ BRANCHES: tuple[Branch, ...] = (
         "the KV pool is full and requests are delayed (they wait, or TTFT is over its threshold), no preemption yet",
         ("ttft_p95_seconds",),
     ),
-    Branch(
+    _decode_slow(
         "bandwidth_high",
         "memory_bandwidth_bound",
-        3,
-        All((ITL_SLOW, BANDWIDTH_HIGH)),
         "ITL over the SLO; DRAM bandwidth is high and SM activity is not clearly above it",
-        _GPU_CONTEXT,
-        gpu_side=True,
+        BANDWIDTH_HIGH,
     ),
-    Branch(
+    _decode_slow(
         "sm_high",
         "compute_bound",
-        3,
-        All((ITL_SLOW, Cmp("sm_active_ratio", ">=", Param("sm_high_ratio")))),
         "ITL over the SLO; SM activity is high and DRAM bandwidth is not",
-        _GPU_CONTEXT,
-        gpu_side=True,
+        Cmp("sm_active_ratio", ">=", Param("sm_high_ratio")),
     ),
-    Branch(
+    _decode_slow(
         "gpu_idle",
         "host_overhead_bound",
-        3,
-        All((ITL_SLOW, Cmp("gpu_busy_ratio", "<", Param("host_overhead_gpu_max")))),
         "ITL over the SLO while the GPU is mostly idle: the time goes to the host",
-        _GPU_CONTEXT,
-        gpu_side=True,
+        Cmp("gpu_busy_ratio", "<", Param("host_overhead_gpu_max")),
     ),
-    Branch(
+    _decode_slow(
         "prefill_heavy_no_gpu",
         "compute_bound",
-        3,
-        All(
-            (
-                ITL_SLOW,
-                Not(PRECISE_GPU),
-                CmpFeatures(
-                    "prompt_tokens_per_second", ">=", "generation_tokens_per_second", scale=Param("prefill_heavy_ratio")
-                ),
-            )
-        ),
         "ITL over the SLO; no GPU counters; prefill-heavy traffic",
-        _GPU_CONTEXT,
-        gpu_side=True,
+        Not(PRECISE_GPU),
+        CmpFeatures(
+            "prompt_tokens_per_second", ">=", "generation_tokens_per_second", scale=Param("prefill_heavy_ratio")
+        ),
         base_confidence=0.45,
     ),
-    Branch(
+    _decode_slow(
         "decode_default",
         "memory_bandwidth_bound",
-        3,
-        ITL_SLOW,
         "ITL over the SLO without a clearer cause: most likely bandwidth (decode re-reads weights and KV every token)",
-        _GPU_CONTEXT,
-        gpu_side=True,
         base_confidence=0.55,
         fallback=True,
     ),

@@ -1,7 +1,7 @@
 """What-ifs and host offload: the ledger applied to the cheap changes, and to KV kept in host memory.
 
-``what_if_rows`` gives the baseline and each change DESIGN.md orders actions by (FP8 KV, half the
-context, a GQA model) with its ledger and its change against the baseline; ``offload_feasibility``
+``what_if_rows`` gives the baseline and each cheap change (FP8 KV, half the context, a GQA
+model) with its ledger and its change against the baseline; ``offload_feasibility``
 says whether KV living in host memory could keep up with decode. Pure, per GPU of a ``tp``-way
 deployment; the arithmetic is ``rules/ledger.py``'s.
 """
@@ -71,7 +71,7 @@ def what_if_rows(
     pool_bytes: float | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> list[WhatIf]:
-    """The baseline and the cheap changes DESIGN.md orders actions by, each with its ledger.
+    """The baseline and the cheap changes, each with its ledger.
 
     Rows: ``baseline``; ``fp8_kv`` (unless the KV cache is already 1 byte per element);
     ``half_context``; ``gqa_8`` (only for models with more than 8 KV heads and no MLA latent).
@@ -133,8 +133,8 @@ def what_if_rows(
 
 @dataclass(frozen=True)
 class OffloadFeasibility:
-    """Can KV living in host memory keep up with decode? (DESIGN.md: offload only if the ledger
-    says the transfer can hide behind compute.) Per GPU: each has its own host link."""
+    """Can KV living in host memory keep up with decode? (Offload pays only where the
+    transfer can hide behind compute.) Per GPU: each has its own host link."""
 
     link_bandwidth: float  # bytes/s: min(host memory, the GPU's host link)
     pool_bytes: float  # each GPU's KV pool

@@ -4,7 +4,7 @@ A scenario is only a workload (how many clients, how long their prompts and answ
 their prefix KV lives, how much CPU work each engine step needs); the symptoms come out of the
 physics (physics.py), not out of the scenario. Each scenario is sized so that, on the default
 engine (Llama-2-7B, an MHA model whose KV cache is 4x Llama-3's per token, on one H100), the
-signals land clearly inside one branch of DESIGN.md's decision tree:
+signals land clearly inside one branch of the decision tree (rules/tree.py, docs/DESIGN.md):
 
 =================  ===========================================================================
 healthy            16 chat clients sharing a 512-token system prompt: KV ~7%, ITL ~7.5 ms

@@ -22,6 +22,7 @@ from kvdoctor import cli, flags
 from kvdoctor.commands import exporter as exporter_command
 from kvdoctor.errors import UsageError
 from tests.support import servers
+from tests.support.cli import exit_status
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests/fixtures/traces/simulator-kv-thrashing.om"
@@ -327,6 +328,27 @@ def test_a_bad_value_in_a_variable_is_one_line_and_exit_2(verb, flag, tmp_path, 
     lines = [line for line in result.err.splitlines() if "DEPRECATED" not in line]
     assert len(lines) == 1 and "Traceback" not in result.err, result.err
     assert env in lines[0], lines[0]  # the line says which variable is wrong
+
+
+# The export verbs share their flags, so they refuse bad input alike.
+@pytest.mark.parametrize("verb", ["rules", "grafana"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "missing action"),
+        (["export", "--slo-ms", "0"], "--slo-ms: must be a positive number"),
+        (["export", "--slo-ms", "inf"], "--slo-ms: must be a positive number"),
+        (["export", "--scrape-interval", "0"], "--scrape-interval: not a positive duration"),
+        (["export", "--scrape-interval", "often"], "--scrape-interval: not a duration"),
+        (["export", "-o", "/nonexistent-dir/out"], "directory /nonexistent-dir does not exist"),
+        (["export", "--thresholds", "/nonexistent.yaml"], "cannot read thresholds file"),
+    ],
+)
+def test_the_export_verbs_refuse_bad_input_alike(verb, args, message, capsys):
+    assert exit_status(cli.main, [verb, *args]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1
+    assert captured.out == ""
 
 
 def test_two_variables_for_one_exclusive_choice_are_refused(tmp_path):

@@ -2,7 +2,7 @@
 
 A collector reads one source (NVML, an engine's /metrics, dcgm-exporter, the simulator) and
 returns canonical samples. Collectors may raise: the runtime wraps every call, so a failing
-source never fails the scrape (STYLE.md). "Not applicable here" (no GPU, no URL configured) is
+source never fails the scrape. "Not applicable here" (no GPU, no URL configured) is
 reported with ``NotApplicable`` and is not an error.
 """
 

@@ -1,6 +1,6 @@
 """The engine collector: scrape an inference engine's /metrics and normalise it with its adapter.
 
-Fetch and parse are apart (STYLE.md), but the page is never held whole: ``HttpExposition``
+Fetch and parse are apart, but the page is never held whole: ``HttpExposition``
 (``http.py``) yields the body as text decoded as it is read, and
 ``textparse.iter_samples_streamed`` parses the complete lines of each piece as it comes.
 ``EngineCollector`` picks the engine adapter (``--engine`` or recognised from the families on

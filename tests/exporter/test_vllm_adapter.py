@@ -24,6 +24,7 @@ from kvdoctor.rules.textparse import family_names, iter_samples
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/vllm-0.32-cpu"
 GOLDEN = ROOT / "tests/fixtures/golden/vllm"
+RENAMES = ROOT / "tests/fixtures/vllm-renames"
 PAGES = sorted(FIXTURES.rglob("*.txt"))
 UPDATE = os.environ.get("KVDOCTOR_UPDATE_GOLDEN") == "1"
 ENGINE = {"engine": "vllm", "dp_rank": "0", "model_name": "tiny"}
@@ -125,43 +126,9 @@ def test_extra_labels_go_on_every_sample():
     assert out and all(dict(lab)["pod"] == "vllm-0" for _, lab in out)
 
 
-OLD_NAMES = """\
-# TYPE vllm:gpu_cache_usage_perc gauge
-vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
-# TYPE vllm:gpu_prefix_cache_queries_total counter
-vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 40.0
-# TYPE vllm:gpu_prefix_cache_hits_total counter
-vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 10.0
-# TYPE vllm:time_per_output_token_seconds histogram
-vllm:time_per_output_token_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
-vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 7.0
-vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.2
-vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 7.0
-# TYPE vllm:kv_offload_total_bytes_total counter
-vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 1000.0
-vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="GPU_to_CPU"} 3000.0
-vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="SHARED_STORAGE_to_GPU"} 500.0
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 2.0
-"""
-
-NEW_NAMES = """\
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.75
-# TYPE vllm:prefix_cache_queries_total counter
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 400.0
-# TYPE vllm:prefix_cache_hits_total counter
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 100.0
-# TYPE vllm:inter_token_latency_seconds histogram
-vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 30.0
-vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 70.0
-vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 2.0
-vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 70.0
-# TYPE vllm:kv_offload_load_bytes_total counter
-vllm:kv_offload_load_bytes_total{engine="0",model_name="m"} 1000.0
-# TYPE vllm:kv_offload_store_bytes_total counter
-vllm:kv_offload_store_bytes_total{engine="0",model_name="m"} 3000.0
-"""
+# A small page under the families' pre-rename names, and one under their current names.
+OLD_NAMES = (RENAMES / "old-names.txt").read_text()
+NEW_NAMES = (RENAMES / "new-names.txt").read_text()
 
 M = {"engine": "vllm", "dp_rank": "0", "model_name": "m"}
 

@@ -10,7 +10,6 @@ from kvdoctor.cli import main
 from kvdoctor.rules.promql import record_name, rule_thresholds
 from kvdoctor.rules.thresholds import Thresholds
 from tests.grafana import board as B
-from tests.support.cli import exit_status
 
 
 def test_export_to_a_file_matches_the_committed_dashboard(tmp_path):
@@ -51,24 +50,7 @@ def test_thresholds_interval_slo_and_runbooks_change_the_dashboard(tmp_path, cap
     assert [link["url"] for link in board["links"]] == [base]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["grafana"], "missing action"),
-        (["grafana", "export", "--slo-ms", "0"], "--slo-ms: must be a positive number"),
-        (["grafana", "export", "--slo-ms", "inf"], "--slo-ms: must be a positive number"),
-        (["grafana", "export", "--scrape-interval", "0"], "--scrape-interval: not a positive duration"),
-        (["grafana", "export", "-o", "/nonexistent-dir/dashboard.json"], "directory /nonexistent-dir does not exist"),
-        (["grafana", "export", "--thresholds", "/nonexistent.yaml"], "cannot read thresholds file"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
-    assert exit_status(main, args) == 2
-    captured = capsys.readouterr()
-    assert message in captured.err and captured.err.count("\n") == 1
-    assert captured.out == ""
-
-
+# Bad flags (all shared with rules export): tests/test_cli_grammar.py, for both export verbs.
 def test_a_directory_or_an_unwritable_place_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["grafana", "export", "-o", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err

@@ -165,7 +165,7 @@ def test_every_scenario_through_the_real_entry_point(tmp_path, run_cli):
 
 def test_a_real_vllm_fill_sequence_replays_as_kv_capacity_pressure(tmp_path):
     """16 scrapes of a real vLLM 0.32 (CPU) while 16 requests fill an 8 MiB KV cache: usage at 0.97
-    within 3 s, the queue grows to 13, no preemption in these 16 s. DESIGN.md's tree step 2 says
+    within 3 s, the queue grows to 13, no preemption in these 16 s. The tree's step 2 says
     kv_capacity_pressure (pool at the ceiling, queue backed up, no preemption yet)."""
     path = tmp_path / "fill.om"
     path.write_text(format_raw_captures(fill_captures(T0)))

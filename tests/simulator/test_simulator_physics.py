@@ -16,16 +16,7 @@ from kvdoctor.simulator import scenarios, vllm_metrics
 from kvdoctor.simulator.deployment import EngineConfig
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import SCENARIOS, Scenario
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, t: float = T0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.sim_pipeline import Clock
 
 
 def run(

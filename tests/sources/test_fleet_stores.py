@@ -86,9 +86,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    prom_binary, vm_binary = tools.prometheus(), tools.victoria_metrics()
-    if prom_binary is None or vm_binary is None:
-        pytest.skip(tools.missing_reason("prometheus" if prom_binary is None else "victoria-metrics"))
+    prom_binary, vm_binary = tools.require("prometheus"), tools.require("victoria-metrics")
     work = tmp_path_factory.mktemp("stores")
     rules = work / "kvdoctor.yaml"
     rules.write_text(_rules_firing_at_once())

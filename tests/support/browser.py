@@ -1,6 +1,7 @@
 """Headless Chromium for the dashboard's browser tests (Playwright driving Debian's chromium).
 
-Never ``playwright install``: the browser is the system one (REFERENCE.md, "Browser").
+Never ``playwright install``: the browser is the system one (Debian's chromium, installed by
+``bash scripts/install-test-deps.sh --only chromium``).
 """
 
 from __future__ import annotations

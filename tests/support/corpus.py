@@ -114,16 +114,7 @@ MISSING_WORDS = {"": "all signals", "gpu": "no GPU counters", "itl": "no ITL his
 INTERVALS = (1.0, 15.0)
 KINDS = ("alone", "queue_steady", "queue_growing", "change", "recorded")
 # The causes that change into one another (every ordered pair): the slow ones and healthy.
-CHANGE_CAUSES = (
-    "healthy",
-    "kv_thrashing",
-    "kv_tier_miss",
-    "kv_capacity_pressure",
-    "request_queueing",
-    "memory_bandwidth_bound",
-    "compute_bound",
-    "host_overhead_bound",
-)
+CHANGE_CAUSES = ("healthy", *SLOW)
 # The issue's own cause changes (issue 24, "Why" 3): in the small corpus whatever else is left out.
 ISSUE_CHANGES = (
     ("kv_tier_miss", "host_overhead_bound"),

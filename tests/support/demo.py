@@ -123,7 +123,26 @@ class DemoProcess(_Demo):
         return self.process.stop(signum, timeout)
 
 
-class InProcessDemo(_Demo):
+class InProcess(_Demo):
+    """A demo whose engine and exporter run in this process (``InProcessDemo``, and the one on
+    simulated time, tests/support/sim_pipeline.py): ``stop()`` stops the exporter's HTTP server,
+    the exporter and the engine, whichever have started."""
+
+    engine: EngineServer | None = None
+    exporter: Exporter | None = None
+    _http: Any = None
+
+    def stop(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            http.stop()
+        if self.exporter is not None:
+            self.exporter.stop()
+        if self.engine is not None:
+            self.engine.stop()
+
+
+class InProcessDemo(InProcess):
     """The demo's pipeline in this process: the simulated vLLM engine on loopback HTTP, the exporter
     scraping it (and the simulated GPU) with the rules' diagnosis, its HTTP API on a free port.
     ``settings`` go to ExporterSettings; ``warm_cycles`` run before the collection thread starts."""
@@ -144,9 +163,6 @@ class InProcessDemo(_Demo):
         self.gpu = gpu
         self.warm_cycles = warm_cycles
         self.settings = settings
-        self.engine: EngineServer | None = None
-        self.exporter: Exporter | None = None
-        self._http: Any = None
 
     def start(self, cycles: int = 4, timeout: float = 20.0) -> InProcessDemo:
         """Starts it and waits until the exporter has run ``cycles`` collection cycles."""
@@ -164,15 +180,6 @@ class InProcessDemo(_Demo):
         self.exporter_url = self._http.url
         wait_until(lambda: exporter.cycles >= cycles, timeout=timeout, interval=0.05, what=f"{cycles} cycles")
         return self
-
-    def stop(self) -> None:
-        http, self._http = self._http, None
-        if http is not None:
-            http.stop()
-        if self.exporter is not None:
-            self.exporter.stop()
-        if self.engine is not None:
-            self.engine.stop()
 
 
 Demo = DemoProcess | InProcessDemo

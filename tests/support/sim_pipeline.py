@@ -25,12 +25,12 @@ import httpx
 from kvdoctor.commands.demo import DEFAULT_SLO_MS
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.assembly import build_exporter
-from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import serve_in_thread
 from kvdoctor.exporter.settings import load_settings
 from kvdoctor.simulator import gpu as simulated_gpu
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
+from tests.support.demo import InProcess
 
 T0 = 1_800_000_000.0
 
@@ -45,7 +45,7 @@ class Clock:
         return self.t
 
 
-class SimulatedDemo:
+class SimulatedDemo(InProcess):
     """The demo's engine (with ``queue`` behind ``scenario``), simulated GPU and exporter on one
     clock; ``serve=True`` also serves the exporter's HTTP API (``http_diagnosis``).
     ``diagnosis_window``: the seconds the live diagnosis reads (the exporter's default: 60); at a
@@ -70,8 +70,6 @@ class SimulatedDemo:
         self.slo_ms = slo_ms
         self.serve = serve
         self.diagnosis_window = diagnosis_window
-        self.exporter: Exporter | None = None
-        self._http: Any = None
         self.exporter_url = ""
 
     def start(self) -> Self:
@@ -94,20 +92,6 @@ class SimulatedDemo:
             self._http = serve_in_thread(create_app(self.exporter), "127.0.0.1", 0)
             self.exporter_url = self._http.url
         return self
-
-    def stop(self) -> None:
-        http, self._http = self._http, None
-        if http is not None:
-            http.stop()
-        if self.exporter is not None:
-            self.exporter.stop()
-        self.engine.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def now(self) -> float:
