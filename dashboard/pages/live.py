@@ -1,6 +1,6 @@
 """Live: the page on-call opens. Verdict banner, then the four charts of the troubleshooting guide.
 
-Data flow (STYLE.md):
+Data flow:
 
     dcc.Interval -> gateTick (browser) -> LIVE_TICK -> fetch (server, the only I/O) -> stores
     LIVE_DATA -> routeCharts (browser): whole figures on a full frame, else extendData with a cap;

@@ -8,7 +8,7 @@ Used by the session fixture ``vllm_server`` in tests/e2e/conftest.py; usable on 
         ... scrape server.metrics_text() while the KV cache fills ...
     server.stop()
 
-The defaults follow shared REFERENCE.md "A real vLLM on a CPU-only machine": eager mode, float32,
+The defaults are what a real vLLM needs on a CPU-only machine: eager mode, float32,
 2,048-token context, prefix caching on, and a tiny KV cache: 16 MiB, which for this model in
 float32 (2 x 4 layers x 2 KV heads x 64 x 4 bytes = 4 KiB per token) holds ~4,000 tokens in
 128-token blocks, so 16 concurrent 1,024-token generations fill it and force preemptions.
