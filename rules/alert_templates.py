@@ -9,7 +9,7 @@ Kubernetes labels:
   fires), in milliseconds;
 - ``value(kind)``: ``$value`` in the unit people read (``184ms``, ``72.5%``, ``1.2G``);
 - ``if``/``with``/``range``/``else``/``end``, ``or``, ``eq``, ``printf``, ``query``, ``sortByLabel``,
-  ``first``, ``value``.
+  ``first``, ``value``, and ``( ... )`` around an argument (``label(name)``).
 
 ``render`` expands exactly these forms as Prometheus does (for tests: promtool's expected
 annotations, the check that nothing renders empty or leaves a template behind). Anything else is an
@@ -43,11 +43,17 @@ def engine() -> str:
     return "{{ or " + " ".join(f"$labels.{n}" for n in NAME_LABELS) + ' "an unnamed engine" }}'
 
 
+def label(name: str) -> str:
+    """An argument: the alert's label ``name``, "" where it has none. vmalert's templates give a
+    missing label as nil (``printf "%q"`` writes ``%!q(<nil>)``), Prometheus' as ""; this is "" on both."""
+    return f'(or $labels.{name} "")'
+
+
 def selector(record: str, fixed: str = "", suffix: str = "") -> str:
     """A template expression: ``record`` for this alert's engine (its identity labels, empty ones
     matching series without them; ``fixed`` matchers first, e.g. ``verdict=\\"x\\"``), for ``query``."""
     matchers = ",".join([*([fixed] if fixed else []), *(f"{k}=%q" for k in IDENTITY_LABELS)])
-    args = " ".join(f"$labels.{k}" for k in IDENTITY_LABELS)
+    args = " ".join(label(k) for k in IDENTITY_LABELS)
     return f'printf "{record}{{{matchers}}}{suffix}" {args}'
 
 
@@ -218,7 +224,7 @@ def _control(tokens: list[tuple[str, str]], i: int, word: str, pipe: str) -> tup
 # ---------------------------------------------------------------------------- evaluation
 
 
-_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|[^\s]+')
+_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\((?:[^()"]|"(?:[^"\\]|\\.)*")*\)|[^\s]+')
 
 
 class _Scope:
@@ -229,6 +235,8 @@ class _Scope:
         self.vars: dict[str, object] = {}
 
     def operand(self, word: str, dot: object) -> object:
+        if word.startswith("(") and word.endswith(")"):  # a parenthesised pipeline, e.g. (or $labels.x "")
+            return self.pipe(word[1:-1], dot)
         if word.startswith('"'):
             return json.loads(word)
         if word == ".":
@@ -294,11 +302,13 @@ class _Scope:
 
 
 def _split_pipe(text: str) -> list[str]:
-    parts, current, quoted = [], "", False
+    parts, current, quoted, depth = [], "", False, 0
     for i, ch in enumerate(text):
         if ch == '"' and (i == 0 or text[i - 1] != "\\"):
             quoted = not quoted
-        if ch == "|" and not quoted:
+        if not quoted:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "|" and not quoted and depth == 0:
             parts.append(current)
             current = ""
         else:

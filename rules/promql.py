@@ -367,7 +367,7 @@ def contributing_annotation(verdict: str) -> str:
     """The ``contributing`` annotation of ``verdict``'s alert: the other causes whose own branch holds
     for the engine (the differential, fallbacks excepted), and the queue as the slowness's consequence."""
     matchers = ",".join(f"{k}=%q" for k in ENGINE_KEYS)
-    values = " ".join(f"$labels.{k}" for k in ENGINE_KEYS)
+    values = " ".join(alert_templates.label(k) for k in ENGINE_KEYS)
     skipped = "|".join(b.id for b in tree.BRANCHES if b not in tree.DIFFERENTIAL_BRANCHES)
     query = (
         f'printf "group by (verdict) ({BRANCH_RECORD}{{{matchers},verdict!=%q,branch!~%q}})" '

@@ -23,7 +23,7 @@ RULES_ALERTS = ROOT / "rules" / "alerts.yaml"
 SCENARIOS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART_DIR / "ci").glob("*-values.yaml"))
 RELEASE = "kvt"
 NAMESPACE = "kvdoctor-test"
-CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "AlertmanagerConfig"}
 KVDOCTOR_SCRIPT = Path(sys.executable).with_name("kvdoctor")
 
 

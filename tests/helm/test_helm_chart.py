@@ -88,6 +88,7 @@ EXPECTED_KINDS = {
     ],
 }
 EXPECTED_KINDS["engine-processes"] = EXPECTED_KINDS["default"]  # only the GPU-visibility wiring differs
+EXPECTED_KINDS["alertmanager-config"] = sorted([*EXPECTED_KINDS["default"], "AlertmanagerConfig"])
 # web-tls: the Secret is the sidecar's web config.
 EXPECTED_KINDS["web-tls"] = [
     "ConfigMap",
