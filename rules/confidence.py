@@ -68,7 +68,9 @@ def dynamic_base(branch: Branch, values: Mapping[str, float], knee_kind: str | N
 
 
 # Branches whose verdict rests on the latency measure (a mean costs confidence there).
-_LATENCY_JUDGED = frozenset(b.id for b in tree.BRANCHES if b.step in (3, 4) and b.id != "unmeasured")  # ITL decided
+_LATENCY_JUDGED = frozenset(
+    b.id for b in tree.BRANCHES if b.step in (tree.DECODE_STEP, tree.ON_TIME_STEP) and b.id != "unmeasured"
+)
 
 
 # Per feature, the thresholds the tree compares it with and the comparisons with another feature.

@@ -225,11 +225,11 @@ def _decode_slow(
 
 
 BRANCHES: tuple[Branch, ...] = (
-    Branch("idle", "idle", 1, Not(ACTIVE), "no tokens generated, no request running or waiting"),
+    Branch("idle", "idle", IDLE_STEP, Not(ACTIVE), "no tokens generated, no request running or waiting"),
     Branch(
         "thrashing_preemptions",
         "kv_thrashing",
-        2,
+        KV_STEP,
         All((PREEMPTING, ENGINE_SLOW)),
         "the engine preempts requests (the KV pool ran out) and is slow",
         _THRASHING_CONTEXT,
@@ -237,7 +237,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "thrashing_swapping",
         "kv_thrashing",
-        2,
+        KV_STEP,
         All((Cmp("requests_swapped", ">=", Param("requests_swapped_min")), ENGINE_SLOW)),
         "requests are swapped out to host memory (the KV pool ran out) and the engine is slow",
         _THRASHING_CONTEXT,
@@ -246,7 +246,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "thrashing_reload",
         "kv_thrashing",
-        2,
+        KV_STEP,
         All((TRANSFERS_SIGNIFICANT, FULL_THROUGHOUT, ENGINE_SLOW)),
         "KV moves into a GPU pool that stays at the ceiling, and the engine is slow",
         _THRASHING_CONTEXT,
@@ -255,7 +255,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "tier_miss",
         "kv_tier_miss",
-        2,
+        KV_STEP,
         All((TRANSFERS_SIGNIFICANT, Any((ITL_SLOW, TTFT_SLOW)))),
         "prefix hits are served from a slower tier while ITL or TTFT is over its SLO",
         ("ttft_p95_seconds",),
@@ -263,7 +263,7 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "capacity_pressure",
         "kv_capacity_pressure",
-        2,
+        KV_STEP,
         All((AT_CEILING, REQUESTS_DELAYED)),
         "the KV pool is full and requests are delayed (they wait, or TTFT is over its threshold), no preemption yet",
         ("ttft_p95_seconds",),
@@ -306,17 +306,17 @@ BRANCHES: tuple[Branch, ...] = (
     Branch(
         "request_queueing",
         "request_queueing",
-        4,
+        ON_TIME_STEP,
         All((QUEUE_DELAYS, Not(AT_CEILING))),
         "decode is on time (or unmeasured) but requests wait and are delayed while the KV pool has room (or its "
         "usage is unknown): the engine's sequence limit or the load",
         ("requests_running", "ttft_p95_seconds", "queue_growth_per_minute"),
     ),
-    Branch("healthy", "healthy", 4, ITL_FAST, "a latency measured under the SLO and nothing delayed"),
+    Branch("healthy", "healthy", ON_TIME_STEP, ITL_FAST, "a latency measured under the SLO and nothing delayed"),
     Branch(
         "unmeasured",
         "healthy",
-        4,
+        ON_TIME_STEP,
         TRUE,
         "nothing measured slow, but no latency measured either: the headline says what went unchecked",
         ("time_per_token_mean_seconds", "requests_running"),
