@@ -290,21 +290,35 @@ class Fit:
     suggested_tp: int | None = None  # the smallest --tp that fits, when this one does not
 
 
-def check_fit(
-    shape: ModelShape,
-    gpu: GpuSpec,
-    context: int,
-    tp: int = 1,
-    kv_dtype: str | None = None,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    kv_cache_memory_bytes: float | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    suggest: bool = True,
-) -> Fit:
+@dataclass(frozen=True)
+class Deployment:
+    """One model served on ``tp`` GPUs of one kind: what the fit, the what-ifs and the offload
+    questions start from. ``kv_cache_memory_bytes`` (vLLM's flag) fixes each GPU's KV pool; else
+    ``gpu_memory_utilization`` of its memory less its weights is the pool."""
+
+    shape: ModelShape
+    gpu: GpuSpec
+    context: int
+    batch: int = 1
+    kv_dtype: str | None = None
+    tp: int = 1
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    kv_cache_memory_bytes: float | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
+
+    def pool_bytes(self) -> float:
+        """Each GPU's KV pool at the utilisation's share (``kv_pool_bytes``)."""
+        return kv_pool_bytes(self.shape, self.gpu, self.gpu_memory_utilization, tp=self.tp)
+
+
+def check_fit(d: Deployment, suggest: bool = True) -> Fit:
     """Whether ``shape`` runs on ``tp`` GPUs at ``context`` tokens, its KV capacity, and otherwise
     the smallest ``--tp`` that would run. ``kv_cache_memory_bytes`` (vLLM's flag) fixes the pool per
     GPU; else it is the utilisation's share of memory less the weights (an upper bound: vLLM also
     subtracts the activation peak it profiles at start)."""
+    shape, gpu, context, tp, block_size = d.shape, d.gpu, d.context, d.tp, d.block_size
+    gpu_memory_utilization, kv_cache_memory_bytes = d.gpu_memory_utilization, d.kv_cache_memory_bytes
     check_tensor_parallel(shape, tp)
     weights = shape.weight_bytes / tp
     if kv_cache_memory_bytes is not None:
@@ -324,7 +338,7 @@ def check_fit(
             f"the weights per GPU ({weights / GB:,.1f} GB) exceed the engine's share of GPU memory "
             f"({gpu_memory_utilization:g} x {gpu.memory_bytes / GB:,.1f} GB = {engine / GB:,.1f} GB)"
         )
-    capacity = kv_capacity(shape, pool, context, block_size, tp, kv_dtype)
+    capacity = kv_capacity(shape, pool, context, block_size, tp, d.kv_dtype)
     reason = ""
     if too_big:
         reason = why_not
@@ -337,17 +351,7 @@ def check_fit(
     if reason and suggest:
         for bigger in tensor_parallel_sizes(shape):
             if bigger > tp:
-                other = check_fit(
-                    shape,
-                    gpu,
-                    context,
-                    bigger,
-                    kv_dtype,
-                    gpu_memory_utilization,
-                    kv_cache_memory_bytes,
-                    block_size,
-                    False,
-                )
+                other = check_fit(replace(d, tp=bigger), suggest=False)
                 if other.fits:
                     return replace(fit, suggested_tp=bigger)
     return fit

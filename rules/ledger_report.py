@@ -12,12 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gpus import GpuSpec
 from .ledger import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_HOST_BANDWIDTH,
     AllReduce,
+    Deployment,
     Fit,
     Ledger,
     all_reduce_cost,
@@ -30,7 +27,7 @@ from .ledger import (
     kv_heads_per_gpu,
     weight_bytes_per_step,
 )
-from .model import ModelShape, dtype_bytes
+from .model import dtype_bytes
 from .units import BYTES_TABLE, GB, MB, fmt_bytes, fmt_bytes_exact, fmt_duration
 from .whatif import OffloadFeasibility, WhatIf, offload_feasibility, what_if_rows
 
@@ -72,21 +69,10 @@ class Figure:
 
 
 @dataclass(frozen=True)
-class LedgerRequest:
-    """One deployment to account for. ``kv_cache_memory_bytes`` (vLLM's flag) fixes each GPU's KV
-    pool; else ``gpu_memory_utilization`` of its memory less its weights is the pool."""
+class LedgerRequest(Deployment):
+    """One deployment to account for, and where its GPU's peak bandwidth came from."""
 
-    shape: ModelShape
-    gpu: GpuSpec
-    context: int
-    batch: int = 1
-    kv_dtype: str | None = None
-    tp: int = 1
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    kv_cache_memory_bytes: float | None = None
-    block_size: int = DEFAULT_BLOCK_SIZE
-    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
-    peak_source: str = "catalogue"  # where the GPU's peak bandwidth came from
+    peak_source: str = "catalogue"
 
 
 @dataclass(frozen=True)
@@ -149,9 +135,7 @@ def build_report(request: LedgerRequest) -> LedgerReport:
     r = request
     if r.context < 1 or r.batch < 1:
         raise ValueError("context and batch must be positive")
-    fit = check_fit(
-        r.shape, r.gpu, r.context, r.tp, r.kv_dtype, r.gpu_memory_utilization, r.kv_cache_memory_bytes, r.block_size
-    )
+    fit = check_fit(r)
     figures = _model_figures(r) + _capacity_figures(r, fit)
     if not fit.fits:
         return LedgerReport(r, fit, figures)
@@ -159,12 +143,8 @@ def build_report(request: LedgerRequest) -> LedgerReport:
     all_reduce = all_reduce_cost(r.shape, r.gpu, r.batch, r.tp)
     figures += _floor_figures(r, ledger, all_reduce)
     pool = fit.capacity.pool_bytes
-    rows = what_if_rows(
-        r.shape, r.gpu, r.context, r.batch, r.kv_dtype, r.gpu_memory_utilization, r.tp, pool, r.block_size
-    )
-    offload = offload_feasibility(
-        r.shape, r.gpu, r.context, r.batch, r.kv_dtype, r.host_bandwidth, r.gpu_memory_utilization, r.tp, pool
-    )
+    rows = what_if_rows(r, pool)
+    offload = offload_feasibility(r, pool)
     return LedgerReport(r, fit, figures, ledger, rows, offload, all_reduce)
 
 

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .gpus import GpuSpec
 from .ledger import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_HOST_BANDWIDTH,
+    Deployment,
     Ledger,
     compute_ledger,
     decode_step_floor,
     kv_bytes_per_token_per_gpu,
     kv_capacity,
     kv_dtype_name,
-    kv_pool_bytes,
     weight_bytes_per_step,
 )
 from .model import ModelShape, dtype_bytes
@@ -60,17 +56,7 @@ class WhatIf:
         }
 
 
-def what_if_rows(
-    shape: ModelShape,
-    gpu: GpuSpec,
-    context: int,
-    batch: int = 1,
-    kv_dtype: str | None = None,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    tp: int = 1,
-    pool_bytes: float | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-) -> list[WhatIf]:
+def what_if_rows(d: Deployment, pool_bytes: float | None = None) -> list[WhatIf]:
     """The baseline and the cheap changes, each with its ledger.
 
     Rows: ``baseline``; ``fp8_kv`` (unless the KV cache is already 1 byte per element);
@@ -78,10 +64,11 @@ def what_if_rows(
     ``pool_bytes`` is each GPU's KV pool (default: ``kv_pool_bytes``). Raises ``ValueError`` on a
     non-positive context or batch, or an unknown dtype.
     """
+    shape, context, batch, tp = d.shape, d.context, d.batch, d.tp
     if context <= 0 or batch <= 0:
         raise ValueError("context and batch must be positive")
-    base_dtype = kv_dtype_name(shape, kv_dtype)
-    pool = kv_pool_bytes(shape, gpu, gpu_memory_utilization, tp=tp) if pool_bytes is None else pool_bytes
+    base_dtype = kv_dtype_name(shape, d.kv_dtype)
+    pool = d.pool_bytes() if pool_bytes is None else pool_bytes
     variants: list[tuple[str, str, str, ModelShape, str, int]] = [
         ("baseline", "as configured", "", shape, base_dtype, context)
     ]
@@ -106,7 +93,7 @@ def what_if_rows(
     rows: list[WhatIf] = []
     base: Ledger | None = None
     for name, label, flag, variant, dtype, ctx in variants:
-        ledger = compute_ledger(variant, gpu.peak_bandwidth, ctx, batch, dtype, tp)
+        ledger = compute_ledger(variant, d.gpu.peak_bandwidth, ctx, batch, dtype, tp)
         base = base or ledger
         rows.append(
             WhatIf(
@@ -119,7 +106,7 @@ def what_if_rows(
                 num_kv_heads=variant.num_kv_heads,
                 ledger=ledger,
                 fits=0 < ledger.live_kv_bytes_per_gpu <= pool,
-                max_batch=kv_capacity(variant, pool, ctx, block_size, tp, dtype).sequences,
+                max_batch=kv_capacity(variant, pool, ctx, d.block_size, tp, dtype).sequences,
                 kv_bytes_per_token_ratio=ledger.kv_bytes_per_token / base.kv_bytes_per_token,
                 step_floor_ratio=ledger.step_floor_seconds / base.step_floor_seconds,
                 tokens_per_second_ratio=ledger.tokens_per_second_total / base.tokens_per_second_total,
@@ -150,32 +137,22 @@ class OffloadFeasibility:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def offload_feasibility(
-    shape: ModelShape,
-    gpu: GpuSpec,
-    context: int,
-    batch: int = 1,
-    kv_dtype: str | None = None,
-    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    tp: int = 1,
-    pool_bytes: float | None = None,
-) -> OffloadFeasibility:
+def offload_feasibility(d: Deployment, pool_bytes: float | None = None) -> OffloadFeasibility:
     """Transfer time per decode step against step time, and the prefetch hit rate that hides it.
 
     A decode step reads every resident token, so KV kept on the host must cross the host link once
     per step unless it was prefetched: with a share ``h`` already on the GPU, the rest takes
     ``(1 - h) x transfer`` and hides when that is at most one step: ``h >= 1 - step / transfer``.
     """
-    per_token = kv_bytes_per_token_per_gpu(shape, tp, kv_dtype)
-    live = per_token * context * batch
-    pool = kv_pool_bytes(shape, gpu, gpu_memory_utilization, tp=tp) if pool_bytes is None else pool_bytes
+    per_token = kv_bytes_per_token_per_gpu(d.shape, d.tp, d.kv_dtype)
+    live = per_token * d.context * d.batch
+    pool = d.pool_bytes() if pool_bytes is None else pool_bytes
     overflow = max(0.0, live - pool)
-    step = decode_step_floor(weight_bytes_per_step(shape, batch) / tp, min(live, pool), gpu.peak_bandwidth)
-    link = min(host_bandwidth, gpu.host_bandwidth)
+    step = decode_step_floor(weight_bytes_per_step(d.shape, d.batch) / d.tp, min(live, pool), d.gpu.peak_bandwidth)
+    link = min(d.host_bandwidth, d.gpu.host_bandwidth)
     transfer = overflow / link
     needed = max(0.0, 1.0 - step / transfer) if transfer > 0 else 0.0
-    prefix = per_token * context / link
+    prefix = per_token * d.context / link
     return OffloadFeasibility(
         link_bandwidth=link,
         pool_bytes=pool,

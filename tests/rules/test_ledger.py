@@ -177,24 +177,27 @@ def test_capacity_when_the_context_is_not_a_multiple_of_the_block():
 
 
 def test_70b_on_one_80gb_gpu_does_not_fit_and_suggests_tp_2():
-    fit = L.check_fit(LLAMA_70B, H100, 8192, tp=1)
+    fit = L.check_fit(L.Deployment(LLAMA_70B, H100, 8192, tp=1))
     assert not fit.fits and fit.suggested_tp == 2
     assert "weights per GPU (141.1 GB) exceed the engine's share" in fit.reason
-    two, four = L.check_fit(LLAMA_70B, H100, 8192, tp=2), L.check_fit(LLAMA_70B, H100, 8192, tp=4)
+    two, four = (
+        L.check_fit(L.Deployment(LLAMA_70B, H100, 8192, tp=2)),
+        L.check_fit(L.Deployment(LLAMA_70B, H100, 8192, tp=4)),
+    )
     assert two.fits and four.fits and two.reason == "" and four.suggested_tp is None
     assert four.capacity.sequences > two.capacity.sequences > 0
 
 
 def test_a_pool_smaller_than_one_sequence_does_not_fit():
-    fit = L.check_fit(LLAMA_8B, H100, 8192, kv_cache_memory_bytes=512 * 1024 * 1024)  # 4,096 tokens
+    fit = L.check_fit(L.Deployment(LLAMA_8B, H100, 8192, kv_cache_memory_bytes=512 * 1024 * 1024))  # 4,096 tokens
     assert not fit.fits and "less than one sequence of 8,192 tokens" in fit.reason
     assert fit.suggested_tp == 2  # two GPUs hold half the KV heads each: 8,192 tokens fit
-    assert L.check_fit(LLAMA_8B, H100, 4096, kv_cache_memory_bytes=512 * 1024 * 1024).fits
+    assert L.check_fit(L.Deployment(LLAMA_8B, H100, 4096, kv_cache_memory_bytes=512 * 1024 * 1024)).fits
 
 
 def test_nothing_fits_a_model_bigger_than_64_gpus():
     huge = ModelShape.from_hf_config({**BUILTIN_CONFIGS["Llama-3.1-8B"], "num_hidden_layers": 20000})
-    fit = L.check_fit(huge, H100, 8192)
+    fit = L.check_fit(L.Deployment(huge, H100, 8192))
     assert not fit.fits and fit.suggested_tp is None
 
 
@@ -206,7 +209,7 @@ def rows_by_name(rows):
 
 
 def test_what_if_rows_for_llama_3_1_8b():
-    rows = rows_by_name(what_if_rows(LLAMA_8B, H100, context=8192, batch=16))
+    rows = rows_by_name(what_if_rows(L.Deployment(LLAMA_8B, H100, context=8192, batch=16)))
     assert list(rows) == ["baseline", "fp8_kv", "half_context"]  # 8 KV heads already: no GQA row
     base, fp8, half = rows["baseline"], rows["fp8_kv"], rows["half_context"]
     assert base.ledger.kv_bytes_per_token == 131_072 and fp8.ledger.kv_bytes_per_token == 65_536
@@ -221,18 +224,20 @@ def test_what_if_rows_for_llama_3_1_8b():
 
 def test_what_if_adds_gqa_for_an_mha_model_and_says_what_does_not_fit():
     mha = COMMON_MODELS["Llama-2-7B"]  # 32 KV heads: 512 KiB per token
-    rows = rows_by_name(what_if_rows(mha, H100, context=4096, batch=64))
+    rows = rows_by_name(what_if_rows(L.Deployment(mha, H100, context=4096, batch=64)))
     assert list(rows) == ["baseline", "fp8_kv", "half_context", "gqa_8"]
     assert rows["gqa_8"].num_kv_heads == 8 and rows["gqa_8"].kv_bytes_per_token_ratio == 0.25
     assert not rows["baseline"].fits and rows["gqa_8"].fits  # 137 GB of KV does not fit; 34 GB does
 
 
 def test_what_if_skips_fp8_when_the_kv_is_already_fp8_and_refuses_nonsense():
-    assert [r.name for r in what_if_rows(LLAMA_8B, H100, 8192, 1, "fp8")] == ["baseline", "half_context"]
-    assert what_if_rows(LLAMA_8B, H100, 8192, 1, "auto") == what_if_rows(LLAMA_8B, H100, 8192, 1)
+    assert [r.name for r in what_if_rows(L.Deployment(LLAMA_8B, H100, 8192, 1, "fp8"))] == ["baseline", "half_context"]
+    assert what_if_rows(L.Deployment(LLAMA_8B, H100, 8192, 1, "auto")) == what_if_rows(
+        L.Deployment(LLAMA_8B, H100, 8192, 1)
+    )
     with pytest.raises(ValueError):
-        what_if_rows(LLAMA_8B, H100, context=0, batch=1)
-    payload = [row.to_json() for row in what_if_rows(LLAMA_8B, H100, 1024, 2)]
+        what_if_rows(L.Deployment(LLAMA_8B, H100, context=0, batch=1))
+    payload = [row.to_json() for row in what_if_rows(L.Deployment(LLAMA_8B, H100, 1024, 2))]
     assert json.loads(json.dumps(payload))[1]["kv_bytes_per_token"] == 65_536
 
 
@@ -240,14 +245,14 @@ def test_what_if_skips_fp8_when_the_kv_is_already_fp8_and_refuses_nonsense():
 
 
 def test_nothing_to_offload_when_the_kv_fits():
-    o = offload_feasibility(LLAMA_8B, H100, context=8192, batch=16)
+    o = offload_feasibility(L.Deployment(LLAMA_8B, H100, context=8192, batch=16))
     assert o.overflow_bytes == 0 and o.transfer_seconds_per_step == 0 and o.hideable
     assert o.link_bandwidth == 63e9  # PCIe 5.0 x16, narrower than 8 channels of DDR5
     assert o.prefix_load_seconds == pytest.approx(8192 * 131_072 / 63e9)
 
 
 def test_offload_feasibility_when_the_kv_overflows():
-    o = offload_feasibility(LLAMA_8B, H100, context=32768, batch=64)
+    o = offload_feasibility(L.Deployment(LLAMA_8B, H100, context=32768, batch=64))
     assert o.overflow_bytes == 64 * 32768 * 131_072 - POOL_8B
     assert o.transfer_seconds_per_step == pytest.approx(o.overflow_bytes / 63e9)
     assert o.step_seconds == pytest.approx((16_060_522_496 + POOL_8B) / 3350e9)
@@ -256,15 +261,15 @@ def test_offload_feasibility_when_the_kv_overflows():
 
 
 def test_offload_uses_the_host_link_of_the_gpu():
-    assert offload_feasibility(LLAMA_8B, H100, 8192, 1, host_bandwidth=25.6e9).link_bandwidth == 25.6e9
-    gh200 = offload_feasibility(LLAMA_8B, gpu_spec("GH200-96GB"), 8192, 1)
+    assert offload_feasibility(L.Deployment(LLAMA_8B, H100, 8192, 1, host_bandwidth=25.6e9)).link_bandwidth == 25.6e9
+    gh200 = offload_feasibility(L.Deployment(LLAMA_8B, gpu_spec("GH200-96GB"), 8192, 1))
     assert gh200.link_bandwidth == min(L.DEFAULT_HOST_BANDWIDTH, 450e9)  # NVLink-C2C, not PCIe
 
 
 def test_floors_are_finite_for_every_builtin_model_on_every_gpu_it_fits():
     for shape in COMMON_MODELS.values():
         for gpu in GPUS:
-            fit = L.check_fit(shape, gpu, 4096, suggest=False)
+            fit = L.check_fit(L.Deployment(shape, gpu, 4096), suggest=False)
             if fit.fits:
                 ledger = L.compute_ledger(shape, gpu.peak_bandwidth, 4096, 4)
                 assert math.isfinite(ledger.step_floor_seconds) and ledger.step_floor_seconds > 0
