@@ -85,6 +85,17 @@ Atom: TypeAlias = Cmp | CmpFeatures | Present
 
 TRUE = All(())
 
+
+def any_of(name: str, *terms: Condition) -> Named:
+    """The condition ``name`` that holds where any of ``terms`` does."""
+    return Named(name, Any(terms))
+
+
+def at_least_min(feature: str) -> Cmp:
+    """``feature`` at or above its threshold ``<feature>_min``."""
+    return Cmp(feature, ">=", Param(f"{feature}_min"))
+
+
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,

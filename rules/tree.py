@@ -53,7 +53,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .conditions import TRUE, All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, evaluate
+from .conditions import (
+    TRUE,
+    All,
+    Any,
+    Atom,
+    Cmp,
+    CmpFeatures,
+    Condition,
+    Named,
+    Not,
+    Param,
+    Present,
+    any_of,
+    at_least_min,
+    atoms,
+    evaluate,
+)
 from .signals import (
     GENERATION_TOKENS,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
@@ -76,41 +92,27 @@ from .verdicts import verdict as catalogue_entry
 
 SLO = Param("slo_seconds")  # the ITL SLO: per pod in PromQL (the SLO gauge each exporter publishes)
 
-ACTIVE = Named(
+ACTIVE = any_of(
     "engine_active",
-    Any(
-        (
-            Cmp("generation_tokens_per_second", ">", Param("idle_tokens_per_second")),
-            # engines that count tokens only when a request ends (llama.cpp): a running request is work
-            Cmp("requests_running", ">", Param("zero")),
-            Cmp("requests_waiting", ">", Param("zero")),
-        )
-    ),
+    Cmp("generation_tokens_per_second", ">", Param("idle_tokens_per_second")),
+    # engines that count tokens only when a request ends (llama.cpp): a running request is work
+    Cmp("requests_running", ">", Param("zero")),
+    Cmp("requests_waiting", ">", Param("zero")),
 )
 AT_CEILING = Cmp("kv_usage", ">=", Param("kv_ceiling_ratio"))
 # Preempting now: in the state sub-window, or (a sparse thrash) over the window while the pool is
 # still full. Preemptions that stopped with the pool no longer full are not quoted as current.
-PREEMPTING = Named(
+PREEMPTING = any_of(
     "preempting",
-    Any(
-        (
-            Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
-            All((Cmp("preemptions_per_minute_window", ">=", Param("preemptions_per_minute")), AT_CEILING)),
-        )
-    ),
+    Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
+    All((Cmp("preemptions_per_minute_window", ">=", Param("preemptions_per_minute")), AT_CEILING)),
 )
 # Full throughout the state sub-window: KV reloaded into such a pool evicts other KV. A pool that was
 # full only before a change of cause (its high quantile still full, its floor not) is no reload.
 FULL_THROUGHOUT = Cmp("kv_usage_floor", ">=", Param("kv_ceiling_ratio"))
-TRANSFERS_SIGNIFICANT = Named(
+TRANSFERS_SIGNIFICANT = any_of(
     "kv_transfers_significant",
-    Any(
-        (
-            Cmp("kv_to_gpu_bytes_per_second", ">=", Param("kv_to_gpu_bytes_per_second_min")),
-            Cmp("pcie_receive_bytes_per_second", ">=", Param("pcie_receive_bytes_per_second_min")),
-            Cmp("slow_tier_hit_fraction", ">=", Param("slow_tier_hit_fraction_min")),
-        )
-    ),
+    *map(at_least_min, ("kv_to_gpu_bytes_per_second", "pcie_receive_bytes_per_second", "slow_tier_hit_fraction")),
 )
 QUEUED = Cmp("requests_waiting", ">=", Param("queue_waiting_min"))
 QUEUE_GROWING = Cmp("queue_growth_per_minute", ">=", Param("queue_growth_per_minute"))
