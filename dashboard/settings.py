@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from kvdoctor.dashboard.auth import users_from_env
+from kvdoctor.sources.environment import ENV_PREFIX as KVDOCTOR_ENV_PREFIX
 
-ENV_PREFIX = "KVDOCTOR_DASHBOARD_"
+ENV_PREFIX = KVDOCTOR_ENV_PREFIX + "DASHBOARD_"
 
 
 def normalise_base_url(value: str, what: str) -> str:

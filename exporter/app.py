@@ -23,12 +23,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import kvdoctor
 from kvdoctor.exporter.collectors.engine import engine_status
-from kvdoctor.exporter.exposition import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, MetricsPages
+from kvdoctor.exporter.exposition import MetricsPages
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.exporter.web_config import load_web_config
 from kvdoctor.exporter.web_guard import GuardMiddleware, WebGuard
 from kvdoctor.rules.collection import Collector
+from kvdoctor.rules.textformat import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 
 log = logging.getLogger("kvdoctor.exporter")
 

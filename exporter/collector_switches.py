@@ -12,7 +12,8 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
-ENV_PREFIX = "KVDOCTOR_"
+from kvdoctor.sources.environment import ENV_PREFIX
+
 COLLECTOR_ENV_PREFIX = ENV_PREFIX + "COLLECTOR_"
 
 # Deprecated spellings of collector switches (one release): the flag, and the variable.

@@ -23,11 +23,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from kvdoctor.rules.signals import Kind, signal_for_series
-from kvdoctor.rules.textformat import HISTOGRAM_PROMETHEUS_ORDER, escape_help, format_value, le_order, series_text
+from kvdoctor.rules.textformat import (
+    CONTENT_TYPE,
+    HISTOGRAM_PROMETHEUS_ORDER,
+    OPENMETRICS_CONTENT_TYPE,
+    escape_help,
+    format_value,
+    le_order,
+    series_text,
+)
 from kvdoctor.rules.window import SeriesKey
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _OPENMETRICS_VERSIONS = ("", "1.0.0", "0.0.1")  # 0.0.1 is the draft of 1.0.0: served 1.0.0, as prometheus_client does
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -221,8 +227,6 @@ class MetricsPages:
 
 
 __all__ = [
-    "CONTENT_TYPE",
-    "OPENMETRICS_CONTENT_TYPE",
     "ExpositionRenderer",
     "MetricsPages",
     "compile_plan",

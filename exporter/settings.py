@@ -30,13 +30,14 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvdoctor.exporter.adapters import ADAPTERS
-from kvdoctor.exporter.collector_switches import COLLECTOR_ENV_PREFIX, ENV_PREFIX, CollectorSwitchesFromEnv
+from kvdoctor.exporter.collector_switches import COLLECTOR_ENV_PREFIX, CollectorSwitchesFromEnv
 from kvdoctor.exporter.collectors import REGISTRY, CollectorSpec
 from kvdoctor.exporter.gpu_filter import HELP as GPU_FILTER_HELP
 from kvdoctor.exporter.gpu_filter import parse_gpu_filter
 from kvdoctor.exporter.web_config import WebConfigError, load_web_config
 from kvdoctor.rules.model_sources import locate_model, read_config
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
+from kvdoctor.sources.environment import ENV_PREFIX
 
 # Help groups, in the order `kvdoctor exporter --help` shows them.
 SOURCES = "sources"

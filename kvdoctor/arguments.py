@@ -57,6 +57,16 @@ def ranged(
     return parse
 
 
+MAX_TIMEOUT_SECONDS = 3600.0
+timeout_seconds = ranged(float, 0, MAX_TIMEOUT_SECONDS, "seconds")  # ``--timeout``'s type
+
+
+def check_timeout(seconds: float) -> None:
+    """``--timeout`` once more after parsing: a value read from a variable is checked here too."""
+    if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
+        raise UsageError(f"--timeout must be more than 0 up to {MAX_TIMEOUT_SECONDS:,.0f} seconds, got {seconds:g}")
+
+
 def one_of(values: tuple[int, ...], why: str) -> Callable[[str], int]:
     """An argparse type: a whole number among ``values`` ("must be 1, 8, ... (WHY), got '7'")."""
     listed = ", ".join(map(str, values[:-1])) + f" or {values[-1]}"

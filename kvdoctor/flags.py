@@ -26,17 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
-from kvdoctor.arguments import boolean as boolean
-from kvdoctor.arguments import duration as duration
-from kvdoctor.arguments import fraction as fraction
-from kvdoctor.arguments import integer as integer
-from kvdoctor.arguments import non_negative_float as non_negative_float
-from kvdoctor.arguments import port as port
-from kvdoctor.arguments import positive_float as positive_float
-from kvdoctor.arguments import positive_int as positive_int
-from kvdoctor.arguments import url as url
+from kvdoctor.arguments import boolean
+from kvdoctor.sources.environment import ENV_PREFIX
 
-ENV_PREFIX = "KVDOCTOR_"
+# Flags no variable stands for: each run's own (a file to write, the output format, a one-off check).
+WITHOUT_VARIABLE = frozenset({"-h", "--help", "-o", "--output", "--json", "--check", "--list-gpus", "--version"})
 
 
 @dataclass(frozen=True)
@@ -45,38 +39,41 @@ class Shared:
 
     flag: str
     metavar: str | None
-    env: str | None  # None: no variable (a per-invocation choice)
     meaning: str
+
+    @property
+    def env(self) -> str | None:
+        """``KVDOCTOR_<FLAG>``; None for a per-invocation choice (``WITHOUT_VARIABLE``)."""
+        return None if self.flag in WITHOUT_VARIABLE else variable_name(ENV_PREFIX, self.flag)
+
+
+def variable_name(prefix: str, flag: str) -> str:
+    """The environment variable for ``flag``: ``--engine-url`` -> ``<prefix>ENGINE_URL``."""
+    return prefix + flag.removeprefix("--").upper().replace("-", "_").replace(".", "_")
 
 
 SHARED: dict[str, Shared] = {
     s.flag: s
     for s in (
-        Shared("--engine-url", "URL", "KVDOCTOR_ENGINE_URL", "the inference engine (its /metrics; stress: its API)"),
-        Shared("--exporter", "URL", "KVDOCTOR_EXPORTER", "a running kvdoctor exporter"),
-        Shared("--prometheus", "URL", "KVDOCTOR_PROMETHEUS", "a Prometheus (or compatible) scraping exporters"),
+        Shared("--engine-url", "URL", "the inference engine (its /metrics; stress: its API)"),
+        Shared("--exporter", "URL", "a running kvdoctor exporter"),
+        Shared("--prometheus", "URL", "a Prometheus (or compatible) scraping exporters"),
         Shared(
             "--model",
             "MODEL",
-            "KVDOCTOR_MODEL",
             "the model: a config.json, a model folder, a cached Hugging Face id or a built-in name",
         ),
-        Shared(
-            "--gpu", "NAME", "KVDOCTOR_GPU", "the GPU: its NVML device name or a short name meaning one GPU (H100 SXM)"
-        ),
-        Shared("--gpu-peak-bandwidth", "BYTES_PER_S", "KVDOCTOR_GPU_PEAK_BANDWIDTH", "one GPU's peak DRAM bandwidth"),
-        Shared("--slo-ms", "MS", "KVDOCTOR_SLO_MS", "the per-token latency (ITL p95) SLO in milliseconds"),
-        Shared("--thresholds", "FILE", "KVDOCTOR_THRESHOLDS", "a YAML file overriding the decision tree's thresholds"),
-        Shared("--scrape-interval", "DURATION", "KVDOCTOR_SCRAPE_INTERVAL", "Prometheus' scrape interval"),
-        Shared("--runbook-base-url", "URL", "KVDOCTOR_RUNBOOK_BASE_URL", "where the alerts' runbooks are"),
-        Shared("--timeout", "S", "KVDOCTOR_TIMEOUT", "seconds to wait for a source's answer"),
-        Shared("--engine", "NAME", "KVDOCTOR_ENGINE", "the engine adapter (vllm, sglang, ...)"),
-        Shared("--json", None, None, "one JSON object on stdout instead of text"),
+        Shared("--gpu", "NAME", "the GPU: its NVML device name or a short name meaning one GPU (H100 SXM)"),
+        Shared("--gpu-peak-bandwidth", "BYTES_PER_S", "one GPU's peak DRAM bandwidth"),
+        Shared("--slo-ms", "MS", "the per-token latency (ITL p95) SLO in milliseconds"),
+        Shared("--thresholds", "FILE", "a YAML file overriding the decision tree's thresholds"),
+        Shared("--scrape-interval", "DURATION", "Prometheus' scrape interval"),
+        Shared("--runbook-base-url", "URL", "where the alerts' runbooks are"),
+        Shared("--timeout", "S", "seconds to wait for a source's answer"),
+        Shared("--engine", "NAME", "the engine adapter (vllm, sglang, ...)"),
+        Shared("--json", None, "one JSON object on stdout instead of text"),
     )
 }
-
-# Flags no variable stands for: each run's own (a file to write, the output format, a one-off check).
-WITHOUT_VARIABLE = frozenset({"-h", "--help", "-o", "--output", "--json", "--check", "--list-gpus", "--version"})
 
 # Old variable -> (its replacement, the verbs that read it): read for one release, with a warning.
 DEPRECATED_VARIABLES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -157,7 +154,7 @@ def bind(verb: str, parser: argparse.ArgumentParser, without: Sequence[str] = ()
         if action.help == argparse.SUPPRESS or (action.nargs == 0 and not _is_switch(action)):
             continue
         shared = SHARED.get(flag)
-        env = shared.env if shared else prefix + flag.removeprefix("--").upper().replace("-", "_").replace(".", "_")
+        env = shared.env if shared else variable_name(prefix, flag)
         if env is None:
             continue
         action.env = env  # type: ignore[attr-defined]

@@ -24,9 +24,8 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
-from .units import GB
+from .units import GB, GIB
 
-GIB = 1024**3
 TFLOPS = 1e12
 PCIE_X16_BANDWIDTH = {3: 15.75 * GB, 4: 31.5 * GB, 5: 63 * GB}  # bytes/s per direction
 DATA_RATE = 2  # memory transfers per clock NVML reports (double data rate), for HBM and GDDR alike

@@ -8,6 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+# The media types of the two formats, as a server sends them.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
 # Where a histogram's samples go within one label set: buckets (by ``le``), then the rest.
 HISTOGRAM_PROMETHEUS_ORDER = {"_bucket": 0, "_sum": 1, "_count": 2}
 HISTOGRAM_OPENMETRICS_ORDER = {"_bucket": 0, "_count": 1, "_sum": 2}

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 KIB = 1024
 MIB = 1024 * 1024
+GIB = 1024**3
 KB = 1e3
 MB = 1e6
 GB = 1e9

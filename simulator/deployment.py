@@ -22,8 +22,8 @@ from kvdoctor.rules.ledger import (
     kv_pool_bytes,
 )
 from kvdoctor.rules.model import ModelShape, dtype_bytes
+from kvdoctor.rules.units import GIB
 
-GIB = 1024**3
 DEFAULT_GPU = gpu_spec("H100")  # H100 SXM 80GB
 
 # The served model's Hugging Face config.json (meta-llama/Llama-2-7b-chat-hf): the demo hands it to

@@ -49,6 +49,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from kvdoctor.rules.records import attributes
+from kvdoctor.rules.textformat import CONTENT_TYPE
 
 from .deployment import EngineConfig
 from .gpu import gpu_payload
@@ -57,7 +58,6 @@ from .scenarios import QUEUE_CHOICES, SCENARIO_CHOICES
 from .serving import ApiError, CompletionRun, parse_request
 from .vllm_metrics import ADMISSION_REJECTION_REASONS, CACHE_TIERS, FINISHED_REASONS, PROMPT_SOURCES, TRANSFER_TYPES
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REQUEST_BYTES = 1 << 20  # a request body past this is cut (prompts of a few thousand words fit)
 
 _MFU_HELP = "(for Model Flops Utilization calculations)."

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.context import Context, context_from_json
 from kvdoctor.rules.textparse import ExpositionError, iter_samples
+from kvdoctor.rules.trace import CANONICAL_PREFIX
 from kvdoctor.rules.window import Snapshot, Window, series_key
 from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, HttpClient, one_line
 
@@ -36,7 +37,6 @@ DIAGNOSIS_PATH = "/api/v1/diagnosis"
 STATUS_PATH = "/api/v1/status"
 METRICS_PATH = "/metrics"
 DEFAULT_TIMEOUT_SECONDS = 5.0
-CANONICAL_PREFIX = "kvdoctor_"
 
 
 class NoWindowApi(SourceError):

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.signals import SIGNALS, Kind
+from kvdoctor.rules.units import RATIO  # 0..1 as published
 from kvdoctor.rules.window import SeriesKey
 
 # (sample name, labels as a dict, value) -- what the exposition parser yields for one sample
@@ -37,7 +38,6 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 MAX_CACHED_KEYS = 1024  # canonical keys an adapter remembers (~1 KB each; a vLLM page needs ~60)
 
 # How a row's engine family states a ratio (``MetricMap.unit``).
-RATIO = "ratio"  # 0..1 as published
 PERCENT = "percent"  # 0..100 in every generation
 PERCENT_OR_RATIO = "percent_or_ratio"  # a percent in some generations, a ratio in others
 _UNITS = ("", RATIO, PERCENT, PERCENT_OR_RATIO)

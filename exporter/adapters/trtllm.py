@@ -28,8 +28,9 @@ Notes:
 from __future__ import annotations
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.units import RATIO
 
-from .base import RATIO, EngineAdapter, MetricMap, Ratio, kv_transfers
+from .base import EngineAdapter, MetricMap, Ratio, kv_transfers
 
 _TIERS = {"gpu": "device", "host": "host", "disk": "disk"}
 

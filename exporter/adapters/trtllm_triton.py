@@ -30,8 +30,9 @@ Notes:
 from __future__ import annotations
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.units import RATIO
 
-from .base import PREFIX_CACHE_SIGNALS, RATIO, EngineAdapter, MetricMap, Ratio
+from .base import PREFIX_CACHE_SIGNALS, EngineAdapter, MetricMap, Ratio
 
 _KV = "nv_trt_llm_kv_cache_block_metrics"
 _REQ = "nv_trt_llm_request_metrics"

@@ -53,8 +53,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.units import RATIO
 
-from .base import RATIO, UNATTRIBUTED_TIER, EngineAdapter, MetricMap
+from .base import UNATTRIBUTED_TIER, EngineAdapter, MetricMap
 
 
 def kv_capacity_tokens(labels: Mapping[str, str], value: float) -> float | None:

@@ -46,6 +46,7 @@ from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.signals import ENGINE_INFO, Kind, signal_for_series
 from kvdoctor.rules.textparse import ExpositionError, iter_samples_streamed
 from kvdoctor.rules.window import SeriesKey
+from kvdoctor.sources.environment import ENV_PREFIX
 
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
@@ -392,7 +393,7 @@ def configured_url(settings, field: str, what: str) -> str:
     """The URL setting ``field`` (e.g. ``engine_url``); NotApplicable where it is not set."""
     url = getattr(settings, field, None)
     if not url:
-        flag, variable = "--" + field.replace("_", "-"), "KVDOCTOR_" + field.upper()
+        flag, variable = "--" + field.replace("_", "-"), ENV_PREFIX + field.upper()
         raise NotApplicable(f"no {what} URL configured ({flag} / {variable})")
     return str(url)
 

@@ -46,13 +46,12 @@ from kvdoctor.exporter.gpu_filter import make_gpu_filter
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
 from kvdoctor.rules.gpus import DATA_RATE, lookup_gpu, nvml_peak_bandwidth
-from kvdoctor.rules.units import MIB
+from kvdoctor.rules.units import KIB, MIB
 from kvdoctor.rules.window import SeriesKey
 
 GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
 GpuFilter = Callable[[Sequence[GpuIdentity]], Sequence[GpuIdentity]]
 
-KIB = 1024
 GPM_MIN_INTERVAL = 0.1  # seconds between two GPM samples, at least
 BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 60.0

@@ -78,7 +78,6 @@ examples:
 """
 
 HTTP_TIMEOUT_SECONDS = 10.0
-MAX_TIMEOUT_SECONDS = 3600.0
 MAX_WINDOW_SECONDS = 86400.0  # a day: longer than any exporter keeps, and than an incident's window
 MAX_SLO_MS = 3_600_000.0
 MAX_LIMIT = 1_000_000
@@ -90,8 +89,8 @@ DESCRIPTION = DESCRIPTION.replace("{limit}", str(DEFAULT_LIMIT))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    flags.add(source, "--exporter", type=flags.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    flags.add(source, "--prometheus", type=flags.url, help="a Prometheus server, e.g. http://prometheus:9090")
+    flags.add(source, "--exporter", type=arguments.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--prometheus", type=arguments.url, help="a Prometheus server, e.g. http://prometheus:9090")
     source.add_argument("--replay", metavar="FILE", help="a trace file (OpenMetrics with timestamps)")
     parser.add_argument(
         "--selector",
@@ -148,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--timeout",
-        type=arguments.ranged(float, 0, MAX_TIMEOUT_SECONDS, "seconds"),
+        type=arguments.timeout_seconds,
         default=HTTP_TIMEOUT_SECONDS,
         help=f"how long to wait for the exporter or Prometheus (default {HTTP_TIMEOUT_SECONDS:g})",
     )
@@ -239,10 +238,7 @@ def _validate(args: argparse.Namespace) -> None:
             raise UsageError("--engine goes with --replay (an exporter or Prometheus already holds canonical series)")
         if args.engine not in ADAPTERS:
             raise UsageError(f"unknown engine {args.engine!r} (choose from {', '.join(sorted(ADAPTERS))})")
-    if not (0 < args.timeout <= MAX_TIMEOUT_SECONDS):  # a variable's value is checked here too
-        raise UsageError(
-            f"--timeout must be more than 0 up to {MAX_TIMEOUT_SECONDS:,.0f} seconds, got {args.timeout:g}"
-        )
+    arguments.check_timeout(args.timeout)
 
 
 def read_pods(args: argparse.Namespace, at: float | None) -> FleetSummary:

@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import live_diagnosis
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import PortInUseError, serve_in_thread
 from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.rules import signals as S
+from kvdoctor.rules.textformat import CONTENT_TYPE
 from kvdoctor.rules.window import Window
 from tests.exporter.exporter_fakes import (
     FakeClock,

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from kvdoctor.exporter.app import create_app
-from kvdoctor.exporter.exposition import CONTENT_TYPE
 from kvdoctor.exporter.server import serve_in_thread
+from kvdoctor.rules.textformat import CONTENT_TYPE
 from tests.exporter.test_exporter_app import make_exporter, serving
 
 served = pytest.fixture(name="served")(serving)
