@@ -52,21 +52,13 @@ def load_dashboard_app(hint: str = "") -> ModuleType:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(parser, "--exporter", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
     flags.add(parser, "--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
-    parser.add_argument("--host", default=None, metavar="HOST", help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--port",
-        type=arguments.port,
-        default=None,
-        metavar="PORT",
-        help="port to bind (default 8050; 0: any free port)",
-    )
-    parser.add_argument(
-        "--refresh",
-        type=arguments.positive_float,
-        default=None,
-        metavar="S",
-        help="seconds between live updates (default 1)",
-    )
+    # the server's own settings: unset (None) leaves the dashboard's default
+    for flag, kind, metavar, meaning in (
+        ("--host", str, "HOST", "address to bind (default 127.0.0.1)"),
+        ("--port", arguments.port, "PORT", "port to bind (default 8050; 0: any free port)"),
+        ("--refresh", arguments.positive_float, "S", "seconds between live updates (default 1)"),
+    ):
+        parser.add_argument(flag, type=kind, default=None, metavar=metavar, help=meaning)
 
 
 def run(args: argparse.Namespace) -> int:
