@@ -58,37 +58,29 @@ def triton(usage: float, waiting: float | None = None) -> list[tuple[str, dict, 
     return rows + ([(S.REQUESTS_WAITING, TRITON, waiting)] if waiting is not None else [])
 
 
-expect(
-    "sglang/2024-11-name-label.txt",
-    "sglang",
-    (S.KV_CACHE_USAGE, SG24, 0.01),
-    (S.KV_CACHE_CAPACITY, SG24, 161721.0),
-    (S.REQUESTS_RUNNING, SG24, 0.0),  # sglang:num_requests_running
-    (S.REQUESTS_WAITING, SG24, 0.0),  # sglang:num_requests_waiting
-    (S.PREFIX_CACHE_HIT_RATIO, SG24, 0.1061),  # published as 10.61 (percent)
-    (S.PREFIX_CACHE_QUERIES, SG24, 506780.0),
-    (S.PROMPT_TOKENS, SG24, 506780.0),
-    (S.GENERATION_TOKENS, SG24, 424549.0),
-    (S.TIME_TO_FIRST_TOKEN + "_sum", SG24, 656.0780844688416),
-    (S.TIME_TO_FIRST_TOKEN + "_count", SG24, 2124.0),
-    (S.INTER_TOKEN_LATENCY + "_sum", SG24, 29846.5393948555),
-    (S.INTER_TOKEN_LATENCY + "_count", SG24, 422425.0),
-)
-expect(
-    "sglang/2025-model-name.txt",
-    "sglang",
-    (S.KV_CACHE_USAGE, SG25, 0.28),
-    (S.REQUESTS_RUNNING, SG25, 162.0),  # sglang:num_running_reqs
-    (S.REQUESTS_WAITING, SG25, 2826.0),  # sglang:num_queue_reqs
-    (S.PREFIX_CACHE_HIT_RATIO, SG25, 0.007507552643049313),  # a ratio in this generation
-    (S.PREFIX_CACHE_QUERIES, SG25, 8128902.0),
-    (S.PROMPT_TOKENS, SG25, 8128902.0),
-    (S.GENERATION_TOKENS, SG25, 7557572.0),
-    (S.TIME_TO_FIRST_TOKEN + "_sum", SG25, 2351897.9474117756),
-    (S.TIME_TO_FIRST_TOKEN + "_count", SG25, 11008.0),
-    (S.INTER_TOKEN_LATENCY + "_sum", SG25, 866964.5791549598),
-    (S.INTER_TOKEN_LATENCY + "_count", SG25, 7400757.0),
-)
+# SGLang's two generations of names: each signal with its value on the 2024 page and the 2025 one
+# (None: not on that page).
+SGLANG_GENERATIONS = (("sglang/2024-11-name-label.txt", SG24), ("sglang/2025-model-name.txt", SG25))
+SGLANG_VALUES: dict[str, tuple[float | None, float]] = {
+    S.KV_CACHE_USAGE: (0.01, 0.28),
+    S.KV_CACHE_CAPACITY: (161721.0, None),
+    S.REQUESTS_RUNNING: (0.0, 162.0),  # sglang:num_requests_running, then num_running_reqs
+    S.REQUESTS_WAITING: (0.0, 2826.0),  # sglang:num_requests_waiting, then num_queue_reqs
+    S.PREFIX_CACHE_HIT_RATIO: (0.1061, 0.007507552643049313),  # published as 10.61 (percent), then a ratio
+    S.PREFIX_CACHE_QUERIES: (506780.0, 8128902.0),
+    S.PROMPT_TOKENS: (506780.0, 8128902.0),
+    S.GENERATION_TOKENS: (424549.0, 7557572.0),
+    S.TIME_TO_FIRST_TOKEN + "_sum": (656.0780844688416, 2351897.9474117756),
+    S.TIME_TO_FIRST_TOKEN + "_count": (2124.0, 11008.0),
+    S.INTER_TOKEN_LATENCY + "_sum": (29846.5393948555, 866964.5791549598),
+    S.INTER_TOKEN_LATENCY + "_count": (422425.0, 7400757.0),
+}
+for generation, (rel, labels) in enumerate(SGLANG_GENERATIONS):
+    expect(
+        rel,
+        "sglang",
+        *((name, labels, v[generation]) for name, v in SGLANG_VALUES.items() if v[generation] is not None),
+    )
 expect(
     "vllm/v0-2025-01-aibrix.txt",
     "vllm",

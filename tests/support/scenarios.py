@@ -577,6 +577,31 @@ _LLAMACPP = dict(
     **_NO_GPU,
 )
 
+# What a cause looks like on the baseline: the suite's scenarios and the corpus's causes
+# (tests/support/corpus.py) start from these.
+IDLE_ENGINE = dict(
+    generation_tokens_per_second=0,
+    prompt_tokens_per_second=0,
+    running=0,
+    kv_usage=0.93,  # left high by earlier traffic
+    prefix_queries_per_second=0,
+    requests_per_second=0,
+    gpus=(Gpu(dram=0.0, sm=0.0, pcie_rx=1e5),),
+)
+THRASHING = dict(
+    kv_usage=Cycle((0.78, 0.99, 0.86, 0.97, 0.81, 0.99, 0.9, 0.95)),
+    preemptions_per_minute=3,
+    latency=Latency(base=0.03, jump_at=0.95, jump=4.0),
+)
+HOST_TIER_HITS = dict(
+    kv_usage=0.6,
+    kv_to_gpu_bytes_per_second=2.5e9,
+    prefix_hit_ratio=0.85,
+    hits_by_tier=(("device", 1500), ("host", 1000)),
+)
+PREFILL_BURST = dict(prompt_tokens_per_second=60000, gpus=(Gpu(dram=0.5, sm=0.93),))
+PREFILL_DELAYS = ((0.85, 1.0), (0.15, 2.5))  # decode tokens that wait behind a prefill
+
 # Issue 24: a queue sits beside almost every cause, and the cause changes inside one window.
 _QUEUE = ("request_queueing",)  # the queue behind a slow decode: a consequence in the differential
 # A change of cause this many seconds before the evaluation instant: one state window plus one
@@ -610,19 +635,30 @@ def _slow_on_one_gpu(
     return _case(name, expected, why, latency=_SLOW, gpus=(Gpu(dram=dram, sm=sm, method=method),), **changes)
 
 
+def _on_llamacpp(name: str, expected: str, why: str, seconds_per_token: float, **changes: object) -> Scenario:
+    """llama.cpp (no KV usage, no ITL histogram): the mean time per token is the latency measure."""
+    latency = Latency(base=seconds_per_token, mix=((1.0, 1.0),))
+    return _case(name, expected, why, mean_time_per_token=True, latency=latency, **changes, **_LLAMACPP)
+
+
+def _either_side(
+    threshold: str, under: tuple[str, str, dict], over: tuple[str, str, dict], **common: object
+) -> tuple[Scenario, Scenario]:
+    """``<threshold>_just_under`` and ``<threshold>_just_over``: both with ``common``, each side with
+    its verdict, why and own changes."""
+    return tuple(  # type: ignore[return-value]
+        _case(f"{threshold}_just_{side}", expected, why, **common, **changes)
+        for side, (expected, why, changes) in (("under", under), ("over", over))
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     BASE,
     _case(
         "idle_stale_kv",
         "idle",
         "no tokens for minutes; KV usage left high from earlier traffic does not count as activity",
-        generation_tokens_per_second=0,
-        prompt_tokens_per_second=0,
-        running=0,
-        kv_usage=0.93,
-        prefix_queries_per_second=0,
-        requests_per_second=0,
-        gpus=(Gpu(dram=0.0, sm=0.0, pcie_rx=1e5),),
+        **IDLE_ENGINE,
     ),
     _case(
         "idle_threshold_just_over",
@@ -644,10 +680,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         "thrashing_kv_oscillates_under_preemption",
         "kv_thrashing",
         "vLLM preempts; each preemption frees blocks, so KV usage oscillates below the ceiling at times",
-        kv_usage=Cycle((0.78, 0.99, 0.86, 0.97, 0.81, 0.99, 0.9, 0.95)),
-        preemptions_per_minute=3,
         waiting=9,
-        latency=Latency(base=0.03, jump_at=0.95, jump=4.0),
+        **THRASHING,
         contributing=_QUEUE,  # decode is slow (the stalls) and 9 wait: the queue is its consequence
     ),
     _case(
@@ -693,11 +727,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         "tier_miss_cache_hit_but_slow",
         "kv_tier_miss",
         "prefix hits come from the host tier while the GPU pool has room, and ITL is over the SLO",
-        kv_usage=0.6,
-        kv_to_gpu_bytes_per_second=2.5e9,
-        prefix_hit_ratio=0.85,
-        hits_by_tier=(("device", 1500), ("host", 1000)),
         latency=_SLOW,
+        **HOST_TIER_HITS,
     ),
     _case(
         "pcie_tier_traffic_fast_decode",
@@ -709,48 +740,43 @@ SCENARIOS: tuple[Scenario, ...] = (
         latency=Latency(base=0.025, mix=((0.9, 1.0), (0.1, 1.2))),
         gpus=(Gpu(pcie_rx=12e9),),
     ),
-    _case(
-        "kv_transfer_just_under",
-        "memory_bandwidth_bound",
-        "0.9 GB/s of KV loads is under the 1 GB/s bar; decode is slow for another reason",
+    *_either_side(
+        "kv_transfer",
+        (
+            "memory_bandwidth_bound",
+            "0.9 GB/s of KV loads is under the 1 GB/s bar; decode is slow for another reason",
+            dict(kv_to_gpu_bytes_per_second=0.9e9),
+        ),
+        (
+            "kv_tier_miss",
+            "1.1 GB/s of KV loads is over the 1 GB/s bar, and decode is slow",
+            dict(kv_to_gpu_bytes_per_second=1.1e9),
+        ),
         kv_usage=0.6,
-        kv_to_gpu_bytes_per_second=0.9e9,
         latency=_SLOW,
     ),
-    _case(
-        "kv_transfer_just_over",
-        "kv_tier_miss",
-        "1.1 GB/s of KV loads is over the 1 GB/s bar, and decode is slow",
-        kv_usage=0.6,
-        kv_to_gpu_bytes_per_second=1.1e9,
+    *_either_side(
+        "pcie",
+        (
+            "memory_bandwidth_bound",
+            "PCIe receive 0.9 GB/s; decode is slow for another reason",
+            dict(gpus=(Gpu(pcie_rx=0.9e9),)),
+        ),
+        ("kv_tier_miss", "PCIe receive 1.1 GB/s, no transfer counter, decode slow", dict(gpus=(Gpu(pcie_rx=1.1e9),))),
         latency=_SLOW,
     ),
-    _case(
-        "pcie_just_under",
-        "memory_bandwidth_bound",
-        "PCIe receive 0.9 GB/s; decode is slow for another reason",
-        latency=_SLOW,
-        gpus=(Gpu(pcie_rx=0.9e9),),
-    ),
-    _case(
-        "pcie_just_over",
-        "kv_tier_miss",
-        "PCIe receive 1.1 GB/s, no transfer counter, decode slow",
-        latency=_SLOW,
-        gpus=(Gpu(pcie_rx=1.1e9),),
-    ),
-    _case(
-        "slow_tier_hits_just_under",
-        "memory_bandwidth_bound",
-        "18% of hit tokens from the host tier; decode is slow for another reason",
-        hits_by_tier=(("device", 820), ("host", 180)),
-        latency=_SLOW,
-    ),
-    _case(
-        "slow_tier_hits_just_over",
-        "kv_tier_miss",
-        "22% of hit tokens from the host tier, decode slow",
-        hits_by_tier=(("device", 780), ("host", 220)),
+    *_either_side(
+        "slow_tier_hits",
+        (
+            "memory_bandwidth_bound",
+            "18% of hit tokens from the host tier; decode is slow for another reason",
+            dict(hits_by_tier=(("device", 820), ("host", 180))),
+        ),
+        (
+            "kv_tier_miss",
+            "22% of hit tokens from the host tier, decode slow",
+            dict(hits_by_tier=(("device", 780), ("host", 220))),
+        ),
         latency=_SLOW,
     ),
     _case(
@@ -762,20 +788,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         prefix_hit_ratio=0.3,
         latency=_SLOW,
     ),
-    _case(
-        "kv_ceiling_just_under",
-        "request_queueing",
-        "KV usage 88% with a queue that delays first tokens: below the ceiling, so the batch limit, not the pool, "
-        "holds requests back",
-        kv_usage=0.88,
-        waiting=3,
-        ttft=_QUEUED_TTFT,
-    ),
-    _case(
-        "kv_ceiling_just_over",
-        "kv_capacity_pressure",
-        "KV usage 92% with a queue that delays first tokens",
-        kv_usage=0.92,
+    *_either_side(
+        "kv_ceiling",
+        (
+            "request_queueing",
+            "KV usage 88% with a queue that delays first tokens: below the ceiling, so the batch "
+            "limit, not the pool, holds requests back",
+            dict(kv_usage=0.88),
+        ),
+        ("kv_capacity_pressure", "KV usage 92% with a queue that delays first tokens", dict(kv_usage=0.92)),
         waiting=3,
         ttft=_QUEUED_TTFT,
     ),
@@ -811,52 +832,41 @@ SCENARIOS: tuple[Scenario, ...] = (
         waiting=20,
         ttft=_QUEUED_TTFT,
     ),
-    _case(
+    _on_llamacpp(
         "llamacpp_slots_full_queue",
         "request_queueing",
         "llama.cpp with 4 slots and 16 clients: 4 running, 12 deferred; no KV usage, no ITL histogram",
+        seconds_per_token=0.0016,
         running=4,
         waiting=12,
         generation_tokens_per_second=300,
-        mean_time_per_token=True,
-        latency=Latency(base=0.0016, mix=((1.0, 1.0),)),
-        **_LLAMACPP,
     ),
-    _case(
+    _on_llamacpp(
         "llamacpp_mean_time_per_token_fast",
         "healthy",
         "llama.cpp, no ITL histogram: the mean time per token (1.6 ms) is the latency measure, under the SLO",
+        seconds_per_token=0.0016,
         running=2,
-        waiting=0,
         generation_tokens_per_second=600,
-        mean_time_per_token=True,
-        latency=Latency(base=0.0016, mix=((1.0, 1.0),)),
-        **_LLAMACPP,
     ),
-    _case(
+    _on_llamacpp(
         "llamacpp_mean_time_per_token_slow",
         "memory_bandwidth_bound",
         "llama.cpp on a slow model: the mean time per token (150 ms) is over the SLO; no GPU counters",
+        seconds_per_token=0.15,
         running=2,
-        waiting=0,
         generation_tokens_per_second=12,
         prompt_tokens_per_second=60,
-        mean_time_per_token=True,
-        latency=Latency(base=0.15, mix=((1.0, 1.0),)),
-        **_LLAMACPP,
     ),
-    _case(
+    _on_llamacpp(
         "long_request_is_not_idle",
         "healthy",
         "one llama.cpp request streams for longer than the window: its tokens are counted only when it ends, "
         "but it runs, so the engine is not idle (and its speed is not measured yet)",
+        seconds_per_token=0.09,
         running=1,
-        waiting=0,
         generation_tokens_per_second=11,
         tokens_at_request_end=100_000,
-        mean_time_per_token=True,
-        latency=Latency(base=0.09, mix=((1.0, 1.0),)),
-        **_LLAMACPP,
     ),
     _latency_decides(
         "slo_just_under", "healthy", "ITL p95 ~95 ms, SLO 100 ms", Latency(base=0.06, mix=((0.75, 1.0), (0.25, 1.5)))
@@ -969,18 +979,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "prefill_burst",
         "compute_bound",
         "a sustained burst of long prompts: SMs saturated, decode tokens wait behind prefill",
-        prompt_tokens_per_second=60000,
-        latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
-        gpus=(Gpu(dram=0.5, sm=0.93),),
+        latency=Latency(base=0.06, mix=PREFILL_DELAYS),
+        **PREFILL_BURST,
     ),
     _case(
         "compute_bound_with_prefix_hits",
         "compute_bound",
         "compute bound while the engine reports prefix hits: enabling prefix caching is not an action",
-        prompt_tokens_per_second=60000,
         prefix_hit_ratio=0.6,
-        latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
-        gpus=(Gpu(dram=0.5, sm=0.93),),
+        latency=Latency(base=0.06, mix=PREFILL_DELAYS),
+        **PREFILL_BURST,
     ),
     _case(
         "short_spike_stays_healthy",
@@ -1102,7 +1110,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "SMs 95% busy with heavy prefill (60k prompt tokens/s), decode tokens wait behind it, and the "
         "queue grows by one every two seconds: compute is the cause, the queue its consequence",
         prompt_tokens_per_second=60000,
-        latency=Latency(base=0.06, mix=((0.85, 1.0), (0.15, 2.5))),
+        latency=Latency(base=0.06, mix=PREFILL_DELAYS),
         gpus=(Gpu(dram=0.5, sm=0.95),),
         waiting=Linear(2, 0.5),
         ttft=Latency(base=3.0, mix=((0.8, 1.0), (0.2, 1.5))),
