@@ -185,13 +185,14 @@ def kv_transfers(to_gpu: str, from_gpu: str, tier: str) -> tuple[MetricMap, Metr
     )
 
 
-# The prefix-cache signals, for the adapters of engines that publish none of them.
-PREFIX_CACHE_SIGNALS = (
-    S.PREFIX_CACHE_QUERIES,
-    S.PREFIX_CACHE_HITS,
-    S.PREFIX_CACHE_HITS_BY_TIER,
-    S.PREFIX_CACHE_HIT_RATIO,
+# The signals an engine adapter may provide: every engine signal but the collector's engine_info.
+ENGINE_SIGNALS = tuple(
+    name
+    for name, signal in SIGNALS.items()
+    if signal.labels[: len(S.ENGINE_LABELS)] == S.ENGINE_LABELS and name != S.ENGINE_INFO
 )
+# What a KV tier beside the engine (LMCache, Dynamo KVBM) may provide.
+TIER_SIGNALS = (S.PREFIX_CACHE_HITS_BY_TIER, S.KV_TRANSFER_BYTES)
 
 
 def _matches(labels: Mapping[str, str], match: Mapping[str, str]) -> bool:
@@ -209,7 +210,9 @@ class EngineAdapter:
     engine_labels   engine label -> canonical label applied to every sample (e.g. vLLM's
                     data-parallel ``engine="0"`` label becomes ``dp_rank``; SGLang's 2024
                     ``name`` label becomes ``model_name``)
-    cannot_provide  canonical signals this engine does not expose (README / --help)
+    covers          the signals this kind of adapter answers for: every engine signal, or a KV
+                    tier's (``TIER_SIGNALS``); ``cannot_provide`` is those its table and
+                    endpoints do not provide (README / --help)
     prefixes        family-name prefixes only this engine uses (``vllm:``): with the families
                     the table reads, they recognise a page that carries only some of the
                     engine's families (``recognises``)
@@ -223,10 +226,10 @@ class EngineAdapter:
     maps: tuple[MetricMap, ...]
     keep_labels: tuple[str, ...] = ("model_name",)
     engine_labels: Mapping[str, str] = field(default_factory=dict)
-    cannot_provide: tuple[str, ...] = ()
     prefixes: tuple[str, ...] = ()
     legacy_only: tuple[str, ...] = ()
     endpoints: tuple[JsonEndpoint, ...] = ()
+    covers: tuple[str, ...] = ENGINE_SIGNALS
 
     def __post_init__(self):
         # Worked out once: each row's kind, suffixes and sources; and the canonical key of every
@@ -241,6 +244,12 @@ class EngineAdapter:
         object.__setattr__(self, "_plan", tuple(plan))
         object.__setattr__(self, "_keys", {})
         object.__setattr__(self, "_families", frozenset(self.source_names()) | self.wanted_names())
+
+    @property
+    def cannot_provide(self) -> tuple[str, ...]:
+        """The signals it answers for (``covers``) that its table and endpoints do not provide."""
+        provided = {m.target for m in self.maps} | {s for ep in self.endpoints for s in ep.provides}
+        return tuple(name for name in self.covers if name not in provided)
 
     def source_names(self) -> frozenset[str]:
         """The family names the table reads (histograms without their suffixes)."""

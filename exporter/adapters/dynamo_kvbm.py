@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap, kv_transfers
+from .base import TIER_SIGNALS, EngineAdapter, MetricMap, kv_transfers
 
 # (family, direction, tier): the GPU-boundary block counters. kvbm_offload_blocks_h2d (host ->
 # disk) and the object-storage block counters (their bytes are exposed directly) are left out.
@@ -57,7 +57,7 @@ def with_bytes_per_block(bytes_per_block: float) -> EngineAdapter:
         )
         for family, direction, tier in _BLOCK_COUNTERS
     )
-    return EngineAdapter(name="dynamo_kvbm", detect=_DETECT, maps=_ALWAYS + blocks, keep_labels=())
+    return EngineAdapter(name="dynamo_kvbm", detect=_DETECT, maps=_ALWAYS + blocks, keep_labels=(), covers=TIER_SIGNALS)
 
 
-TIER_ADAPTER = EngineAdapter(name="dynamo_kvbm", detect=_DETECT, maps=_ALWAYS, keep_labels=())
+TIER_ADAPTER = EngineAdapter(name="dynamo_kvbm", detect=_DETECT, maps=_ALWAYS, keep_labels=(), covers=TIER_SIGNALS)

@@ -133,15 +133,6 @@ ADAPTER = EngineAdapter(
         MetricMap(("llamacpp:prompt_tokens_total",), S.PROMPT_TOKENS),
         MetricMap(("llamacpp:prompt_tokens_cached_total",), S.PROMPT_TOKENS),
     ),
-    cannot_provide=(
-        S.PREEMPTIONS,
-        S.KV_TRANSFER_BYTES,
-        S.PREFIX_CACHE_HITS_BY_TIER,
-        S.INTER_TOKEN_LATENCY,
-        S.TIME_TO_FIRST_TOKEN,
-        S.REQUESTS_SWAPPED,
-        S.KV_CACHE_HOST_USAGE,
-    ),
     prefixes=("llamacpp:",),
     endpoints=(SLOTS, PROPS),
 )

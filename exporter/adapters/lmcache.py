@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import EngineAdapter, MetricMap
+from .base import TIER_SIGNALS, EngineAdapter, MetricMap
 
 _ENGINE_LABELS = {"served_model_name": "model_name"}
 
@@ -62,8 +62,8 @@ def with_bytes_per_token(bytes_per_token: float) -> EngineAdapter:
                 scale=float(bytes_per_token),
             ),
         ),
-        cannot_provide=(),
         engine_labels=_ENGINE_LABELS,
+        covers=TIER_SIGNALS,
     )
 
 
@@ -78,6 +78,6 @@ TIER_ADAPTER = EngineAdapter(
         "lmcache:retrieve_hit_rate",
     ),
     maps=(_HITS,),
-    cannot_provide=(S.KV_TRANSFER_BYTES,),
     engine_labels=_ENGINE_LABELS,
+    covers=TIER_SIGNALS,
 )

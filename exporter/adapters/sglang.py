@@ -97,6 +97,5 @@ ADAPTER = EngineAdapter(
         MetricMap(("sglang:prompt_tokens_total",), S.PROMPT_TOKENS),
     ),
     engine_labels={"dp_rank": "dp_rank", "name": "model_name"},
-    cannot_provide=(S.REQUESTS_SWAPPED, S.GENERATION_SECONDS),
     prefixes=("sglang:",),
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from kvdoctor.rules import signals as S
 
-from .base import PREFIX_CACHE_SIGNALS, EngineAdapter, MetricMap
+from .base import EngineAdapter, MetricMap
 
 ADAPTER = EngineAdapter(
     name="tgi",
@@ -31,17 +31,6 @@ ADAPTER = EngineAdapter(
         MetricMap(("tgi_request_mean_time_per_token_duration",), S.INTER_TOKEN_LATENCY),
         MetricMap(("tgi_request_input_length_sum",), S.PROMPT_TOKENS),
         MetricMap(("tgi_request_generated_tokens_sum",), S.GENERATION_TOKENS),
-    ),
-    cannot_provide=(
-        S.KV_CACHE_USAGE,
-        S.KV_CACHE_CAPACITY,
-        S.PREEMPTIONS,
-        S.KV_TRANSFER_BYTES,
-        *PREFIX_CACHE_SIGNALS,
-        S.TIME_TO_FIRST_TOKEN,
-        S.REQUESTS_SWAPPED,
-        S.KV_CACHE_HOST_USAGE,
-        S.GENERATION_SECONDS,
     ),
     prefixes=("tgi_",),
 )

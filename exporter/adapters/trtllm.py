@@ -76,6 +76,5 @@ ADAPTER = EngineAdapter(
         MetricMap(("trtllm_generation_tokens_total",), S.GENERATION_TOKENS),
         MetricMap(("trtllm_prompt_tokens_total",), S.PROMPT_TOKENS),
     ),
-    cannot_provide=(S.PREEMPTIONS, S.REQUESTS_SWAPPED, S.GENERATION_SECONDS),
     prefixes=("trtllm_",),
 )

@@ -32,7 +32,7 @@ from __future__ import annotations
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.units import RATIO
 
-from .base import PREFIX_CACHE_SIGNALS, EngineAdapter, MetricMap, Ratio
+from .base import EngineAdapter, MetricMap, Ratio
 
 _KV = "nv_trt_llm_kv_cache_block_metrics"
 _REQ = "nv_trt_llm_request_metrics"
@@ -67,15 +67,5 @@ ADAPTER = EngineAdapter(
         MetricMap(("nv_llm_output_token_len_sum",), S.GENERATION_TOKENS),
     ),
     engine_labels={"model": "model_name"},
-    cannot_provide=(
-        S.PREEMPTIONS,
-        S.KV_TRANSFER_BYTES,
-        *PREFIX_CACHE_SIGNALS,
-        S.INTER_TOKEN_LATENCY,
-        S.TIME_TO_FIRST_TOKEN,
-        S.REQUESTS_SWAPPED,
-        S.KV_CACHE_HOST_USAGE,
-        S.GENERATION_SECONDS,
-    ),
     prefixes=("nv_trt_llm_",),
 )

@@ -136,7 +136,6 @@ ADAPTER = EngineAdapter(
     # Everything else is there when the feature is on (offload bytes only with an offloading
     # connector configured); V0's swap gauges and hit-rate gauge only on V0 pages. Generation
     # seconds are for engines without an ITL histogram.
-    cannot_provide=(S.GENERATION_SECONDS,),
     prefixes=("vllm:",),
     legacy_only=(S.REQUESTS_SWAPPED, S.KV_CACHE_HOST_USAGE, S.PREFIX_CACHE_HIT_RATIO),
 )
