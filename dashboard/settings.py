@@ -18,32 +18,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from kvdoctor.dashboard.auth import users_from_env
 from kvdoctor.sources.environment import ENV_PREFIX as KVDOCTOR_ENV_PREFIX
+from kvdoctor.sources.urls import UrlError, base_url
 
 ENV_PREFIX = KVDOCTOR_ENV_PREFIX + "DASHBOARD_"
 
 
 def normalise_base_url(value: str, what: str) -> str:
-    """``host:port`` or ``http(s)://host[:port][/prefix]`` -> ``http(s)://host[:port][/prefix]``.
-
-    Raises ``ValueError`` with one line naming ``what`` on anything else.
-    """
-    text = value.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{what} URL must be http(s)://host[:port], got {value!r}")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{what} URL must not carry a query or fragment, got {value!r}")
+    """``host:port`` or ``http(s)://host[:port][/prefix]`` -> ``http(s)://host[:port][/prefix]``;
+    ``ValueError`` with one line naming ``what`` on anything else."""
     try:
-        parts.port  # noqa: B018  (raises on a bad port)
-    except ValueError:
-        raise ValueError(f"{what} URL has a bad port: {value!r}") from None
-    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        return base_url(value, scheme_optional=True)
+    except UrlError as exc:
+        raise ValueError(exc.about(f"{what} URL")) from None
 
 
 @dataclass(frozen=True)

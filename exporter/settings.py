@@ -23,7 +23,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -38,6 +38,7 @@ from kvdoctor.exporter.web_config import WebConfigError, load_web_config
 from kvdoctor.rules.model_sources import locate_model, read_config
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.sources.environment import ENV_PREFIX
+from kvdoctor.sources.urls import split_http_url
 
 # Help groups, in the order `kvdoctor exporter --help` shows them.
 SOURCES = "sources"
@@ -57,16 +58,9 @@ def engine_choices() -> tuple[str, ...]:
 
 
 def normalise_url(value: str, default_path: str = "/metrics") -> str:
-    """``http(s)://host[:port][/path]``; an empty path becomes ``/metrics``. ValueError if malformed."""
-    text = value.strip()
-    try:
-        parts = urlsplit(text)
-        port = parts.port  # raises ValueError on a non-numeric or out-of-range port
-    except ValueError:
-        raise ValueError(f"malformed URL {value!r}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"malformed URL {value!r} (expected http://HOST:PORT/metrics)")
-    del port
+    """``http(s)://host[:port][/path]``; an empty path becomes ``/metrics``. ``UrlError`` (a
+    ValueError) if it is not one."""
+    parts = split_http_url(value)
     path = parts.path if parts.path not in ("", "/") else default_path
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 

@@ -8,11 +8,11 @@ import argparse
 import math
 from collections.abc import Callable
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 from kvdoctor.errors import UsageError
 from kvdoctor.rules.promql import parse_duration
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.sources.urls import UrlError, split_http_url
 
 N = TypeVar("N", int, float)
 
@@ -160,15 +160,11 @@ def port(text: str) -> int:
 
 def url(text: str) -> str:
     """An http(s) URL (``host:port`` alone means http); the text as given, checked."""
-    value = text.strip()
-    parts = urlsplit(value if "://" in value else "http://" + value)
     try:
-        parts.port  # noqa: B018  (raises on a bad port)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"has a bad port: {text!r}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
-        raise argparse.ArgumentTypeError(f"must be an http(s) URL such as http://127.0.0.1:9745, got {text!r}")
-    return value
+        split_http_url(text, scheme_optional=True)
+    except UrlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
 
 
 def duration(text: str) -> float:

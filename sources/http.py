@@ -28,12 +28,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import httpx
 
 from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.units import MIB
+from kvdoctor.sources.urls import UrlError, base_url
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -58,18 +58,12 @@ def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 
 def check_base_url(url: str, name: str) -> str:
-    """``url`` as a base URL without a trailing slash; ``SourceError`` naming ``name`` unless it is an
-    http(s) URL with a host and no query or fragment."""
-    parts = urlsplit((url or "").strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SourceError("bad_url", one_line(f"{name} needs an http(s) URL such as http://host:port, got {url!r}"))
+    """``url`` as a base URL without a trailing slash (``sources/urls.py``); ``SourceError`` naming
+    ``name`` where it is not one."""
     try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise SourceError("bad_url", one_line(f"{name} URL has a bad port: {url!r}")) from None
-    if parts.query or parts.fragment:
-        raise SourceError("bad_url", one_line(f"{name} URL must not carry a query or a fragment, got {url!r}"))
-    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        return base_url(url)
+    except UrlError as exc:
+        raise SourceError("bad_url", one_line(exc.about(name))) from None
 
 
 @dataclass(frozen=True)

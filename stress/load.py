@@ -29,11 +29,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 import httpx
 
 from kvdoctor.rules.records import attributes
+from kvdoctor.sources.urls import UrlError, split_http_url
 from kvdoctor.stress.plan import RequestRecord
 
 __all__ = [
@@ -72,13 +73,10 @@ def api_root(url: str) -> str:
     """The OpenAI-compatible API base (``.../v1``) for an endpoint given as the server, its ``/v1``,
     one of its endpoints or its ``/metrics`` (the URL the exporter takes). ``EndpointError`` if it is
     not an http(s) URL."""
-    parts = urlsplit((url or "").strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EndpointError(f"--engine-url needs an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
     try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise EndpointError(f"--engine-url {url!r} has a bad port") from None
+        parts = split_http_url(url)
+    except UrlError as exc:
+        raise EndpointError(exc.about("--engine-url")) from None
     path = parts.path.rstrip("/")
     for tail in ("/chat/completions", "/completions", "/models", "/metrics"):
         if path.endswith(tail):

@@ -19,8 +19,8 @@ def run_exporter(*args, env=None, timeout=60):
 
 BAD_CONFIGS = [
     (["--engine", "nosuchengine"], {}, "unknown engine 'nosuchengine'"),
-    (["--engine-url", "localhost:8000"], {}, "malformed URL"),
-    (["--engine-url", "http://engine:port/metrics"], {}, "malformed URL"),
+    (["--engine-url", "localhost:8000"], {}, "needs an http(s) URL"),
+    (["--engine-url", "http://engine:port/metrics"], {}, "has a bad port"),
     (["--dcgm-url", "ftp://x"], {}, "--dcgm-url"),
     (["--interval", "0"], {}, "--interval (KVDOCTOR_INTERVAL): must be greater than 0"),
     (["--interval", "-2"], {}, "must be greater than 0"),
@@ -55,7 +55,7 @@ def test_bad_configuration_exits_2_with_one_line(args, env, expected, clean_env,
     "args, env, expected",
     [
         (["--engine", "nosuchengine"], {}, "unknown engine 'nosuchengine'"),
-        (["--engine-url", "localhost:8000"], {}, "malformed URL"),
+        (["--engine-url", "localhost:8000"], {}, "needs an http(s) URL"),
         ([], {"KVDOCTOR_INTERVAL": "-1"}, "--interval (KVDOCTOR_INTERVAL): must be greater than 0"),
     ],
 )

@@ -1,0 +1,45 @@
+"""The one URL check (sources/urls.py) every flag, setting and client uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvdoctor.sources.urls import UrlError, base_url, split_http_url
+
+
+@pytest.mark.parametrize(
+    "given, base",
+    [
+        ("127.0.0.1:9745", "http://127.0.0.1:9745"),
+        ("http://exporter:9745/", "http://exporter:9745"),
+        (" https://prom.example/prometheus/ ", "https://prom.example/prometheus"),
+        ("http://[::1]:9090", "http://[::1]:9090"),
+    ],
+)
+def test_a_base_keeps_its_prefix_without_the_trailing_slash(given, base):
+    assert base_url(given, scheme_optional=True) == base
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ("ftp://x", "needs an http(s) URL"),
+        ("http://", "needs an http(s) URL"),
+        ("file:///etc/passwd", "needs an http(s) URL"),
+        ("http://a host/", "needs an http(s) URL"),
+        ("http://h:99999", "has a bad port"),
+        ("http://h/?next=http://evil", "must not carry a query"),
+    ],
+)
+def test_a_bad_base_is_refused_with_one_line_saying_why(bad, reason):
+    with pytest.raises(UrlError) as err:
+        base_url(bad, scheme_optional=True)
+    assert str(err.value).startswith(reason) and repr(bad) in str(err.value) and "\n" not in str(err.value)
+    assert err.value.about("--exporter") == f"--exporter {err.value}"
+
+
+def test_host_and_port_alone_mean_http_only_where_allowed():
+    assert split_http_url("h:8000", scheme_optional=True).geturl() == "http://h:8000"
+    with pytest.raises(UrlError, match="needs an http"):
+        split_http_url("h:8000")
+    assert split_http_url("http://h/metrics?x=1").query == "x=1"  # a query is kept unless refused
