@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .deployment import EngineConfig
+from .kv_blocks import KvBlocks
 from .requests import API_EPOCH, Request
 from .roofline import GpuCounters, StepLoad, step_cost
 from .scenarios import CYCLE, CYCLE_PERIOD_SECONDS, QUEUE_NONE, Scenario, check_queue, scenario_at, with_queue
@@ -94,13 +95,7 @@ class Simulation:
 
         cfg = self.config
         self._kv_bytes = cfg.kv_bytes_per_token
-        self._total_blocks = cfg.num_gpu_blocks
-        # vLLM reserves one null block; usage is reported against the rest (see the fixtures).
-        self._usable_blocks = self._total_blocks - 1
-        self._watermark_blocks = int(cfg.admission_watermark * self._usable_blocks)
-        self._free_blocks = self._usable_blocks
-        self._shared_refs = 0
-        self._shared_blocks = 0
+        self.blocks = KvBlocks.for_config(cfg)
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self._next_id = 0
@@ -162,14 +157,14 @@ class Simulation:
 
     def state(self) -> EngineState:
         with self._lock:
-            used = self._usable_blocks - self._free_blocks
+            used = self.blocks.used
             return EngineState(
                 self.now,
                 self._active.name,
                 self._queue,
                 len(self.running),
                 len(self.waiting),
-                used / self._usable_blocks,
+                used / self.blocks.usable,
                 used,
             )
 
@@ -193,7 +188,7 @@ class Simulation:
         with self._lock:
             if req in self.running:
                 self.running.remove(req)
-                self._release(req)
+                self.blocks.release(req)
             elif req in self.waiting:
                 self.waiting.remove(req)
 
@@ -214,7 +209,7 @@ class Simulation:
         aborted = [r for r in (*self.running, *self.waiting) if r.epoch != API_EPOCH]
         for req in self.running:
             if req.epoch != API_EPOCH:
-                self._release(req)
+                self.blocks.release(req)
         self.running = [r for r in self.running if r.epoch == API_EPOCH]
         self.waiting = deque(r for r in self.waiting if r.epoch == API_EPOCH)
         if aborted:
@@ -282,44 +277,11 @@ class Simulation:
         self.now = min(t, nxt) if nxt is not None and nxt > self.now else max(self.now, t)
         self.gpu.time = self.now
 
-    # ------------------------------------------------------------------ KV blocks
-    def _blocks_needed(self, req: Request, computed: int) -> int:
-        """Blocks ``req`` must newly take to hold ``computed`` tokens: its private blocks, plus the
-        shared prefix's blocks when it is the first running request to reference them."""
-        bs = self.config.block_size
-        private = -(-max(0, computed - req.shared) // bs) - req.private_blocks
-        shared = req.shared // bs if req.shared and not req.holds_shared and self._shared_refs == 0 else 0
-        return max(0, private) + shared
-
-    def _allocate(self, req: Request, computed: int) -> bool:
-        """Give ``req`` blocks for ``computed`` tokens; False (nothing taken) if they do not fit."""
-        need = self._blocks_needed(req, computed)
-        if need > self._free_blocks:
-            return False
-        if req.shared and not req.holds_shared:
-            if self._shared_refs == 0:
-                self._shared_blocks = req.shared // self.config.block_size
-            self._shared_refs += 1
-            req.holds_shared = True
-        self._free_blocks -= need
-        req.private_blocks = max(req.private_blocks, -(-max(0, computed - req.shared) // self.config.block_size))
-        return True
-
-    def _release(self, req: Request) -> None:
-        self._free_blocks += req.private_blocks
-        req.private_blocks = 0
-        if req.holds_shared:
-            req.holds_shared = False
-            self._shared_refs -= 1
-            if self._shared_refs == 0:
-                self._free_blocks += self._shared_blocks
-                self._shared_blocks = 0
-        req.computed = 0
-
+    # ------------------------------------------------------------------ preemption
     def _make_room(self, req: Request, computed: int) -> bool:
         """Allocate for ``req``, preempting the newest running requests until it fits; False if
         ``req`` itself had to go (it was the newest)."""
-        while not self._allocate(req, computed):
+        while not self.blocks.allocate(req, computed):
             victim = self.running[-1]
             self._preempt(victim)
             if victim is req:
@@ -328,7 +290,7 @@ class Simulation:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self._release(req)
+        self.blocks.release(req)
         req.preemptions += 1
         req.target = req.prompt + req.generated  # recompute everything it had
         self.waiting.appendleft(req)
@@ -370,9 +332,9 @@ class Simulation:
                 req = self.waiting[0]
                 start = req.shared + req.host  # found in the prefix cache / loaded from the CPU tier
                 n = min(req.target - start, budget)
-                if self._free_blocks - self._blocks_needed(req, req.target) < self._watermark_blocks:
+                if not self.blocks.admits(req):
                     break
-                self._allocate(req, req.target)
+                self.blocks.allocate(req, req.target)
                 self.waiting.popleft()
                 req.computed = start
                 load_bytes += req.host * self._kv_bytes
@@ -479,7 +441,7 @@ class Simulation:
         now = self.now
         st = self.stats
         self.running.remove(req)
-        self._release(req)
+        self.blocks.release(req)
         if req.epoch == self._epoch and self._active.arrival_rate <= 0:
             self._in_flight -= 1
         st.add_labelled("vllm:request_success", "length", 1)

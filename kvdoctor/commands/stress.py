@@ -13,7 +13,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,15 +21,11 @@ from kvdoctor import arguments, flags, probe
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
 from kvdoctor.output import check_folder_writable
-from kvdoctor.rules.context import PUBLISHED
-from kvdoctor.rules.diagnosis import diagnose
-from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
-from kvdoctor.sources.traces import write_window
 from kvdoctor.stress import plan as S
 from kvdoctor.stress.load import EndpointError, LoadRunner, api_root, discover, server_root
-from kvdoctor.stress.report import FIGURE_NEEDS_EXTRA, render_figure, render_html, write_json
 from kvdoctor.stress.signals import ExporterSignals, SignalRecorder, SignalsError
+from kvdoctor.stress_report import TAIL_SECONDS, write_report
 
 NAME = "stress"
 HELP = "KV-cache pressure test: step concurrency up until the KV cache saturates; write a report"
@@ -75,7 +70,6 @@ DEFAULT_TTFT_SLO_MS = S.DEFAULT_TTFT_SLO_SECONDS * 1000
 POLL_SECONDS = 1.0
 MAX_TOKENS = 10_000_000
 MAX_CONCURRENCY = 100_000
-TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -396,69 +390,6 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
 
 def _any_tokens(runner, step) -> bool:
     return any(r.token_times and r.token_times[-1] >= step.started for r in runner.requests)
-
-
-def write_report(settings, result: dict, out_dir) -> dict:
-    """Analyses a finished run and writes the report folder; returns the summary."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    runner, steps, window = result.runner, result.steps, result.window
-    start, end = result.run_start, result.run_end
-    bins = S.bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
-    summaries = S.summarise_steps(runner.requests, steps, bins, window)
-    saturation = S.find_saturation(bins, steps, settings.kv_saturation, summaries, settings.ttft_slo_seconds)
-    verdict = S.stress_verdict(bins, saturation, dram_peak=S.dram_bandwidth_peak(window))
-
-    diagnosis = None
-    slo_seconds = None  # the SLO the exporter published: the diagnosis compares with it, the figure draws it
-    if len(window) >= 2:
-        tail = window.slice(end - DIAGNOSIS_WINDOW_SECONDS, end + TAIL_SECONDS + 1)
-        if len(tail) >= 2:
-            d = diagnose(tail)
-            diagnosis = {
-                "verdict": d.verdict,
-                "headline": d.headline,
-                "confidence": round(d.confidence, 3),
-                "window_seconds": round(d.window_seconds),
-                "slo_seconds": d.context.slo,
-                "slo_source": d.context.slo_source,
-            }
-            slo_seconds = d.context.slo if d.context.slo_source == PUBLISHED else None
-    trace_series = 0
-    if len(window):
-        trace_series = write_window(window, out / "trace.om")
-    else:
-        (out / "trace.om").write_text("# EOF\n")
-    endpoint = result.endpoint
-    extra = {
-        "signals": {
-            "source": result.signals.description,
-            "snapshots": len(window),
-            "trace_series": trace_series,
-            "poll_errors": result.poll_errors,
-        },
-        "latency_source": bins.latency_source,
-        "diagnosis": diagnosis,
-        "failed": result.failed or None,
-        "interrupted": result.interrupted,
-        "requests": runner.counts(),
-        "prompts": {"run_id": runner.run_id, "shared_prefix": runner.share_prefix},
-        "files": {"report": "report.html", "figure": "kv-latency.png", "trace": "trace.om", "summary": "summary.json"},
-    }
-    summary = S.summary_json(settings, endpoint.describe(), summaries, saturation, verdict, start, end, extra)
-    title = (
-        f"kvdoctor stress — {endpoint.model}, {endpoint.prompt_tokens or settings.prompt_tokens}-token prompt, "
-        f"{settings.max_tokens} tokens generated"
-    )
-    figure = render_figure(
-        bins, summaries, [s.started for s in steps], saturation, verdict, out / "kv-latency.png", title, slo_seconds
-    )
-    if figure is None:  # no matplotlib (the [dashboard] extra): the rest of the report stands without it
-        summary["files"]["figure"] = None
-        print(f"kvdoctor stress: note: {FIGURE_NEEDS_EXTRA}", file=sys.stderr, flush=True)
-    write_json(summary, out / "summary.json")
-    render_html(summary, figure, out / "report.html")
-    return summary
 
 
 # The most each flag takes: more is a typo or an overflow, refused before any request.

@@ -240,7 +240,7 @@ def test_the_engine_keeps_its_books():
     sim, readings = run("kv_thrashing", seconds=10)
     bs = sim.config.block_size
     private = sum(r.private_blocks for r in sim.running)
-    assert sim.state().used_blocks == private + sim._shared_blocks
+    assert sim.state().used_blocks == private + sim.blocks.shared_blocks
     for req in sim.running:
         assert req.private_blocks == -(-max(0, req.computed - req.shared) // bs) or req.computed < req.target
     stats = readings[-1][1]

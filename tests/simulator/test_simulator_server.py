@@ -19,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvdoctor.exporter import adapters
 from kvdoctor.rules import signals as S
 from kvdoctor.rules.textparse import family_names, iter_samples
-from kvdoctor.simulator.engine_server import EngineServer, render_metrics
+from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import SCENARIO_CHOICES
+from kvdoctor.simulator.vllm_exposition import render_metrics
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu" / "big-model-after-long-decode.txt"
 # Families the simulated engine adds: the offloading connector's counters (it runs with a CPU tier).
