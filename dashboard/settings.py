@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from typing import Any
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from kvdoctor.dashboard.auth import users_from_env
 from kvdoctor.sources.environment import ENV_PREFIX as KVDOCTOR_ENV_PREFIX
@@ -35,17 +40,46 @@ def normalise_base_url(value: str, what: str) -> str:
         raise ValueError(exc.about(f"{what} URL")) from None
 
 
-@dataclass(frozen=True)
-class DashboardSettings:
-    exporter_url: str | None = None
-    prometheus_url: str | None = None
-    refresh_seconds: float = 1.0
-    live_seconds: int = 900
+# The fields the environment may set (``KVDOCTOR_DASHBOARD_<FIELD>`` or the field's alias); the
+# users come from ``auth.users_from_env``, the rest are the layout's tuning, not settings.
+FROM_ENVIRONMENT = frozenset(
+    {"exporter_url", "prometheus_url", "refresh_seconds", "live_seconds", "request_timeout_seconds"}
+)
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("dashboard_environ", default=None)
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source, over the mapping ``from_env`` was given (else
+    ``os.environ``) and for ``FROM_ENVIRONMENT`` only."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = _ENVIRON.get()
+        if environ is None:
+            return super()._load_env_vars()
+        return {key.lower(): value for key, value in environ.items() if value}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if field_name not in FROM_ENVIRONMENT:
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+
+class DashboardSettings(BaseSettings):
+    """Everything the dashboard is told: arguments first, then ``KVDOCTOR_DASHBOARD_*``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", populate_by_name=True, env_ignore_empty=True
+    )
+
+    exporter_url: str | None = Field(None, description="exporter URL")
+    prometheus_url: str | None = Field(None, description="Prometheus URL")
+    refresh_seconds: float = Field(1.0, gt=0, description="refresh", validation_alias=ENV_PREFIX + "REFRESH")
+    live_seconds: int = Field(900, ge=10, le=24 * 3600, description="live window")
     # Trailing window over which rates and latency quantiles are computed for each point.
     rate_window_seconds: float = 10.0
     # Points per trace: the live charts' extendData cap and the history downsampling target. Two
     # per pixel column (a column's low and high) of the widest plot this layout makes, ~1,000 px.
-    max_points: int = 2000
+    max_points: int = Field(2000, ge=100)
     # Points per chart: a chart with many traces (8 GPUs x 2) shares this budget, so a day of
     # history stays quick to draw; each trace still gets at least MIN_POINTS_PER_TRACE.
     max_chart_points: int = 8000
@@ -55,24 +89,25 @@ class DashboardSettings:
     # gauge spikes one to two steps long: a counter's burst is kept at any step (promql.rate_window
     # covers every step), and a gauge spike shorter than a step would need *_over_time either way.
     oversampling: int = 1
-    request_timeout_seconds: float = 2.0
-    users: Mapping[str, str] = field(default_factory=dict, repr=False)
+    request_timeout_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="request timeout",
+        validation_alias=ENV_PREFIX + "REQUEST_TIMEOUT",
+    )
+    users: Mapping[str, str] = Field(default_factory=dict, repr=False)
 
-    def __post_init__(self):
-        if self.exporter_url:
-            object.__setattr__(self, "exporter_url", normalise_base_url(self.exporter_url, "exporter"))
-        if self.prometheus_url:
-            object.__setattr__(self, "prometheus_url", normalise_base_url(self.prometheus_url, "Prometheus"))
-        if not self.refresh_seconds > 0:
-            raise ValueError(f"refresh must be a positive number of seconds, got {self.refresh_seconds!r}")
-        if not 10 <= self.live_seconds <= 24 * 3600:
-            raise ValueError(f"live window must be between 10 s and 24 h, got {self.live_seconds!r}")
-        if not self.request_timeout_seconds > 0:
-            raise ValueError(
-                f"request timeout must be a positive number of seconds, got {self.request_timeout_seconds!r}"
-            )
-        if not self.max_points >= 100:
-            raise ValueError(f"max points must be at least 100, got {self.max_points!r}")
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        return (init_settings, _Environment(settings_cls))
+
+    @field_validator("exporter_url", "prometheus_url")
+    @classmethod
+    def _base_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        what = cls.model_fields[str(info.field_name)].description or "URL"
+        return normalise_base_url(value, what.removesuffix(" URL")) if value else None
 
     @property
     def live_points_cap(self) -> int:
@@ -80,24 +115,32 @@ class DashboardSettings:
         return max(10, min(self.max_points, int(self.live_seconds / self.refresh_seconds) + 1))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> DashboardSettings:
-        """Settings from ``KVDOCTOR_DASHBOARD_*``; keyword arguments that are not None win."""
-        env = os.environ if environ is None else environ
-        values: dict = {}
-        for key, name, conv in (
-            ("exporter_url", "EXPORTER_URL", str),
-            ("prometheus_url", "PROMETHEUS_URL", str),
-            ("refresh_seconds", "REFRESH", float),
-            ("live_seconds", "LIVE_SECONDS", int),
-            ("request_timeout_seconds", "REQUEST_TIMEOUT", float),
-        ):
-            raw = env.get(ENV_PREFIX + name)
-            if raw:
-                try:
-                    values[key] = conv(raw)
-                except ValueError:
-                    raise ValueError(f"{ENV_PREFIX}{name} must be a number, got {raw!r}") from None
-        if "users" not in overrides or overrides["users"] is None:
-            values["users"] = users_from_env(env)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> DashboardSettings:
+        """Settings from ``environ`` (default: the process's); keyword arguments that are not None
+        win. ``ValueError`` with one line naming the setting (and its variable) on a bad value."""
+        values = {k: v for k, v in overrides.items() if v is not None}
+        if "users" not in values:
+            values["users"] = users_from_env(os.environ if environ is None else environ)
+        token = _ENVIRON.set(environ)
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ValueError(error_line(exc)) from None
+        finally:
+            _ENVIRON.reset(token)
+
+
+def error_line(exc: ValidationError) -> str:
+    """The first error as one line: ``refresh (KVDOCTOR_DASHBOARD_REFRESH): must be ...``."""
+    err = exc.errors(include_url=False)[0]
+    name = str(err["loc"][0]) if err.get("loc") else ""
+    fields = DashboardSettings.model_fields
+    info = fields.get(name) or next((f for f in fields.values() if f.validation_alias == name), None)
+    message = err.get("msg", "invalid value").removeprefix("Value error, ").replace("Input should be", "must be")
+    if info is None:
+        return f"unknown dashboard setting {name!r}" if name else message
+    words = info.description or name.lower()
+    if message.startswith(words):  # the validator named it already
+        return message
+    variable = info.validation_alias if isinstance(info.validation_alias, str) else ENV_PREFIX + name.upper()
+    return f"{words} ({variable}): {message}, got {err.get('input')!r}"

@@ -241,7 +241,7 @@ def _kvdoctor(capsys, *args):
     "args, message",
     [
         ((), "give --exporter URL and/or --prometheus URL"),
-        (("--exporter", "ftp://x"), "exporter URL must be http(s)://host[:port]"),
+        (("--exporter", "ftp://x"), "exporter URL needs an http(s) URL"),
         (("--exporter", "http://127.0.0.1:1", "--port", "70000"), "--port: must be a port between 0 and 65535"),
     ],
 )

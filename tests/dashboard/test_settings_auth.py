@@ -14,7 +14,7 @@ from kvdoctor.dashboard.settings import DashboardSettings
 def test_base_urls_are_checked_once_and_refusals_name_the_url():
     assert DashboardSettings(exporter_url="127.0.0.1:9745/").exporter_url == "http://127.0.0.1:9745"
     with pytest.raises(ValueError) as err:
-        DashboardSettings(prometheus_url="http://h/?next=http://evil")
+        DashboardSettings.from_env({}, prometheus_url="http://h/?next=http://evil")
     assert str(err.value).startswith("Prometheus URL must not carry a query") and "\n" not in str(err.value)
 
 
