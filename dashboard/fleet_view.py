@@ -17,7 +17,7 @@ from kvdoctor.dashboard.sources import FLEET_PAGE_ROWS, FleetPage
 from kvdoctor.rules.actions import ACTION_BY_ID
 from kvdoctor.rules.fleet import FLEET_VERDICTS, FleetRow, FleetSummary
 from kvdoctor.rules.tree import SLOW_VERDICTS
-from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
+from kvdoctor.signals.units import MISSING, fmt_ms, fmt_pct
 
 ALL = ""  # the verdict filter's "every verdict"
 SLOW = "slow"  # the verdict filter's "every slow verdict"

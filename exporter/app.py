@@ -28,7 +28,7 @@ from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.exporter.web_config import load_web_config
 from kvdoctor.exporter.web_guard import GuardMiddleware, WebGuard
-from kvdoctor.rules.collection import Collector
+from kvdoctor.signals.collection import Collector
 
 log = logging.getLogger("kvdoctor.exporter")
 

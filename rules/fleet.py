@@ -24,10 +24,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from kvdoctor.signals.records import attributes
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
+
 from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
 from .promql import record_pattern, record_range_seconds
-from .records import attributes
-from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
 from .thresholds import DEFAULT_SLO_SECONDS
 from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
 from .verdicts import rank as verdict_rank

@@ -53,8 +53,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .conditions import TRUE, All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, evaluate
-from .signals import (
+from kvdoctor.signals.vocabulary import (
     GENERATION_TOKENS,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
     GPU_PCIE_RX,
@@ -69,6 +68,8 @@ from .signals import (
     REQUESTS_WAITING,
     TIME_TO_FIRST_TOKEN,
 )
+
+from .conditions import TRUE, All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, evaluate
 from .thresholds import Thresholds
 from .verdicts import SLOW_VERDICTS as SLOW_VERDICTS
 from .verdicts import VERDICTS as VERDICTS

@@ -48,7 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from kvdoctor.rules.records import attributes
+from kvdoctor.signals.records import attributes
 
 from .deployment import EngineConfig
 from .gpu import gpu_payload

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvdoctor.rules.records import attributes
+from kvdoctor.signals.records import attributes
 from kvdoctor.stress.plan import RequestRecord
 
 __all__ = [

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdoctor.rules.units import MISSING, fmt_number, fmt_pct
+from kvdoctor.signals.units import MISSING, fmt_number, fmt_pct
 from kvdoctor.stress.plan import Bins, Saturation, StepSummary, Verdict
 
 __all__ = ["FIGURE_NEEDS_EXTRA", "render_figure", "render_html", "write_json"]

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 
 from .base import RATIO, UNATTRIBUTED_TIER, EngineAdapter, MetricMap
 

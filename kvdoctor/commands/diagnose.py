@@ -25,9 +25,9 @@ from kvdoctor.rules.diagnosis import Diagnosis, diagnose
 from kvdoctor.rules.fleet import FleetRow, FleetSummary
 from kvdoctor.rules.promql import quote
 from kvdoctor.rules.thresholds import sized_for_interval
-from kvdoctor.rules.units import fmt_ms, plural
 from kvdoctor.rules.verdicts import UNKNOWN
-from kvdoctor.rules.window import Window
+from kvdoctor.signals.units import fmt_ms, plural
+from kvdoctor.signals.window import Window
 from kvdoctor.sources.exporter_api import ExporterClient, WindowRefused
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.http import SourceError

@@ -25,7 +25,7 @@ from kvdoctor.output import check_folder_writable
 from kvdoctor.rules.context import PUBLISHED
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
-from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
+from kvdoctor.signals.units import MISSING, fmt_ms, fmt_pct
 from kvdoctor.sources.traces import write_window
 from kvdoctor.stress import plan as S
 from kvdoctor.stress.load import EndpointError, LoadRunner, api_root, discover, server_root

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvdoctor.dashboard import derive
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.stats import histogram_quantile_rows
-from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.stats import histogram_quantile_rows
+from kvdoctor.signals.window import Window, labels_of
 from tests.support.synthetic import ENGINE, SCENARIOS, SyntheticEngine
 
 INF = math.inf

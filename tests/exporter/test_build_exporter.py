@@ -9,8 +9,8 @@ import pytest
 from kvdoctor.exporter import assembly as command
 from kvdoctor.exporter.collectors.base import CollectorSpec
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import NotApplicable
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import NotApplicable
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
 from tests.support.models import write_config
 

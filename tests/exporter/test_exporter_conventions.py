@@ -21,7 +21,7 @@ import kvdoctor
 from kvdoctor.exporter.accounting import build_revision
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, to_openmetrics, wants_openmetrics
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from tests.exporter.test_exporter_app import serving
 from tests.support.exporter_rig import parse_page
 from tests.support.tools import ROOT, needs, promtool

@@ -20,9 +20,9 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.grafana import builder, queries
 from kvdoctor.rules import alert_specs, promql, verdicts
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.signals import vocabulary as S
 from tests.grafana import board as B
 from tests.support.tools import ROOT
 

@@ -16,13 +16,14 @@ import struct
 import numpy as np
 import pytest
 
-from kvdoctor.rules import diagnosis, features, stats
+from kvdoctor.rules import diagnosis, features
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.knee import detect_knee
-from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH, INTER_TOKEN_LATENCY, KV_CACHE_CAPACITY, KV_CACHE_USAGE
 from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.rules.view import Selector, WindowView, _Buckets, nanmax, nansum, parse_le, part_range
-from kvdoctor.rules.window import Window
+from kvdoctor.signals import stats
+from kvdoctor.signals.vocabulary import GPU_DRAM_PEAK_BANDWIDTH, INTER_TOKEN_LATENCY, KV_CACHE_CAPACITY, KV_CACHE_USAGE
+from kvdoctor.signals.window import Window
 from tests.support.scenarios import SCENARIOS
 
 NAN = math.nan

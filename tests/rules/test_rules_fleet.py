@@ -16,8 +16,8 @@ from kvdoctor.rules.fleet import (
     summarize,
     worst_first_key,
 )
-from kvdoctor.rules.signals import DIAGNOSIS_VERDICT, ITL_SLO
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, ITL_SLO
 
 T = promql.rule_thresholds(None, None)
 ITL = promql.record_name("itl_p95_seconds", T)

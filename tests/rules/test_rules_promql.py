@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, promql, tree, units
+from kvdoctor.rules import alert_specs, promql, tree
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.signals import units
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "rules" / "alerts.yaml"
@@ -158,7 +159,7 @@ def test_alerts_compare_itl_with_each_pods_published_slo():
 def test_alerts_read_only_canonical_signals_and_recorded_features():
     text = COMMITTED.read_text()
     names = set(re.findall(r"\b(kvdoctor_[a-z_]+)", text))
-    from kvdoctor.rules.signals import SIGNALS
+    from kvdoctor.signals.vocabulary import SIGNALS
 
     for name in names:
         base = re.sub(r"_(bucket|sum|count)$", "", name)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvdoctor.rules.diagnosis import VERDICTS, diagnose
-from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, SIGNALS
+from kvdoctor.signals.vocabulary import GPU_DRAM_BANDWIDTH_UTILIZATION, SIGNALS
 from tests.support.scenarios import (
     CHANGE_LAG,
     SCENARIO_BY_NAME,

@@ -17,8 +17,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Snapshot, Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Snapshot, Window, labels_of
 from kvdoctor.stress.load import EndpointError, LoadRunner, _chunk_tokens, api_root, discover, make_prompt
 from kvdoctor.stress.plan import (
     BANDWIDTH,

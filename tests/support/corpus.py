@@ -62,7 +62,9 @@ from kvdoctor.exporter.adapters.vllm import kv_capacity_tokens
 from kvdoctor.exporter.replay import AdapterNormaliser
 from kvdoctor.rules import promql, tree
 from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.signals import (
+from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.signals.trace import format_raw_captures, parse_trace
+from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     INTER_TOKEN_LATENCY,
     KV_TRANSFER_BYTES,
@@ -75,9 +77,7 @@ from kvdoctor.rules.signals import (
     TIME_TO_FIRST_TOKEN,
     Kind,
 )
-from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.trace import format_raw_captures, parse_trace
-from kvdoctor.rules.window import SeriesKey, Window, format_series
+from kvdoctor.signals.window import SeriesKey, Window, format_series
 from tests.support.scenarios import (
     BASE,
     Cycle,

@@ -3,15 +3,16 @@
 ``what_if_rows`` gives the baseline and each cheap change (FP8 KV, half the context, a GQA
 model) with its ledger and its change against the baseline; ``offload_feasibility``
 says whether KV living in host memory could keep up with decode. Pure, per GPU of a ``tp``-way
-deployment; the arithmetic is ``rules/ledger.py``'s.
+deployment; the arithmetic is ``ledger/arithmetic.py``'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .gpus import GpuSpec
-from .ledger import (
+from kvdoctor.signals.records import attributes
+
+from .arithmetic import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_HOST_BANDWIDTH,
@@ -24,8 +25,8 @@ from .ledger import (
     kv_pool_bytes,
     weight_bytes_per_step,
 )
+from .gpus import GpuSpec
 from .model import ModelShape, dtype_bytes
-from .records import attributes
 
 # ---------------------------------------------------------------------------------- what-ifs
 

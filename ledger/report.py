@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gpus import GpuSpec
-from .ledger import (
+from kvdoctor.signals.units import BYTES_TABLE, GB, MB, fmt_bytes, fmt_bytes_exact, fmt_duration
+
+from .arithmetic import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_HOST_BANDWIDTH,
@@ -30,8 +31,8 @@ from .ledger import (
     kv_heads_per_gpu,
     weight_bytes_per_step,
 )
+from .gpus import GpuSpec
 from .model import ModelShape, dtype_bytes
-from .units import BYTES_TABLE, GB, MB, fmt_bytes, fmt_bytes_exact, fmt_duration
 from .whatif import OffloadFeasibility, WhatIf, offload_feasibility, what_if_rows
 
 BYTES, SECONDS, TOKENS, SEQUENCES, TIMES, TOKENS_PER_SECOND = "bytes", "seconds", "tokens", "sequences", "x", "tokens/s"

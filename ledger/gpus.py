@@ -24,7 +24,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
-from .units import GB
+from kvdoctor.signals.units import GB
 
 GIB = 1024**3
 TFLOPS = 1e12
