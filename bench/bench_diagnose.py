@@ -29,7 +29,8 @@ import numpy as np
 
 from kvdoctor.exporter.replay import AdapterNormaliser
 from kvdoctor.ledger.model import COMMON_MODELS
-from kvdoctor.rules.diagnosis import Context, diagnose
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.trace import format_raw_captures, parse_trace
 from kvdoctor.signals.window import Snapshot, Window

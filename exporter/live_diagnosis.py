@@ -26,6 +26,7 @@ from kvdoctor.ledger.model import ModelShape
 from kvdoctor.rules import diagnosis
 from kvdoctor.rules.context import Context, context_to_json, published_samples
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds, sized_for_interval
+from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.window import Labels, SeriesKey, Window, labels_of
 
@@ -49,7 +50,7 @@ SeriesKeyOf = Callable[[str, Labels], SeriesKey]
 
 def known_verdicts() -> tuple[str, ...]:
     """Every verdict id: the verdict gauge is a state set over all of them."""
-    return tuple(diagnosis.VERDICTS)
+    return tuple(VERDICTS)
 
 
 def settings_context(settings: Any, model_shape: ModelShape | None = None) -> Context:

@@ -24,7 +24,6 @@ from kvdoctor.exporter.live_diagnosis import (
     LiveDiagnosis,
     PublishedContext,
     decode_floor,
-    default_diagnose_hook,
 )
 from kvdoctor.exporter.series_budget import SeriesMerger
 from kvdoctor.exporter.store import RingStore
@@ -35,7 +34,7 @@ from kvdoctor.signals.collection import Collector
 from kvdoctor.signals.window import Snapshot
 from kvdoctor.sources.model_files import load_model
 
-__all__ = ["Exporter", "default_diagnose_hook"]
+__all__ = ["Exporter"]
 
 log = logging.getLogger("kvdoctor.exporter")
 

@@ -23,12 +23,7 @@ from dataclasses import dataclass, replace
 
 from kvdoctor.signals.units import GB
 
-from .gpus import PCIE_X16_BANDWIDTH
-
-# Still imported from here by rules/diagnosis.py and simulator/deployment.py.
-from .gpus import GpuSpec as GpuSpec
-from .gpus import gpu_spec as gpu_spec
-from .gpus import lookup_gpu as lookup_gpu
+from .gpus import PCIE_X16_BANDWIDTH, GpuSpec
 from .model import ModelShape, dtype_bytes
 
 PCIE4_X16 = PCIE_X16_BANDWIDTH[4]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kvdoctor.ledger.arithmetic import GpuSpec, lookup_gpu
+from kvdoctor.ledger.gpus import GpuSpec, lookup_gpu
 from kvdoctor.signals import stats
 from kvdoctor.signals.units import plural
 from kvdoctor.signals.vocabulary import (
@@ -42,7 +42,8 @@ from kvdoctor.signals.vocabulary import (
 from kvdoctor.signals.window import Window
 
 from . import features, render, tree
-from .actions import Action, LedgerFacts, plan_actions
+from .action_checks import LedgerFacts
+from .actions import Action, plan_actions
 from .conditions import evaluate
 from .confidence import confidence as assess_confidence
 from .confidence import dynamic_base
@@ -51,12 +52,12 @@ from .headlines import HeadlineFacts
 from .knee import Knee, detect_knee
 from .render import Evidence, json_number
 from .thresholds import DEFAULT_THRESHOLDS, MIN_WINDOW_SAMPLES, Thresholds
-from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
+from .verdicts import SLOW_VERDICTS, UNKNOWN
 from .verdicts import rank as verdict_rank
 from .verdicts import verdict as catalogue_entry
 from .view import Selector, WindowView
 
-__all__ = ["MIN_WINDOW_SAMPLES", "SLOW_VERDICTS", "VERDICTS", "Context", "Contributor", "Diagnosis", "diagnose"]
+__all__ = ["Contributor", "Diagnosis", "diagnose"]
 
 # The WindowView's batches: the tree's, plus the series read here beyond its features.
 _BATCHES = (

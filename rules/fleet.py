@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from kvdoctor.signals.records import attributes
 from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
 
-from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
+from .action_checks import LedgerFacts
+from .actions import FIX, MITIGATE, plan_actions
 from .promql import record_pattern, record_range_seconds
 from .thresholds import DEFAULT_SLO_SECONDS
 from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
@@ -324,7 +325,6 @@ def _finite(value: float) -> float | None:
 __all__ = [
     "FLEET_FEATURES",
     "FLEET_VERDICTS",
-    "UNKNOWN",
     "FleetQueries",
     "FleetRow",
     "FleetSummary",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvdoctor.signals.units import fmt_bytes, fmt_ms, fmt_pct, fmt_seconds, plural
 
-from .actions import LedgerFacts
+from .action_checks import LedgerFacts
 from .knee import Knee
 from .thresholds import Thresholds
 

@@ -33,7 +33,8 @@ from .conditions import All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not,
 from .features import FEATURES, GPU
 from .headlines import HeadlineFacts, at_least, crossed, transfer_text
 from .thresholds import Thresholds
-from .tree import CONTEXT_FEATURES, DECODE_STEP, SLO, SLOW_VERDICTS, Branch
+from .tree import CONTEXT_FEATURES, DECODE_STEP, SLO, Branch
+from .verdicts import SLOW_VERDICTS
 from .verdicts import verdict as catalogue_entry
 
 GPU_COUNTERS_HINT = "NVML (GPM, Hopper or newer) or dcgm-exporter (--dcgm-url)"

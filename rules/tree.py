@@ -71,8 +71,7 @@ from kvdoctor.signals.vocabulary import (
 
 from .conditions import TRUE, All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, evaluate
 from .thresholds import Thresholds
-from .verdicts import SLOW_VERDICTS as SLOW_VERDICTS
-from .verdicts import VERDICTS as VERDICTS
+from .verdicts import SLOW_VERDICTS
 from .verdicts import verdict as catalogue_entry
 
 SLO = Param("slo_seconds")  # the ITL SLO: per pod in PromQL (the SLO gauge each exporter publishes)

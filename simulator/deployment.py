@@ -13,14 +13,13 @@ from dataclasses import dataclass
 
 from kvdoctor.ledger.arithmetic import (
     DEFAULT_HOST_BANDWIDTH,
-    GpuSpec,
     all_reduce_cost,
     check_tensor_parallel,
-    gpu_spec,
     host_transfer_seconds,
     kv_bytes_per_token_per_gpu,
     kv_pool_bytes,
 )
+from kvdoctor.ledger.gpus import GpuSpec, gpu_spec
 from kvdoctor.ledger.model import ModelShape, dtype_bytes
 
 GIB = 1024**3

@@ -15,7 +15,7 @@ from pathlib import Path
 from kvdoctor.signals.trace import RawNormaliser, Trace, TraceError, format_raw_captures, format_window, parse_trace
 from kvdoctor.signals.window import Window
 
-__all__ = ["TraceError", "load_trace", "write_raw_captures", "write_window"]
+__all__ = ["load_trace", "write_raw_captures", "write_window"]
 
 
 def load_trace(path: str | os.PathLike[str], normaliser: RawNormaliser | None = None) -> Trace:

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from kvdoctor.signals.records import attributes
-from kvdoctor.stress.plan import RequestRecord
+from kvdoctor.stress.timeline import RequestRecord
 
 __all__ = [
     "Endpoint",

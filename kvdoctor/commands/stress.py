@@ -31,6 +31,7 @@ from kvdoctor.stress import plan as S
 from kvdoctor.stress.load import EndpointError, LoadRunner, api_root, discover, server_root
 from kvdoctor.stress.report import FIGURE_NEEDS_EXTRA, render_figure, render_html, write_json
 from kvdoctor.stress.signals import ExporterSignals, SignalRecorder, SignalsError
+from kvdoctor.stress.timeline import StepRecord, bin_run, kv_signals
 
 NAME = "stress"
 HELP = "KV-cache pressure test: step concurrency up until the KV cache saturates; write a report"
@@ -201,7 +202,7 @@ class LiveState:
     def refresh(self, signals: SignalRecorder, run_start: float, step_start: float) -> None:
         window = signals.window(since=run_start - 2)
         self.snapshots = len(window)
-        sig = S.kv_signals(window) if len(window) else {}
+        sig = kv_signals(window) if len(window) else {}
         if "kv_usage" in sig:
             ts, kv = sig["kv_usage"]
             present = ~np.isnan(kv)
@@ -340,7 +341,7 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
     settings, runner, live, schedule = run.settings, run.runner, run.live, run.schedule
     planned = len(schedule) * settings.step_seconds
     for index, concurrency in enumerate(schedule):
-        step = S.StepRecord(index, concurrency, time.time())
+        step = StepRecord(index, concurrency, time.time())
         run.steps.append(step)
         runner.set_concurrency(concurrency, index)
         before = runner.counts()
@@ -405,7 +406,7 @@ def write_report(settings, result: dict, out_dir) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runner, steps, window = result.runner, result.steps, result.window
     start, end = result.run_start, result.run_end
-    bins = S.bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
+    bins = bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
     summaries = S.summarise_steps(runner.requests, steps, bins, window)
     saturation = S.find_saturation(bins, steps, settings.kv_saturation, summaries, settings.ttft_slo_seconds)
     verdict = S.stress_verdict(bins, saturation, dram_peak=S.dram_bandwidth_peak(window))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from kvdoctor.dashboard import components
 from kvdoctor.ledger.model import COMMON_MODELS
-from kvdoctor.rules.diagnosis import Context, diagnose
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import diagnose
 from tests.support.scenarios import SCENARIO_BY_NAME
 
 

@@ -136,7 +136,7 @@ def test_source_health_from_window_and_status():
 
 
 def test_every_rules_verdict_has_a_severity():
-    from kvdoctor.rules.diagnosis import VERDICTS
+    from kvdoctor.rules.verdicts import VERDICTS
 
     ranked = sorted(VERDICTS, key=derive.severity, reverse=True)
     assert (

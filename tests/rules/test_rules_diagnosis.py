@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from kvdoctor.ledger.model import COMMON_MODELS
-from kvdoctor.rules.diagnosis import MIN_WINDOW_SAMPLES, VERDICTS, Context, Diagnosis, diagnose
-from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import Diagnosis, diagnose
+from kvdoctor.rules.thresholds import MIN_WINDOW_SAMPLES, Thresholds
+from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.signals.vocabulary import GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, INTER_TOKEN_LATENCY
 from kvdoctor.signals.window import Snapshot, Window
 from tests.support.scenarios import SCENARIO_BY_NAME

@@ -13,6 +13,7 @@ from kvdoctor.rules import alert_specs, promql, tree
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.rules.verdicts import SLOW_VERDICTS, VERDICTS
 from kvdoctor.signals import units
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def _alerts() -> dict[str, dict]:
 
 def test_the_alerts_are_exactly_the_specified_ones():
     assert set(_alerts()) == EXPECTED_ALERTS
-    assert set(alert_specs.VERDICT_ALERT) == set(tree.SLOW_VERDICTS)  # every slow verdict, nothing else
+    assert set(alert_specs.VERDICT_ALERT) == set(SLOW_VERDICTS)  # every slow verdict, nothing else
 
 
 def rule_is_a_verdict(name: str) -> bool:
@@ -173,7 +174,7 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     # every branch but idle (the engines it leaves) and the last (every active engine), in order
     assert [b for b, _ in chain] == [b.id for b in tree.BRANCHES[1:-1]]
     assert [int(c) for _, c in chain] == [promql.verdict_code(b.verdict) for b in tree.BRANCHES[1:-1]]
-    assert [tree.VERDICTS[int(c) - 1] for _, c in chain][:2] == ["kv_thrashing", "kv_thrashing"]
+    assert [VERDICTS[int(c) - 1] for _, c in chain][:2] == ["kv_thrashing", "kv_thrashing"]
     keys = "namespace, pod, instance, model_name, engine"
     assert f"group by ({keys}) (kvdoctor:engine_active) * {promql.verdict_code('healthy')}" in expr
     assert expr.count(f"\nor on({keys}) group by") == len(tree.BRANCHES) - 2

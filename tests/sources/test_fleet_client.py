@@ -10,7 +10,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from kvdoctor.rules import promql
-from kvdoctor.rules.fleet import UNKNOWN
+from kvdoctor.rules.verdicts import UNKNOWN
 from kvdoctor.signals.collection import SourceError
 from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT
 from kvdoctor.sources.fleet import fleet_matchers, read_fleet

@@ -27,17 +27,14 @@ from kvdoctor.stress.plan import (
     QUEUE,
     TTFT,
     UNKNOWN,
-    Bins,
-    RequestRecord,
-    StepRecord,
     StressSettings,
-    bin_run,
     dram_bandwidth_peak,
     find_saturation,
     step_schedule,
     stress_verdict,
     summarise_steps,
 )
+from kvdoctor.stress.timeline import Bins, RequestRecord, StepRecord, bin_run
 
 T0 = 1_700_000_000.0
 ENGINE = labels_of(engine="vllm", model_name="tiny")
