@@ -26,15 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
-from kvdoctor.arguments import boolean as boolean
-from kvdoctor.arguments import duration as duration
-from kvdoctor.arguments import fraction as fraction
-from kvdoctor.arguments import integer as integer
-from kvdoctor.arguments import non_negative_float as non_negative_float
-from kvdoctor.arguments import port as port
-from kvdoctor.arguments import positive_float as positive_float
-from kvdoctor.arguments import positive_int as positive_int
-from kvdoctor.arguments import url as url
+from kvdoctor.arguments import boolean
 
 ENV_PREFIX = "KVDOCTOR_"
 

@@ -6,7 +6,7 @@ import argparse
 import threading
 from types import ModuleType
 
-from kvdoctor import flags
+from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 
 NAME = "dashboard"
@@ -54,11 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(parser, "--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
     parser.add_argument("--host", default=None, metavar="HOST", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=flags.port, default=None, metavar="PORT", help="port to bind (default 8050; 0: any free port)"
+        "--port",
+        type=arguments.port,
+        default=None,
+        metavar="PORT",
+        help="port to bind (default 8050; 0: any free port)",
     )
     parser.add_argument(
         "--refresh",
-        type=flags.positive_float,
+        type=arguments.positive_float,
         default=None,
         metavar="S",
         help="seconds between live updates (default 1)",

@@ -91,8 +91,8 @@ DESCRIPTION = DESCRIPTION.replace("{limit}", str(DEFAULT_LIMIT))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    flags.add(source, "--exporter", type=flags.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    flags.add(source, "--prometheus", type=flags.url, help="a Prometheus server, e.g. http://prometheus:9090")
+    flags.add(source, "--exporter", type=arguments.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--prometheus", type=arguments.url, help="a Prometheus server, e.g. http://prometheus:9090")
     source.add_argument("--replay", metavar="FILE", help="a trace file (OpenMetrics with timestamps)")
     parser.add_argument(
         "--selector",

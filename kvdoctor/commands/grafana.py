@@ -57,14 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         export,
         "--slo-ms",
-        type=flags.positive_float,
+        type=arguments.positive_float,
         default=None,
         help=f"the SLO line where an exporter publishes none, in milliseconds (default {DEFAULT_SLO_SECONDS * 1e3:g})",
     )
     flags.add(
         export,
         "--scrape-interval",
-        type=flags.duration,
+        type=arguments.duration,
         default=None,
         help="Prometheus' scrape interval the rules are sized for, e.g. 30s or 1m "
         f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s; the recorded series are named after their ranges)",

@@ -58,8 +58,8 @@ ENGINE_TIMEOUT_SECONDS = 5.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    flags.add(source, "--exporter", type=flags.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
-    flags.add(source, "--engine-url", type=flags.url, help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
+    flags.add(source, "--exporter", type=arguments.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(source, "--engine-url", type=arguments.url, help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
     parser.add_argument(
         "--seconds",
         type=arguments.ranged(float, 0, MAX_SECONDS, "seconds (a week)"),

@@ -57,14 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         export,
         "--slo-ms",
-        type=flags.positive_float,
+        type=arguments.positive_float,
         default=None,
         help=f"ITL SLO in milliseconds for pods that publish none (default {DEFAULT_SLO_SECONDS * 1e3:g})",
     )
     flags.add(
         export,
         "--scrape-interval",
-        type=flags.duration,
+        type=arguments.duration,
         help="how often Prometheus scrapes the exporters, e.g. 30s or 1m "
         f"(default {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s): every range holds at least 4 scrapes",
     )

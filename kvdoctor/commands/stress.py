@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(
         parser,
         "--exporter",
-        type=flags.url,
+        type=arguments.url,
         help="a kvdoctor exporter scraping that engine (default: one runs in this process on the engine's /metrics)",
     )
     model = parser.add_argument(
