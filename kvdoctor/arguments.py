@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from kvdoctor.errors import UsageError
 from kvdoctor.rules.promql import parse_duration
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.sources.thresholds_file import load_thresholds
 
 N = TypeVar("N", int, float)
 
@@ -79,7 +80,7 @@ def read_thresholds(path: str | None) -> Thresholds:
     if not path:
         return Thresholds()
     try:
-        return Thresholds.from_yaml(path)
+        return load_thresholds(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
