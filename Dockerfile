@@ -25,6 +25,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY kvdoctor/ kvdoctor/
 COPY exporter/ exporter/
+COPY signals/ signals/
+COPY ledger/ ledger/
 COPY rules/ rules/
 COPY sources/ sources/
 COPY simulator/ simulator/

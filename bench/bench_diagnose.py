@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.model import COMMON_MODELS
-from kvdoctor.rules.trace import format_raw_captures, parse_trace
-from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.ledger.model import COMMON_MODELS
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.trace import format_raw_captures, parse_trace
+from kvdoctor.signals.window import Snapshot, Window
 from kvdoctor.simulator.vllm_metrics import TTFT_BUCKETS
 
 SECONDS = 900

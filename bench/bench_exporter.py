@@ -144,7 +144,8 @@ def main() -> int:
 
     from kvdoctor.exporter.app import create_app
     from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook
+    from kvdoctor.exporter.live_diagnosis import default_diagnose_hook
+    from kvdoctor.exporter.runtime import Exporter
     from kvdoctor.exporter.server import serve_in_thread
     from kvdoctor.exporter.settings import ExporterSettings
 

@@ -99,7 +99,7 @@ def speedup_row(measure: str, page_bytes: int, ours: float, floor: float, target
 def measure(quick: bool = False) -> list[Row]:
     from bench.bench_exporter import start_engine_process
     from kvdoctor.exporter.collectors.engine import EngineCollector
-    from kvdoctor.rules import textparse
+    from kvdoctor.signals import textparse
 
     seconds = 1.0 if quick else 4.0
     text = PAGE.read_text()

@@ -22,8 +22,8 @@ class SimulatedGpus:
     name = "gpu"
 
     def __init__(self, n: int = 8):
-        from kvdoctor.rules import signals as S
-        from kvdoctor.rules.window import labels_of
+        from kvdoctor.signals import vocabulary as S
+        from kvdoctor.signals.window import labels_of
 
         self.n = n
         self.step = 0
@@ -44,7 +44,7 @@ class SimulatedGpus:
             )
 
     def collect(self):
-        from kvdoctor.rules.collection import Collected
+        from kvdoctor.signals.collection import Collected
 
         self.step += 1
         out = Collected()

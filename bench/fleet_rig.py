@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from kvdoctor.rules.alert_specs import VERDICT_ALERT_NAMES
-from kvdoctor.rules.signals import Kind, signal_for_series
+from kvdoctor.signals.vocabulary import Kind, signal_for_series
 from tests.support import tools
 from tests.support.browser import Page, chromium_browser
 from tests.support.fleet_server import FleetEngine

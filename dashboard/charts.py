@@ -30,8 +30,8 @@ import numpy as np
 from tsdownsample import NaNMinMaxLTTBDownsampler
 
 from kvdoctor.dashboard.derive import LiveFrame
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.units import round_significant
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.units import round_significant
 
 KV_LATENCY = "kv_latency"
 BANDWIDTH = "bandwidth"

@@ -15,10 +15,10 @@ from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.stats import counter_rate, histogram_quantile_rows, windowed_increase
 from kvdoctor.rules.verdicts import CATALOGUE, rank
-from kvdoctor.rules.window import Labels, Window
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.stats import counter_rate, histogram_quantile_rows, windowed_increase
+from kvdoctor.signals.window import Labels, Window
 
 # Label filters a target may carry; anything else in a target string is ignored.
 ENGINE_TARGET_LABELS = ("pod", "engine", "model_name", "dp_rank")

@@ -16,8 +16,8 @@ from kvdoctor.dashboard import components, figures
 from kvdoctor.dashboard.sources import FLEET_PAGE_ROWS, FleetPage
 from kvdoctor.rules.actions import ACTION_BY_ID
 from kvdoctor.rules.fleet import FLEET_VERDICTS, FleetRow, FleetSummary
-from kvdoctor.rules.tree import SLOW_VERDICTS
-from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
+from kvdoctor.rules.verdicts import SLOW_VERDICTS
+from kvdoctor.signals.units import MISSING, fmt_ms, fmt_pct
 
 ALL = ""  # the verdict filter's "every verdict"
 SLOW = "slow"  # the verdict filter's "every slow verdict"

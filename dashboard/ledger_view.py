@@ -1,4 +1,4 @@
-"""The Ledger page's numbers: ``kvdoctor.rules.ledger_report`` applied to the form's inputs. Pure.
+"""The Ledger page's numbers: ``kvdoctor.ledger.report`` applied to the form's inputs. Pure.
 
 Every formula is the ledger's (``build_report``: fit first, then the floor, the what-if rows and
 host offload); this module only checks the form's inputs and bundles the answers for the page.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvdoctor.rules.gpus import GpuSpec
-from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH, Fit, Ledger
-from kvdoctor.rules.ledger_report import LedgerReport as Report
-from kvdoctor.rules.ledger_report import LedgerRequest, build_report
-from kvdoctor.rules.model import ModelShape, dtype_bytes
-from kvdoctor.rules.whatif import OffloadFeasibility, WhatIf
+from kvdoctor.ledger.arithmetic import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH, Fit, Ledger
+from kvdoctor.ledger.gpus import GpuSpec
+from kvdoctor.ledger.model import ModelShape, dtype_bytes
+from kvdoctor.ledger.report import LedgerReport as Report
+from kvdoctor.ledger.report import LedgerRequest, build_report
+from kvdoctor.ledger.whatif import OffloadFeasibility, WhatIf
 
 KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "float32")
 

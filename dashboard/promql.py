@@ -13,8 +13,8 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.promql import MAX_POINTS_PER_SERIES, quote, record_pattern
+from kvdoctor.signals import vocabulary as S
 
 TARGET_LABEL = "instance"  # one scrape target = one exporter = one engine pod
 CAPACITY_MATCH = "instance, pod, engine, dp_rank"  # the labels a KV capacity shares with its usage

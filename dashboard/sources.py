@@ -26,13 +26,13 @@ from flask import current_app
 from kvdoctor.dashboard import derive, promql
 from kvdoctor.dashboard.derive import GpuSeries, LiveFrame, SourceHealth, TargetOption
 from kvdoctor.dashboard.settings import DashboardSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.fleet import FleetRow, FleetSummary
 from kvdoctor.rules.promql import record_range_seconds
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
-from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.window import Window, labels_of
 from kvdoctor.sources.exporter_api import ExporterClient
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.prometheus import PrometheusClient, RangeSeries

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import kvdoctor
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collected
-from kvdoctor.rules.records import attributes
-from kvdoctor.rules.window import Labels, SeriesKey
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected
+from kvdoctor.signals.records import attributes
+from kvdoctor.signals.window import Labels, SeriesKey
 
 log = logging.getLogger("kvdoctor.exporter")
 

@@ -28,8 +28,8 @@ from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.exporter.web_config import load_web_config
 from kvdoctor.exporter.web_guard import GuardMiddleware, WebGuard
-from kvdoctor.rules.collection import Collector
-from kvdoctor.rules.textformat import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
+from kvdoctor.signals.collection import Collector
+from kvdoctor.signals.textformat import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 
 log = logging.getLogger("kvdoctor.exporter")
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from kvdoctor.exporter.live_diagnosis import default_diagnose_hook
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import ExporterSettings, collector_registry, option_for
-from kvdoctor.rules.collection import Collector, NotApplicable, SourceError
-from kvdoctor.rules.model_sources import load_model
+from kvdoctor.signals.collection import Collector, NotApplicable, SourceError
+from kvdoctor.sources.model_files import load_model
 
 log = logging.getLogger("kvdoctor.exporter")
 

@@ -1,7 +1,7 @@
 """Prometheus text exposition (format 0.0.4) of canonical samples, rendered fast.
 
 ``ExpositionRenderer.render(keys, values)`` turns one cycle's series into the bytes ``/metrics``
-serves. HELP and TYPE come from ``rules/signals.py``; histograms are grouped per label set with
+serves. HELP and TYPE come from ``signals/vocabulary.py``; histograms are grouped per label set with
 their buckets in ``le`` order followed by ``_sum`` and ``_count``, exactly as the engine exposed
 them; counters keep their ``_total`` names.
 
@@ -22,8 +22,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from kvdoctor.rules.signals import Kind, signal_for_series
-from kvdoctor.rules.textformat import (
+from kvdoctor.signals.textformat import (
     CONTENT_TYPE,
     HISTOGRAM_PROMETHEUS_ORDER,
     OPENMETRICS_CONTENT_TYPE,
@@ -32,7 +31,8 @@ from kvdoctor.rules.textformat import (
     le_order,
     series_text,
 )
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.signals.vocabulary import Kind, signal_for_series
+from kvdoctor.signals.window import SeriesKey
 
 _OPENMETRICS_VERSIONS = ("", "1.0.0", "0.0.1")  # 0.0.1 is the draft of 1.0.0: served 1.0.0, as prometheus_client does
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import pynvml  # nvidia-ml-py: importing it loads no driver library (nvmlInit does)
 
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 
 log = logging.getLogger(__name__)
 

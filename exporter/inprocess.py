@@ -13,7 +13,7 @@ import math
 from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import load_settings
-from kvdoctor.rules.window import Window
+from kvdoctor.signals.window import Window
 
 __all__ = ["LocalSignals"]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvdoctor.exporter.accounting import Outcome, clean_reason
-from kvdoctor.rules.collection import Collected, Collector, NotApplicable, SourceError
+from kvdoctor.signals.collection import Collected, Collector, NotApplicable, SourceError
 
 NOT_APPLICABLE_RETRY_SECONDS = 30.0
 

@@ -20,14 +20,15 @@ from typing import Any, Protocol
 
 from kvdoctor.exporter.accounting import SourceAccounting
 from kvdoctor.exporter.store import RingStore
+from kvdoctor.ledger.arithmetic import decode_step_floor, kv_bytes_per_token, weight_bytes_per_step
+from kvdoctor.ledger.gpus import lookup_gpu
+from kvdoctor.ledger.model import ModelShape
 from kvdoctor.rules import diagnosis
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.context import Context, context_to_json, published_samples
-from kvdoctor.rules.gpus import lookup_gpu
-from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token, weight_bytes_per_step
-from kvdoctor.rules.model import ModelShape
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds, sized_for_interval
-from kvdoctor.rules.window import Labels, SeriesKey, Window, labels_of
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Labels, SeriesKey, Window, labels_of
 
 log = logging.getLogger("kvdoctor.exporter")
 
@@ -49,7 +50,7 @@ SeriesKeyOf = Callable[[str, Labels], SeriesKey]
 
 def known_verdicts() -> tuple[str, ...]:
     """Every verdict id: the verdict gauge is a state set over all of them."""
-    return tuple(diagnosis.VERDICTS)
+    return tuple(VERDICTS)
 
 
 def settings_context(settings: Any, model_shape: ModelShape | None = None) -> Context:

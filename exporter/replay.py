@@ -1,4 +1,4 @@
-"""Replaying raw engine pages: the engine adapters as a ``rules.trace.RawNormaliser``.
+"""Replaying raw engine pages: the engine adapters as a ``signals.trace.RawNormaliser``.
 
 A trace may hold an engine's own families (``vllm:*``, ``sglang:*``, dcgm-exporter's ``DCGM_FI_*``)
 as ``kvdoctor record --engine-url`` captured them; ``kvdoctor diagnose --replay`` normalises them
@@ -10,8 +10,8 @@ from __future__ import annotations
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, EngineAdapter, detect, normalise_page
 from kvdoctor.exporter.collectors.dcgm import WANTED as DCGM_WANTED
 from kvdoctor.exporter.collectors.dcgm import normalise_dcgm
-from kvdoctor.rules.trace import RawSample
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.signals.trace import RawSample
+from kvdoctor.signals.window import SeriesKey
 
 
 class AdapterNormaliser:

@@ -24,18 +24,17 @@ from kvdoctor.exporter.live_diagnosis import (
     LiveDiagnosis,
     PublishedContext,
     decode_floor,
-    default_diagnose_hook,
 )
 from kvdoctor.exporter.series_budget import SeriesMerger
 from kvdoctor.exporter.store import RingStore
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collector
-from kvdoctor.rules.model import ModelShape
-from kvdoctor.rules.model_sources import load_model
+from kvdoctor.ledger.model import ModelShape
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
-from kvdoctor.rules.window import Snapshot
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collector
+from kvdoctor.signals.window import Snapshot
+from kvdoctor.sources.model_files import load_model
 
-__all__ = ["Exporter", "default_diagnose_hook"]
+__all__ = ["Exporter"]
 
 log = logging.getLogger("kvdoctor.exporter")
 

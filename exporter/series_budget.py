@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Labels, SeriesKey
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Labels, SeriesKey
 
 log = logging.getLogger("kvdoctor.exporter")
 

@@ -35,9 +35,9 @@ from kvdoctor.exporter.collectors import REGISTRY, CollectorSpec
 from kvdoctor.exporter.gpu_filter import HELP as GPU_FILTER_HELP
 from kvdoctor.exporter.gpu_filter import parse_gpu_filter
 from kvdoctor.exporter.web_config import WebConfigError, load_web_config
-from kvdoctor.rules.model_sources import locate_model, read_config
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.sources.environment import ENV_PREFIX
+from kvdoctor.sources.model_files import locate_model, read_config
 from kvdoctor.sources.urls import split_http_url
 
 # Help groups, in the order `kvdoctor exporter --help` shows them.

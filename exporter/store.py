@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvdoctor.rules.window import SeriesKey, Snapshot, Window
+from kvdoctor.signals.window import SeriesKey, Snapshot, Window
 
 Schema = tuple[SeriesKey, ...]
 

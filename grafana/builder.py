@@ -23,13 +23,13 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
-from kvdoctor.rules import signals as S
 from kvdoctor.rules import verdicts as catalogue
 from kvdoctor.rules.links import browsable, runbook_url
 from kvdoctor.rules.promql import RUNBOOK_BASE_URL, duration, rule_thresholds
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
-from kvdoctor.rules.units import RATIO
 from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.units import RATIO
 
 from . import queries as q
 from .queries import Query

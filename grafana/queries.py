@@ -2,7 +2,7 @@
 
 Where the alert rules record a feature (``rules/promql.py``), a panel reads the recorded series, so
 it shows the number the alert compares with its threshold (and follows the rules when they change);
-the threshold itself comes from ``rules/thresholds.py``. Raw signals (``rules/signals.py``) fill in
+the threshold itself comes from ``rules/thresholds.py``. Raw signals (``signals/vocabulary.py``) fill in
 what no feature records: the verdict, the prefix-cache hits by tier, the published SLO.
 
 Every selector is scoped by the dashboard's ``$namespace`` and ``$pod`` variables (regexes; ``.*``
@@ -15,14 +15,14 @@ import math
 import re
 from dataclasses import dataclass
 
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.alert_specs import ALERTS
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.promql import record_name
 from kvdoctor.rules.slo_alerts import SLO_ALERTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
-from kvdoctor.rules.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
 from kvdoctor.rules.verdicts import VERDICTS, verdict_code
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
 
 NAMESPACE = "namespace"
 POD = "pod"
@@ -35,7 +35,7 @@ BY_POD = "{{pod}}"
 
 @dataclass(frozen=True)
 class Query:
-    """One query of a panel: its PromQL, its legend, the unit of its values (a ``rules/units.py``
+    """One query of a panel: its PromQL, its legend, the unit of its values (a ``signals/units.py``
     feature unit) and the tree's threshold it is compared with (drawn as a line), if any."""
 
     expr: str
@@ -172,7 +172,7 @@ GRAFANA_UNITS = {
 
 
 def grafana_unit(unit: str) -> str:
-    """A ``rules/units.py`` feature unit as Grafana's unit id (``ratio`` -> ``percentunit``)."""
+    """A ``signals/units.py`` feature unit as Grafana's unit id (``ratio`` -> ``percentunit``)."""
     if unit not in GRAFANA_UNITS:
         raise KeyError(f"no Grafana unit for {unit!r}: add it to GRAFANA_UNITS")
     return GRAFANA_UNITS[unit]

@@ -12,6 +12,7 @@ from typing import TypeVar
 from kvdoctor.errors import UsageError
 from kvdoctor.rules.promql import parse_duration
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.sources.thresholds_file import load_thresholds
 from kvdoctor.sources.urls import UrlError, split_http_url
 
 N = TypeVar("N", int, float)
@@ -89,7 +90,7 @@ def read_thresholds(path: str | None) -> Thresholds:
     if not path:
         return Thresholds()
     try:
-        return Thresholds.from_yaml(path)
+        return load_thresholds(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -24,7 +24,7 @@ from types import ModuleType
 from kvdoctor import flags
 from kvdoctor.commands import version
 from kvdoctor.errors import EXIT_STATUS_HELP, EXIT_UNREADABLE, EXIT_USAGE, SourceUnreadable, UsageError
-from kvdoctor.sources.http import SourceError
+from kvdoctor.signals.collection import SourceError
 
 # The verbs, in the order ``kvdoctor --help`` lists them: each is the module kvdoctor.commands.<verb>.
 VERBS = ("demo", "exporter", "dashboard", "diagnose", "record", "ledger", "rules", "grafana", "stress", "version")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 
 from kvdoctor.rules.actions import ACTION_BY_ID
-from kvdoctor.rules.fleet import UNKNOWN, FleetRow, FleetSummary
-from kvdoctor.rules.units import fmt_ms, fmt_pct
+from kvdoctor.rules.fleet import FleetRow, FleetSummary
+from kvdoctor.rules.verdicts import UNKNOWN
+from kvdoctor.signals.units import fmt_ms, fmt_pct
 
 DEFAULT_LIMIT = 20  # rows the text shows unless --limit says otherwise (--json: every row)
 _STYLES = {"ok": "32", "slow": "31", "dim": "2", "bold": "1", "warn": "33"}

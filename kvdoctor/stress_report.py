@@ -13,6 +13,7 @@ from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.sources.traces import write_window
 from kvdoctor.stress import plan as S
 from kvdoctor.stress.report import FIGURE_NEEDS_EXTRA, render_figure, render_html, write_json
+from kvdoctor.stress.timeline import bin_run
 
 TAIL_SECONDS = 1.5  # after the load stops: one more exporter cycle reaches the trace
 
@@ -23,7 +24,7 @@ def write_report(settings, result: dict, out_dir) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runner, steps, window = result.runner, result.steps, result.window
     start, end = result.run_start, result.run_end
-    bins = S.bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
+    bins = bin_run(runner.requests, steps, window, start, end, bin_seconds=1.0)
     summaries = S.summarise_steps(runner.requests, steps, bins, window)
     saturation = S.find_saturation(bins, steps, settings.kv_saturation, summaries, settings.ttft_slo_seconds)
     verdict = S.stress_verdict(bins, saturation, dram_peak=S.dram_bandwidth_peak(window))

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .ledger import (
+from kvdoctor.ledger.arithmetic import (
     DEFAULT_HOST_BANDWIDTH,
     PCIE4_X16,
     decode_step_floor,
@@ -17,8 +17,8 @@ from .ledger import (
     kv_bytes_per_token,
     weight_bytes_per_step,
 )
-from .model import ModelShape, dtype_bytes
-from .units import GB, fmt_bytes, fmt_ms, fmt_pct
+from kvdoctor.ledger.model import ModelShape, dtype_bytes
+from kvdoctor.signals.units import GB, fmt_bytes, fmt_ms, fmt_pct
 
 GQA_KV_HEADS = 8
 PREFIX_TOKENS_EXAMPLE = 1000

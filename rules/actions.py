@@ -309,7 +309,6 @@ __all__ = [
     "GROUP_TITLES",
     "MITIGATE",
     "Action",
-    "LedgerFacts",
     "plan_actions",
     "shown",
 ]

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .units import go_g4, humanize, humanize_percentage
+from kvdoctor.signals.units import go_g4, humanize, humanize_percentage
 
 Sample = tuple[Mapping[str, str], float]
 Query = Callable[[str], Sequence[Sample]]

@@ -20,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .model import ModelShape
-from .signals import CONTEXT_INFO, ITL_SLO
+from kvdoctor.ledger.model import ModelShape
+from kvdoctor.signals.vocabulary import CONTEXT_INFO, ITL_SLO
+
 from .thresholds import DEFAULT_SLO_SECONDS
 
 # Where a context's SLO came from, as the diagnosis reports it.

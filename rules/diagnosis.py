@@ -20,17 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from . import features, render, stats, tree
-from .actions import Action, LedgerFacts, plan_actions
-from .conditions import evaluate
-from .confidence import confidence as assess_confidence
-from .confidence import dynamic_base
-from .context import Context, context_to_json, published_context, resolve
-from .headlines import HeadlineFacts
-from .knee import Knee, detect_knee
-from .ledger import GpuSpec, lookup_gpu
-from .render import Evidence, json_number
-from .signals import (
+from kvdoctor.ledger.gpus import GpuSpec, lookup_gpu
+from kvdoctor.signals import stats
+from kvdoctor.signals.units import plural
+from kvdoctor.signals.vocabulary import (
     CONTEXT_INFO,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
     GPU_DRAM_PEAK_BANDWIDTH,
@@ -46,15 +39,25 @@ from .signals import (
     PROMPT_TOKENS,
     SIGNALS,
 )
+from kvdoctor.signals.window import Window
+
+from . import features, render, tree
+from .action_checks import LedgerFacts
+from .actions import Action, plan_actions
+from .conditions import evaluate
+from .confidence import confidence as assess_confidence
+from .confidence import dynamic_base
+from .context import Context, context_to_json, published_context, resolve
+from .headlines import HeadlineFacts
+from .knee import Knee, detect_knee
+from .render import Evidence, json_number
 from .thresholds import DEFAULT_THRESHOLDS, MIN_WINDOW_SAMPLES, Thresholds
-from .units import plural
-from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
+from .verdicts import SLOW_VERDICTS, UNKNOWN
 from .verdicts import rank as verdict_rank
 from .verdicts import verdict as catalogue_entry
 from .view import Selector, WindowView
-from .window import Window
 
-__all__ = ["MIN_WINDOW_SAMPLES", "SLOW_VERDICTS", "VERDICTS", "Context", "Contributor", "Diagnosis", "diagnose"]
+__all__ = ["Contributor", "Diagnosis", "diagnose"]
 
 # The WindowView's batches: the tree's, plus the series read here beyond its features.
 _BATCHES = (

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .signals import (
+from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
     GPU_SM_ACTIVE,
@@ -21,6 +21,7 @@ from .signals import (
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_HITS_BY_TIER,
 )
+
 from .thresholds import Thresholds
 from .view import Part, Selector
 

@@ -1,6 +1,6 @@
 """The features: each windowed quantity the tree compares, computed in Python and written in PromQL.
 
-A ``Feature`` computes its value from a ``WindowView`` with ``rules/stats.py`` (Prometheus
+A ``Feature`` computes its value from a ``WindowView`` with ``signals/stats.py`` (Prometheus
 arithmetic) and renders its twin PromQL recording rule over the canonical signals, so the Python
 evaluator and the alert rules read the same numbers. A feature with no data is NaN (missing).
 
@@ -18,21 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .feature_promql import TIER_ALL as _TIER_ALL
-from .feature_promql import TIER_DEVICE as _TIER_DEVICE
-from .feature_promql import TIER_SLOW as _TIER_SLOW
-from .feature_promql import (
-    PromContext,
-    gpu_busy_promql,
-    gpu_median_max_promql,
-    gpu_precise_promql,
-    mean_time_per_token_promql,
-    prom_number,
-    quantile_promql,
-    slow_tier_fraction_promql,
-)
-from .feature_promql import recent_range as _recent
-from .signals import (
+from kvdoctor.signals.units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
+from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     GENERATION_TOKENS,
     GPU_DRAM_BANDWIDTH_UTILIZATION,
@@ -54,8 +41,22 @@ from .signals import (
     TIME_TO_FIRST_TOKEN,
     Kind,
 )
+
+from .feature_promql import TIER_ALL as _TIER_ALL
+from .feature_promql import TIER_DEVICE as _TIER_DEVICE
+from .feature_promql import TIER_SLOW as _TIER_SLOW
+from .feature_promql import (
+    PromContext,
+    gpu_busy_promql,
+    gpu_median_max_promql,
+    gpu_precise_promql,
+    mean_time_per_token_promql,
+    prom_number,
+    quantile_promql,
+    slow_tier_fraction_promql,
+)
+from .feature_promql import recent_range as _recent
 from .thresholds import Thresholds
-from .units import BYTES_PER_SECOND, PER_MINUTE, RATIO, REQUESTS, SECONDS, TOKENS_PER_SECOND
 from .view import Part, Selector, WindowView, nanmax, nansum
 
 ENGINE = "engine"
@@ -70,7 +71,7 @@ class Feature:
 
     name: str  # also the recording rule's middle part: kvdoctor:<name>:<range it reads>
     scope: str  # ENGINE or GPU
-    unit: str  # for evidence: one of rules/units.py's feature units (RATIO, SECONDS, ...)
+    unit: str  # for evidence: one of signals/units.py's feature units (RATIO, SECONDS, ...)
     signals: tuple[str, ...]  # canonical signals read
     note: str  # what the number is, for evidence
     python: PythonFeature

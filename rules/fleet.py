@@ -24,10 +24,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .actions import FIX, MITIGATE, LedgerFacts, plan_actions
+from kvdoctor.signals.records import attributes
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
+
+from .action_checks import LedgerFacts
+from .actions import FIX, MITIGATE, plan_actions
 from .promql import record_pattern, record_range_seconds
-from .records import attributes
-from .signals import DIAGNOSIS_VERDICT, ITL_SLO, REQUESTS_RUNNING
 from .thresholds import DEFAULT_SLO_SECONDS
 from .verdicts import SLOW_VERDICTS, UNKNOWN, VERDICTS
 from .verdicts import rank as verdict_rank
@@ -323,7 +325,6 @@ def _finite(value: float) -> float | None:
 __all__ = [
     "FLEET_FEATURES",
     "FLEET_VERDICTS",
-    "UNKNOWN",
     "FleetQueries",
     "FleetRow",
     "FleetSummary",

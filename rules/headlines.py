@@ -12,10 +12,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .actions import LedgerFacts
+from kvdoctor.signals.units import fmt_bytes, fmt_ms, fmt_pct, fmt_seconds, plural
+
+from .action_checks import LedgerFacts
 from .knee import Knee
 from .thresholds import Thresholds
-from .units import fmt_bytes, fmt_ms, fmt_pct, fmt_seconds, plural
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdoctor.signals.units import fmt_pct
+
 from .thresholds import Thresholds
-from .units import fmt_pct
 
 RISES_WITH_KV = "rises_with_kv"
 JUMP = "jump"

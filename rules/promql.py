@@ -37,6 +37,8 @@ from collections.abc import Mapping
 
 import yaml
 
+from kvdoctor.signals.vocabulary import BUILD_INFO, ITL_SLO, SOURCE_UP
+
 from . import alert_templates, slo_alerts, tree
 from .alert_specs import ALERT_BY_NAME as ALERT_BY_NAME
 from .alert_specs import ALERTS as ALERTS
@@ -45,7 +47,6 @@ from .alert_specs import RUNBOOK_BASE_URL as RUNBOOK_BASE_URL
 from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, features_of
 from .feature_promql import ENGINE_KEYS, GPU_KEYS, IDENTITY_KEYS, PromContext, prom_number
 from .features import ENGINE, FEATURES, GPU
-from .signals import BUILD_INFO, ITL_SLO, SOURCE_UP
 from .thresholds import (
     DEFAULT_SCRAPE_INTERVAL_SECONDS,
     DEFAULT_SLO_SECONDS,

@@ -14,13 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .conditions import All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, evaluate
-from .features import FEATURES, GPU
-from .headlines import HeadlineFacts, at_least, crossed, transfer_text
-from .signals import PREFIX_CACHE_HITS
-from .thresholds import Thresholds
-from .tree import CONTEXT_FEATURES, DECODE_STEP, SLO, SLOW_VERDICTS, Branch
-from .units import (
+from kvdoctor.signals.units import (
     BYTES_PER_SECOND,
     PER_MINUTE,
     RATIO,
@@ -33,6 +27,14 @@ from .units import (
     fmt_seconds,
     plural,
 )
+from kvdoctor.signals.vocabulary import PREFIX_CACHE_HITS
+
+from .conditions import All, Any, Atom, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, evaluate
+from .features import FEATURES, GPU
+from .headlines import HeadlineFacts, at_least, crossed, transfer_text
+from .thresholds import Thresholds
+from .tree import CONTEXT_FEATURES, DECODE_STEP, SLO, Branch
+from .verdicts import SLOW_VERDICTS
 from .verdicts import verdict as catalogue_entry
 
 GPU_COUNTERS_HINT = "NVML (GPM, Hopper or newer) or dcgm-exporter (--dcgm-url)"

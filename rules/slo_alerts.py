@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, INTER_TOKEN_LATENCY
+
 from . import alert_templates as T
 from .alert_specs import ALERT_BY_NAME, ITL_SLO_RECORD, VERDICT_ALERT, AlertSpec
 from .feature_promql import ENGINE_KEYS, prom_number
-from .signals import DIAGNOSIS_VERDICT, INTER_TOKEN_LATENCY
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS
 
 GROUP_NAME = "kvdoctor-slo"

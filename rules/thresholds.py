@@ -2,15 +2,9 @@
 
 The Python evaluator (``diagnose``) and the PromQL compiler (``rules/promql.py``) read the same
 ``Thresholds``, so the verdict on a dashboard and the alert that fires agree. Each default is
-documented beside it. Override any subset from YAML::
-
-    # thresholds.yaml
-    kv_ceiling_ratio: 0.95
-    bandwidth_high_ratio: 0.75
-
-    Thresholds.from_yaml("thresholds.yaml")
-
-Unknown keys and out-of-range values are rejected with one clear line (``ValueError``).
+documented beside it. Override any subset with ``Thresholds.from_mapping`` (``--thresholds FILE``
+is read by ``sources/thresholds_file.py``); unknown keys and out-of-range values are rejected
+with one clear line (``ValueError``).
 The latency SLO is not a threshold: it is part of the service, so it comes with
 ``Context.slo_seconds`` (and ``kvdoctor rules export --slo-ms``); its default is ``DEFAULT_SLO_SECONDS``.
 
@@ -24,10 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 # The window a verdict is read from (seconds): the exporter's live diagnosis, the dashboard's and
 # ``kvdoctor stress``'s read the last this many seconds; the alert rules' ranges are this long.
@@ -264,19 +255,6 @@ class Thresholds:
             return cls(**dict(mapping))
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> Thresholds:
-        """Defaults overridden by a YAML mapping in ``path`` (an empty file gives the defaults)."""
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ValueError(f"cannot read thresholds file {path}: {exc.strerror or exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"thresholds file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        return cls.from_mapping(data, source=f"thresholds file {path}")
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -53,6 +53,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kvdoctor.signals.vocabulary import (
+    GENERATION_TOKENS,
+    GPU_DRAM_BANDWIDTH_UTILIZATION,
+    GPU_PCIE_RX,
+    GPU_SM_ACTIVE,
+    INTER_TOKEN_LATENCY,
+    KV_CACHE_USAGE,
+    KV_TRANSFER_BYTES,
+    PREEMPTIONS,
+    PREFIX_CACHE_HITS_BY_TIER,
+    PROMPT_TOKENS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    TIME_TO_FIRST_TOKEN,
+)
+
 from .conditions import (
     TRUE,
     All,
@@ -70,24 +86,8 @@ from .conditions import (
     atoms,
     evaluate,
 )
-from .signals import (
-    GENERATION_TOKENS,
-    GPU_DRAM_BANDWIDTH_UTILIZATION,
-    GPU_PCIE_RX,
-    GPU_SM_ACTIVE,
-    INTER_TOKEN_LATENCY,
-    KV_CACHE_USAGE,
-    KV_TRANSFER_BYTES,
-    PREEMPTIONS,
-    PREFIX_CACHE_HITS_BY_TIER,
-    PROMPT_TOKENS,
-    REQUESTS_RUNNING,
-    REQUESTS_WAITING,
-    TIME_TO_FIRST_TOKEN,
-)
 from .thresholds import Thresholds
-from .verdicts import SLOW_VERDICTS as SLOW_VERDICTS
-from .verdicts import VERDICTS as VERDICTS
+from .verdicts import SLOW_VERDICTS
 from .verdicts import verdict as catalogue_entry
 
 SLO = Param("slo_seconds")  # the ITL SLO: per pod in PromQL (the SLO gauge each exporter publishes)

@@ -1,7 +1,7 @@
 """A window prepared for the tree's features: selectors and the statistics computed on them.
 
 ``WindowView`` answers the questions features ask of a ``Window`` (rates, increases, quantiles
-over time, histogram quantiles) with ``rules/stats.py``'s Prometheus arithmetic, over the whole
+over time, histogram quantiles) with ``signals/stats.py``'s Prometheus arithmetic, over the whole
 window or a part of it, and computes each answer once per batch of series rather than once per
 selector (speed only: the results are, to the bit, those of each selector's series on their own).
 """
@@ -17,9 +17,10 @@ from itertools import pairwise
 
 import numpy as np
 
-from . import stats
+from kvdoctor.signals import stats
+from kvdoctor.signals.window import Labels, Window
+
 from .thresholds import Thresholds
-from .window import Labels, Window
 
 Part = str  # "all", "early" / "late" (the window's first / last third), "recent" (its last recent_seconds)
 Columns = slice | np.ndarray  # a part's columns: a slice, or a mask where they are not contiguous

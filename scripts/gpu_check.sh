@@ -2,7 +2,7 @@
 # Run kvdoctor's real NVML path on this machine's GPUs and print what it read per GPU: GPM
 # support, the values, NVML's memory bus width and max memory clock with the peak they give
 # (bus x clock x 2 / 8), next to the GPU catalogue's row for the exact NVML name (its published
-# bus width, clock and datasheet peak; rules/gpus.py) and the peak the exporter uses.
+# bus width, clock and datasheet peak; ledger/gpus.py) and the peak the exporter uses.
 # Exit 0 when every GPU was read; non-zero, with one line on stderr, when NVML is unavailable.
 #
 # Usage: scripts/gpu_check.sh [--pause SECONDS]

@@ -15,12 +15,12 @@ from pathlib import Path
 from kvdoctor import cli, flags
 from kvdoctor.exporter import settings
 from kvdoctor.exporter.collectors import base as collectors
-from kvdoctor.rules import signals
 from kvdoctor.rules.actions import ACTION_BY_ID, FIX, VERDICT_ACTIONS
 from kvdoctor.rules.alert_specs import VERDICT_ALERT
 from kvdoctor.rules.thresholds import MIN_WINDOW_SAMPLES
 from kvdoctor.rules.tree import BRANCHES
 from kvdoctor.rules.verdicts import SLOW_VERDICTS, UNKNOWN, WORST_FIRST
+from kvdoctor.signals import vocabulary as signals
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

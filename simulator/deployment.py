@@ -1,7 +1,7 @@
 """The simulated deployment: the model, the GPUs and the engine flags that matter to the physics.
 
 Tensor parallel over ``tensor_parallel`` GPUs of the same model is the ledger's arithmetic
-(rules/ledger.py, as ``kvdoctor ledger --tp``): each GPU holds its share of the weights and of the KV
+(ledger/arithmetic.py, as ``kvdoctor ledger --tp``): each GPU holds its share of the weights and of the KV
 heads, its own KV pool, and reads its share every decode step; the all-reduces go over NVLink.
 The simulation models one GPU of the group (they carry the same load).
 """
@@ -11,18 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvdoctor.rules.ledger import (
+from kvdoctor.ledger.arithmetic import (
     DEFAULT_HOST_BANDWIDTH,
-    GpuSpec,
     all_reduce_cost,
     check_tensor_parallel,
-    gpu_spec,
     host_transfer_seconds,
     kv_bytes_per_token_per_gpu,
     kv_pool_bytes,
 )
-from kvdoctor.rules.model import ModelShape, dtype_bytes
-from kvdoctor.rules.units import GIB
+from kvdoctor.ledger.gpus import GpuSpec, gpu_spec
+from kvdoctor.ledger.model import ModelShape, dtype_bytes
+from kvdoctor.signals.units import GIB
 
 DEFAULT_GPU = gpu_spec("H100")  # H100 SXM 80GB
 

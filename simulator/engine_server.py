@@ -38,8 +38,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from kvdoctor.rules.records import attributes
-from kvdoctor.rules.textformat import CONTENT_TYPE
+from kvdoctor.signals.records import attributes
+from kvdoctor.signals.textformat import CONTENT_TYPE
 
 from .gpu import gpu_payload
 from .physics import Simulation

@@ -25,9 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
-from kvdoctor.rules.window import labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected, NotApplicable, SourceError
+from kvdoctor.signals.window import labels_of
 
 from .physics import Simulation
 

@@ -1,6 +1,6 @@
 """One engine step on the simulated GPU: how long it takes, and what the GPU's counters see of it.
 
-The cost comes from the ledger (rules/ledger.py): HBM bytes = weights + the KV of every scheduled
+The cost comes from the ledger (ledger/arithmetic.py): HBM bytes = weights + the KV of every scheduled
 sequence (+ prefill activations), FLOPs = ``forward_flops``; the GPU time is the roofline max of
 bytes / (peak bandwidth x efficiency) and FLOPs / (peak FLOP/s x efficiency). KV loaded from the
 CPU tier crosses PCIe (``EngineConfig.host_copy_seconds``); what is not hidden behind the step's GPU time
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvdoctor.rules.ledger import forward_flops
+from kvdoctor.ledger.arithmetic import forward_flops
 
 from .deployment import EngineConfig
 from .scenarios import Scenario

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvdoctor.rules.signals import ITL_BUCKETS  # vLLM's, defined once in the vocabulary
+from kvdoctor.signals.vocabulary import ITL_BUCKETS  # vLLM's, defined once in the vocabulary
 
 # vLLM 0.32's bucket boundaries (tests/fixtures/vllm-0.32-cpu), by histogram family; +Inf is implied.
 # fmt: off

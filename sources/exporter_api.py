@@ -13,11 +13,11 @@ import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.context import Context, context_from_json
-from kvdoctor.rules.textparse import ExpositionError, iter_samples
-from kvdoctor.rules.trace import CANONICAL_PREFIX
-from kvdoctor.rules.window import Snapshot, Window, series_key
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.textparse import ExpositionError, iter_samples
+from kvdoctor.signals.trace import CANONICAL_PREFIX
+from kvdoctor.signals.window import Snapshot, Window, series_key
 from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, HttpClient, one_line
 
 __all__ = [

@@ -8,7 +8,7 @@ It owns what every client needs and none should copy:
 - a cap on the body's size (as decoded), checked against its Content-Length first, then while reading;
 - no redirects: the base URL is fixed once, and nothing an answer says makes the client fetch another
   URL (a dashboard must never be steered to one);
-- every failure is one ``SourceError`` (``kvdoctor.rules.collection``, the exporter's collectors
+- every failure is one ``SourceError`` (``kvdoctor.signals.collection``, the exporter's collectors
   raise it too) whose message is one line naming the server and the path, and whose reason is
   the collectors' word for it: ``connection_refused`` or ``connect_error``, ``timeout``,
   ``transport_error`` (closed without an answer), ``http_<status>``, ``parse_error`` (not JSON),
@@ -31,8 +31,8 @@ from typing import Any, Self
 
 import httpx
 
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.units import MIB
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.units import MIB
 from kvdoctor.sources.urls import UrlError, base_url
 
 __all__ = [

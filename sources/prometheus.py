@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.promql import MAX_POINTS_PER_SERIES
-from kvdoctor.rules.signals import SIGNALS
-from kvdoctor.rules.window import SeriesKey, Window, labels_of
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.vocabulary import SIGNALS
+from kvdoctor.signals.window import SeriesKey, Window, labels_of
 from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, Closing, HttpClient, one_line
 
 __all__ = [

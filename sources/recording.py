@@ -17,8 +17,8 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.window import Snapshot, Window
 from kvdoctor.sources.exporter_api import METRICS_PATH, WINDOW_PATH, ExporterClient, NoWindowApi
 from kvdoctor.sources.traces import write_raw_captures, write_window
 

@@ -1,4 +1,4 @@
-"""Trace files: reading and writing the OpenMetrics traces of ``kvdoctor.rules.trace``.
+"""Trace files: reading and writing the OpenMetrics traces of ``kvdoctor.signals.trace``.
 
 Reading checks that the file is text before parsing, so a wrong path is one clear line
 (``TraceError``); writing is atomic, so a reader never sees half a trace.
@@ -12,14 +12,14 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvdoctor.rules.trace import RawNormaliser, Trace, TraceError, format_raw_captures, format_window, parse_trace
-from kvdoctor.rules.window import Window
+from kvdoctor.signals.trace import RawNormaliser, Trace, TraceError, format_raw_captures, format_window, parse_trace
+from kvdoctor.signals.window import Window
 
-__all__ = ["TraceError", "load_trace", "write_raw_captures", "write_window"]
+__all__ = ["load_trace", "write_raw_captures", "write_window"]
 
 
 def load_trace(path: str | os.PathLike[str], normaliser: RawNormaliser | None = None) -> Trace:
-    """Read the trace in ``path`` (see ``rules.trace.parse_trace``); ``TraceError`` if unusable."""
+    """Read the trace in ``path`` (see ``signals.trace.parse_trace``); ``TraceError`` if unusable."""
     try:
         data = Path(path).read_bytes()
     except IsADirectoryError:

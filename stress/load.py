@@ -33,9 +33,9 @@ from urllib.parse import urlunsplit
 
 import httpx
 
-from kvdoctor.rules.records import attributes
+from kvdoctor.signals.records import attributes
 from kvdoctor.sources.urls import UrlError, split_http_url
-from kvdoctor.stress.plan import RequestRecord
+from kvdoctor.stress.timeline import RequestRecord
 
 __all__ = [
     "Endpoint",

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdoctor.rules.knee import JUMP, RISES_WITH_KV, Knee, detect_knee
-from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, METHOD_NVML_UTIL
 from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.window import Window
+from kvdoctor.signals.vocabulary import GPU_DRAM_BANDWIDTH_UTILIZATION, METHOD_NVML_UTIL
+from kvdoctor.signals.window import Window
 
 # The records and the binning live in ``timeline``; they are part of this module's interface too.
 from kvdoctor.stress.timeline import (
@@ -40,7 +40,6 @@ from kvdoctor.stress.timeline import (
     EngineLatency,
     RequestRecord,
     StepRecord,
-    bin_run,
     client_gaps,
     kv_signals,
     token_arrivals,
@@ -51,18 +50,12 @@ __all__ = [
     "DEFAULT_TTFT_SLO_SECONDS",
     "QUEUE",
     "TTFT",
-    "Bins",
-    "EngineLatency",
-    "RequestRecord",
     "Saturation",
-    "StepRecord",
     "StepSummary",
     "StressSettings",
     "Verdict",
-    "bin_run",
     "dram_bandwidth_peak",
     "find_saturation",
-    "kv_signals",
     "queue_reached",
     "step_schedule",
     "stress_verdict",

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdoctor.rules.units import MISSING, fmt_number, fmt_pct
-from kvdoctor.stress.plan import Bins, Saturation, StepSummary, Verdict
+from kvdoctor.signals.units import MISSING, fmt_number, fmt_pct
+from kvdoctor.stress.plan import Saturation, StepSummary, Verdict
+from kvdoctor.stress.timeline import Bins
 
 __all__ = ["FIGURE_NEEDS_EXTRA", "render_figure", "render_html", "write_json"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.window import Snapshot, Window
 from kvdoctor.sources.exporter_api import ExporterClient
 
 __all__ = ["ExporterSignals", "SignalRecorder", "SignalsError"]

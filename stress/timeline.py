@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvdoctor.rules import stats
-from kvdoctor.rules.signals import (
+from kvdoctor.signals import stats
+from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     GENERATION_TOKENS,
     INTER_TOKEN_LATENCY,
@@ -23,7 +23,7 @@ from kvdoctor.rules.signals import (
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
 )
-from kvdoctor.rules.window import Window
+from kvdoctor.signals.window import Window
 
 # Tokens that reach the client less than this apart came in one read: the client was busy (a
 # loaded machine, many streams in one event loop) and read what had piled up. Real gaps between

@@ -9,6 +9,7 @@ import pytest
 
 import kvdoctor.commands.version as version_command
 from kvdoctor import cli
+from kvdoctor.errors import UsageError
 
 
 def _boom(args):
@@ -39,7 +40,7 @@ def test_kvdoctor_debug_shows_the_traceback(monkeypatch, capsys):
 
 def test_usage_error_still_exits_2(monkeypatch, capsys):
     def bad(args):
-        raise cli.UsageError("bad input")
+        raise UsageError("bad input")
 
     monkeypatch.setattr(version_command, "run", bad)
     assert cli.main(["version"]) == 2

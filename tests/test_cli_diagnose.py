@@ -22,12 +22,12 @@ import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import signals as S
+from kvdoctor.ledger.model import COMMON_MODELS
 from kvdoctor.rules.context import Context, context_to_json
-from kvdoctor.rules.model import COMMON_MODELS
 from kvdoctor.rules.promql import record_name, rule_thresholds
-from kvdoctor.rules.trace import format_raw_captures
-from kvdoctor.rules.window import Window
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.trace import format_raw_captures
+from kvdoctor.signals.window import Window
 from kvdoctor.sources.prometheus import MAX_POINTS, PrometheusClient, PrometheusSource, parse_selector
 from kvdoctor.sources.traces import load_trace, write_window
 from tests.support import servers

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kvdoctor import cli
-from kvdoctor.rules.model import BUILTIN_CONFIGS
+from kvdoctor.ledger.model import BUILTIN_CONFIGS
 from tests.support.models import TINY_CONFIG
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from kvdoctor import cli
 from kvdoctor.commands.demo import status_line
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Snapshot, Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Snapshot, Window, labels_of
 
 ENGINE = labels_of(engine="vllm", model_name="m", dp_rank="0")
 GPU = labels_of(gpu="0", uuid="GPU-x", model="NVIDIA H100 80GB HBM3", method="gpm")

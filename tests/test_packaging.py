@@ -47,7 +47,7 @@ def test_nothing_installed_under_a_bare_name(bare):
 
 
 def test_signal_vocabulary_follows_prometheus_conventions():
-    from kvdoctor.rules.signals import SIGNALS, Kind
+    from kvdoctor.signals.vocabulary import SIGNALS, Kind
 
     for name, sig in SIGNALS.items():
         assert name.startswith("kvdoctor_") and ":" not in name and name == name.lower()

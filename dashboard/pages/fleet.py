@@ -26,8 +26,8 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from kvdoctor.dashboard import components, fleet_view, ids
 from kvdoctor.dashboard.sources import FleetPage, backend, fleet_page, fleet_summary, now
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.fleet import FleetSummary
+from kvdoctor.signals.collection import SourceError
 
 PATH = "/fleet"
 RANGES = (("15 min", 900), ("1 h", 3600), ("6 h", 6 * 3600), ("24 h", 24 * 3600), ("7 days", 7 * 24 * 3600))

@@ -17,11 +17,11 @@ import dash
 from dash import Input, Output, State, dcc, html, no_update
 
 from kvdoctor.dashboard import components, ids, ledger_view
-from kvdoctor.rules.gpus import GPU_CATALOGUE, GPUS
-from kvdoctor.rules.ledger import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
-from kvdoctor.rules.model import COMMON_MODELS, ModelShape
-from kvdoctor.rules.model_sources import load_model_shape
-from kvdoctor.rules.units import GIB, fmt_bytes_exact, fmt_ms, fmt_number
+from kvdoctor.ledger.arithmetic import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
+from kvdoctor.ledger.gpus import GPU_CATALOGUE, GPUS
+from kvdoctor.ledger.model import COMMON_MODELS, ModelShape
+from kvdoctor.signals.units import GIB, fmt_bytes_exact, fmt_ms, fmt_number
+from kvdoctor.sources.model_files import load_model_shape
 
 PATH = "/ledger"
 UPLOADED = "__uploaded__"

@@ -38,8 +38,8 @@ from kvdoctor.dashboard.sources import (
     now,
     prometheus_diagnosis,
 )
-from kvdoctor.rules.collection import SourceError
 from kvdoctor.rules.knee import detect_knee
+from kvdoctor.signals.collection import SourceError
 
 PATH = "/"
 GRAPHS = (

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 
-from kvdoctor.rules.signals import PREFIX_CACHE_HITS, PREFIX_CACHE_HITS_BY_TIER
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.signals.vocabulary import PREFIX_CACHE_HITS, PREFIX_CACHE_HITS_BY_TIER
+from kvdoctor.signals.window import SeriesKey
 
 from .base import UNATTRIBUTED_TIER, EngineAdapter, MetricMap, Ratio
 

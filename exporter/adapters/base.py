@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.signals import SIGNALS, Kind
-from kvdoctor.rules.units import RATIO  # 0..1 as published
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.units import RATIO  # 0..1 as published
+from kvdoctor.signals.vocabulary import SIGNALS, Kind
+from kvdoctor.signals.window import SeriesKey
 
 # (sample name, labels as a dict, value) -- what the exposition parser yields for one sample
 RawSample = tuple[str, Mapping[str, str], float]
@@ -67,7 +67,7 @@ class MetricMap:
                    ``(name, {label: value})`` pair when only that name needs a label match
                    (a renamed family that moved a label into its name), or a ``Ratio`` of two
                    parts; the first entry with a matching sample on the page wins
-    target         canonical signal name (rules/signals.py)
+    target         canonical signal name (signals/vocabulary.py)
     match          only samples whose labels include these
     rename_labels  engine label -> canonical label (e.g. ``{"source": "tier"}``)
     const_labels   labels added to every output sample (e.g. ``{"direction": "to_gpu"}``)

@@ -23,7 +23,7 @@ served from KVBM's tiers) maps to ``kvdoctor_prefix_cache_hits_by_tier_total{tie
 
 from __future__ import annotations
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 
 from .base import TIER_SIGNALS, EngineAdapter, MetricMap, kv_transfers
 

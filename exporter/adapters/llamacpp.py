@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 
 from .base import EngineAdapter, JsonEndpoint, MetricMap, RawSample
 

@@ -27,7 +27,7 @@ What maps, and why:
 
 from __future__ import annotations
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 
 from .base import TIER_SIGNALS, EngineAdapter, MetricMap
 

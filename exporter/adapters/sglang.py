@@ -43,7 +43,7 @@ Traps, all checked in the source:
 
 from __future__ import annotations
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 
 from .base import PERCENT_OR_RATIO, EngineAdapter, MetricMap, Ratio, kv_transfers
 

@@ -18,7 +18,7 @@ Notes:
 
 from __future__ import annotations
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 
 from .base import EngineAdapter, MetricMap
 

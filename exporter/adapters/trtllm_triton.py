@@ -29,8 +29,8 @@ Notes:
 
 from __future__ import annotations
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.units import RATIO
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.units import RATIO
 
 from .base import EngineAdapter, MetricMap, Ratio
 

@@ -52,8 +52,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.units import RATIO
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.units import RATIO
 
 from .base import UNATTRIBUTED_TIER, EngineAdapter, MetricMap
 

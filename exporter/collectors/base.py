@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvdoctor.rules.collection import Collector
+from kvdoctor.signals.collection import Collector
 
 __all__ = ["REGISTRY", "CollectorSpec", "markdown_table", "register"]
 

@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 
 from kvdoctor.exporter.collectors.base import register
 from kvdoctor.exporter.gpu_filter import make_gpu_filter
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
-from kvdoctor.rules.units import MIB
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected, NotApplicable, SourceError
+from kvdoctor.signals.units import MIB
+from kvdoctor.signals.window import SeriesKey
 
 from .engine import configured_url, parse_exposition, scrape_options
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition

@@ -42,10 +42,10 @@ from urllib.parse import urlsplit, urlunsplit
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, detect, normalise_page
 from kvdoctor.exporter.adapters.base import EngineAdapter, JsonEndpoint
 from kvdoctor.exporter.collectors.base import register
-from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
-from kvdoctor.rules.signals import ENGINE_INFO, Kind, signal_for_series
-from kvdoctor.rules.textparse import ExpositionError, iter_samples_streamed
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.signals.collection import Collected, NotApplicable, SourceError
+from kvdoctor.signals.textparse import ExpositionError, iter_samples_streamed
+from kvdoctor.signals.vocabulary import ENGINE_INFO, Kind, signal_for_series
+from kvdoctor.signals.window import SeriesKey
 from kvdoctor.sources.environment import ENV_PREFIX
 
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition

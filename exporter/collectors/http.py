@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # vLLM's page is ~50 KB; this only stops a runaway body

@@ -12,9 +12,9 @@ Per GPU (labels ``gpu`` = NVML index, ``uuid``, ``model`` = NVML name):
 - Memory used/total from ``nvmlDeviceGetMemoryInfo`` v2 (falls back to v1).
 - Peak DRAM bandwidth (``kvdoctor_gpu_dram_peak_bandwidth_bytes_per_second``): ``--gpu-peak-bandwidth``
   if given; else the GPU catalogue's datasheet figure for the exact NVML device name
-  (``rules/gpus.py``); else, for a GPU the catalogue lacks, computed from the device: bus width
+  (``ledger/gpus.py``); else, for a GPU the catalogue lacks, computed from the device: bus width
   (bits, ``nvmlDeviceGetMemoryBusWidth``) x max memory clock (MHz,
-  ``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``) x 2 / 8 (``rules.gpus.nvml_peak_bandwidth``: the
+  ``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``) x 2 / 8 (``ledger.gpus.nvml_peak_bandwidth``: the
   factor 2 is double data rate; H100 SXM 5120 bit x 2619 MHz x 2 / 8 = 3.35 TB/s).
 
 Isolation: NVML is initialised lazily, on the first ``collect``. No library, no driver, or no GPU
@@ -43,11 +43,11 @@ import pynvml  # nvidia-ml-py: importing it loads no driver library (nvmlInit do
 
 from kvdoctor.exporter.collectors.base import register
 from kvdoctor.exporter.gpu_filter import make_gpu_filter
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
-from kvdoctor.rules.gpus import DATA_RATE, lookup_gpu, nvml_peak_bandwidth
-from kvdoctor.rules.units import KIB, MIB
-from kvdoctor.rules.window import SeriesKey
+from kvdoctor.ledger.gpus import DATA_RATE, lookup_gpu, nvml_peak_bandwidth
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected, NotApplicable, SourceError
+from kvdoctor.signals.units import KIB, MIB
+from kvdoctor.signals.window import SeriesKey
 
 GpuIdentity = tuple[int, str, str]  # (NVML index, UUID, name): what gpu_filter receives
 GpuFilter = Callable[[Sequence[GpuIdentity]], Sequence[GpuIdentity]]

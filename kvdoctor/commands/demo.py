@@ -24,8 +24,8 @@ from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.assembly import ConfigError, build_exporter
 from kvdoctor.exporter.server import ServerError, serve_in_thread
 from kvdoctor.exporter.settings import error_line, load_settings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.stats import histogram_quantile
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.stats import histogram_quantile
 from kvdoctor.simulator import gpu as simulated_gpu
 from kvdoctor.simulator.deployment import EngineConfig
 from kvdoctor.simulator.engine_server import EngineServer
@@ -41,7 +41,7 @@ exporter goes through the same HTTP scrape and vLLM adapter as in production), a
 extra; --no-dashboard without it). Then prints a one-line status every few seconds until Ctrl-C.
 
 The simulated deployment is Llama-2-7B (32 KV heads: 512 KiB of KV per token) on one H100 with
-vLLM's defaults; its numbers come from the ledger's arithmetic (rules/ledger.py). --gpus N splits
+vLLM's defaults; its numbers come from the ledger's arithmetic (ledger/arithmetic.py). --gpus N splits
 it tensor parallel over N H100s as `kvdoctor ledger --tp N` does (each its share of the weights and
 KV heads, its own KV pool; N divides the 32 attention heads), each GPU with its own UUID, memory
 and DRAM/SM/PCIe readings (the scenarios' loads are sized for one GPU: N of them have more room).

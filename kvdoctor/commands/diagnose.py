@@ -25,14 +25,15 @@ from kvdoctor.rules.diagnosis import Diagnosis, diagnose
 from kvdoctor.rules.fleet import FleetRow, FleetSummary
 from kvdoctor.rules.promql import quote
 from kvdoctor.rules.thresholds import sized_for_interval
-from kvdoctor.rules.units import fmt_ms, plural
 from kvdoctor.rules.verdicts import UNKNOWN
-from kvdoctor.rules.window import Window
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.trace import TraceError
+from kvdoctor.signals.units import fmt_ms, plural
+from kvdoctor.signals.window import Window
 from kvdoctor.sources.exporter_api import ExporterClient, WindowRefused
 from kvdoctor.sources.fleet import read_fleet
-from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.prometheus import BadSelector, PrometheusClient, PrometheusSource
-from kvdoctor.sources.traces import TraceError, load_trace
+from kvdoctor.sources.traces import load_trace
 
 NAME = "diagnose"
 HELP = "say why decode is slow: verdict, evidence and actions for a window of samples"

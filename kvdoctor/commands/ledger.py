@@ -8,12 +8,12 @@ import sys
 
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
-from kvdoctor.rules.gpus import GPUS, GpuSpec, UnknownGpuError, custom_gpu, resolve_gpu, short_name
-from kvdoctor.rules.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
-from kvdoctor.rules.ledger_report import LedgerReport, LedgerRequest, build_report, fmt_size, sequences
-from kvdoctor.rules.model import COMMON_MODELS, ModelShape
-from kvdoctor.rules.model_sources import load_model as load_model_source
-from kvdoctor.rules.units import GB, fmt_duration
+from kvdoctor.ledger.arithmetic import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
+from kvdoctor.ledger.gpus import GPUS, GpuSpec, UnknownGpuError, custom_gpu, resolve_gpu, short_name
+from kvdoctor.ledger.model import COMMON_MODELS, ModelShape
+from kvdoctor.ledger.report import LedgerReport, LedgerRequest, build_report, fmt_size, sequences
+from kvdoctor.signals.units import GB, fmt_duration
+from kvdoctor.sources.model_files import load_model as load_model_source
 
 NAME = "ledger"
 HELP = "does it fit, KV bytes per token, decode floor and tokens/s ceiling for a model on GPUs, with what-ifs"

@@ -19,10 +19,10 @@ from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.collectors.http import HttpExposition
 from kvdoctor.output import check_writable_file
-from kvdoctor.rules import collection
-from kvdoctor.rules.textparse import ExpositionError, family_names
+from kvdoctor.signals import collection
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.textparse import ExpositionError, family_names
 from kvdoctor.sources.exporter_api import ExporterClient
-from kvdoctor.sources.http import SourceError
 from kvdoctor.sources.recording import ExporterRecorder, RawRecording, Recording, SnapshotRecording
 
 NAME = "record"

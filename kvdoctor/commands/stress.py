@@ -21,10 +21,11 @@ from kvdoctor import arguments, flags, probe
 from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
 from kvdoctor.output import check_folder_writable
-from kvdoctor.rules.units import MISSING, fmt_ms, fmt_pct
+from kvdoctor.signals.units import MISSING, fmt_ms, fmt_pct
 from kvdoctor.stress import plan as S
 from kvdoctor.stress.load import EndpointError, LoadRunner, api_root, discover, server_root
 from kvdoctor.stress.signals import ExporterSignals, SignalRecorder, SignalsError
+from kvdoctor.stress.timeline import StepRecord, kv_signals
 from kvdoctor.stress_report import TAIL_SECONDS, write_report
 
 NAME = "stress"
@@ -194,7 +195,7 @@ class LiveState:
     def refresh(self, signals: SignalRecorder, run_start: float, step_start: float) -> None:
         window = signals.window(since=run_start - 2)
         self.snapshots = len(window)
-        sig = S.kv_signals(window) if len(window) else {}
+        sig = kv_signals(window) if len(window) else {}
         if "kv_usage" in sig:
             ts, kv = sig["kv_usage"]
             present = ~np.isnan(kv)
@@ -333,7 +334,7 @@ async def _step_loop(run: _Run, progress: Progress) -> None:
     settings, runner, live, schedule = run.settings, run.runner, run.live, run.schedule
     planned = len(schedule) * settings.step_seconds
     for index, concurrency in enumerate(schedule):
-        step = S.StepRecord(index, concurrency, time.time())
+        step = StepRecord(index, concurrency, time.time())
         run.steps.append(step)
         runner.set_concurrency(concurrency, index)
         before = runner.counts()

@@ -4,8 +4,9 @@ premises and every engine's flag; the new verdict has a title."""
 from __future__ import annotations
 
 from kvdoctor.dashboard import components
-from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.model import COMMON_MODELS
+from kvdoctor.ledger.model import COMMON_MODELS
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import diagnose
 from tests.support.scenarios import SCENARIO_BY_NAME
 
 

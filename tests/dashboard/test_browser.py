@@ -12,8 +12,8 @@ import time
 import pytest
 
 from kvdoctor.dashboard.app import create_app, serve_in_thread
-from kvdoctor.rules.gpus import gpu_spec
-from kvdoctor.rules.model import COMMON_MODELS
+from kvdoctor.ledger.gpus import gpu_spec
+from kvdoctor.ledger.model import COMMON_MODELS
 from tests.support import tools
 from tests.support.browser import Page
 from tests.support.synthetic import SCENARIOS, SYNTHETIC_SLO_SECONDS, FakeExporter, SyntheticEngine

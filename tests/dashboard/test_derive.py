@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvdoctor.dashboard import derive
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.stats import histogram_quantile_rows
-from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.stats import histogram_quantile_rows
+from kvdoctor.signals.window import Window, labels_of
 from tests.support.synthetic import ENGINE, SCENARIOS, SyntheticEngine
 
 INF = math.inf
@@ -136,7 +136,7 @@ def test_source_health_from_window_and_status():
 
 
 def test_every_rules_verdict_has_a_severity():
-    from kvdoctor.rules.diagnosis import VERDICTS
+    from kvdoctor.rules.verdicts import VERDICTS
 
     ranked = sorted(VERDICTS, key=derive.severity, reverse=True)
     assert (

@@ -18,9 +18,9 @@ from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import fleet
 from kvdoctor.dashboard.sources import FleetCache, FleetPage
 from kvdoctor.rules import promql as rules_promql
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.fleet import FLEET_VERDICTS, summarize
-from kvdoctor.rules.tree import SLOW_VERDICTS
+from kvdoctor.rules.verdicts import SLOW_VERDICTS
+from kvdoctor.signals import vocabulary as S
 from tests.support.processes import kvdoctor
 from tests.support.servers import refusing_url
 
@@ -216,7 +216,7 @@ def test_live_queries_use_the_canonical_names():
 
 
 def test_verdict_classes_cover_every_verdict():
-    from kvdoctor.rules.diagnosis import VERDICTS
+    from kvdoctor.rules.verdicts import VERDICTS
 
     for verdict in VERDICTS:
         assert components.verdict_class(verdict) in ("verdict-ok", "verdict-warn", "verdict-bad", "verdict-idle")

@@ -10,8 +10,8 @@ import pytest
 
 from kvdoctor.dashboard import ledger_view
 from kvdoctor.dashboard.pages import ledger as page
-from kvdoctor.rules.gpus import gpu_spec
-from kvdoctor.rules.model import COMMON_MODELS
+from kvdoctor.ledger.gpus import gpu_spec
+from kvdoctor.ledger.model import COMMON_MODELS
 
 # Llama-3.1-8B: 32 layers, 8 KV heads, head dim 128, bf16 -> 2 x 32 x 8 x 128 x 2 bytes per token.
 LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2

@@ -13,7 +13,7 @@ from kvdoctor.dashboard import charts
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import live
 from kvdoctor.dashboard.sources import backend
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 from kvdoctor.sources.exporter_api import ExporterClient
 from tests.support.synthetic import SCENARIOS, FakeExporter, SyntheticEngine, diagnosis_for, fake_fleet
 

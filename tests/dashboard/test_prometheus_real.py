@@ -18,8 +18,8 @@ from kvdoctor.dashboard import charts, promql
 from kvdoctor.dashboard.app import create_app, serve_in_thread
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.dashboard.sources import fetch_live_from_prometheus, fleet_summary
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Window
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Window
 from kvdoctor.sources.prometheus import PrometheusClient
 from tests.support import tools
 from tests.support.browser import Page, chromium_browser

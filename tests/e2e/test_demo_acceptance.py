@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from kvdoctor.exporter.adapters import ADAPTERS
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from tests.support import tools
 from tests.support.demo import DemoProcess
 from tests.support.processes import run

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from kvdoctor.rules.diagnosis import VERDICTS
+from kvdoctor.rules.verdicts import VERDICTS
 from tests.e2e.kvdoctor_stack import ROOT, ExporterProcess
 from tests.support.tools import requires_vllm
 

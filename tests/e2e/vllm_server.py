@@ -143,7 +143,7 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 def samples(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
     """(labels, value) of every sample named exactly ``name`` whose labels include ``labels``.
-    A deliberately small reader for the harness; the product parses with kvdoctor.rules.textparse."""
+    A deliberately small reader for the harness; the product parses with kvdoctor.signals.textparse."""
     found = []
     for line in text.splitlines():
         m = _SAMPLE.match(line)

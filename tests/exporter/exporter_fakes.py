@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collected, NotApplicable, SourceError
-from kvdoctor.rules.window import labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected, NotApplicable, SourceError
+from kvdoctor.signals.window import labels_of
 
 ITL_BUCKETS = ("0.01", "0.025", "0.05", "0.1", "0.25", "+Inf")
 

@@ -9,8 +9,9 @@ import pytest
 from kvdoctor.exporter import assembly as command
 from kvdoctor.exporter.collectors.base import CollectorSpec
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import NotApplicable
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import NotApplicable
 from tests.exporter.exporter_fakes import StaticCollector, engine_samples, gpu_samples
 from tests.support.models import write_config
 
@@ -83,5 +84,5 @@ def test_the_default_diagnosis_is_used_when_the_rules_have_it(registry):
     assert exp.diagnose_hook is not None
     for _ in range(MIN_DIAGNOSIS_SNAPSHOTS):
         exp.run_cycle()
-    assert exp.diagnosis()["verdict"] in __import__("kvdoctor.rules.diagnosis", fromlist=["VERDICTS"]).VERDICTS
+    assert exp.diagnosis()["verdict"] in VERDICTS
     assert f'{S.DIAGNOSIS_VERDICT}{{verdict="{exp.diagnosis()["verdict"]}"}} 1.0' in exp.metrics_bytes().decode()

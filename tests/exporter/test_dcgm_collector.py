@@ -9,9 +9,9 @@ import pytest
 from kvdoctor.exporter.collectors.dcgm import DcgmCollector, dcgm_collector, normalise_dcgm
 from kvdoctor.exporter.collectors.engine import parse_exposition
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import NotApplicable, SourceError
-from kvdoctor.rules.units import MIB
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import NotApplicable, SourceError
+from kvdoctor.signals.units import MIB
 from tests.support.servers import respond
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests/fixtures/dcgm"

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvdoctor.exporter import adapters
 from kvdoctor.exporter.adapters import dynamo_kvbm, lmcache
 from kvdoctor.exporter.adapters.base import EngineAdapter
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.textparse import family_names, iter_samples
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textparse import family_names, iter_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ROOT / "tests" / "fixtures" / "engines"

@@ -14,9 +14,9 @@ import pytest
 from kvdoctor.exporter.adapters import ADAPTERS, TIER_ADAPTERS, UNATTRIBUTED_TIER
 from kvdoctor.exporter.collectors.engine import EngineCollector, engine_collector
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import NotApplicable, SourceError
-from kvdoctor.rules.textparse import iter_samples
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import NotApplicable, SourceError
+from kvdoctor.signals.textparse import iter_samples
 from tests.support.servers import gzipped, respond, stream
 
 ROOT = Path(__file__).resolve().parents[2]

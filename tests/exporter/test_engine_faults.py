@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from tests.support import servers, tools
 from tests.support.exporter_rig import ExporterRig
 

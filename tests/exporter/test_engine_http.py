@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from kvdoctor.exporter.collectors import http as http_module
 from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.collectors.http import HttpExposition
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.textparse import ExpositionError, iter_samples, iter_samples_streamed
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.textparse import ExpositionError, iter_samples, iter_samples_streamed
 from tests.support.servers import EXPOSITION, Behaviour, FakeServer, respond, trickle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import PortInUseError, serve_in_thread
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.textformat import CONTENT_TYPE
-from kvdoctor.rules.window import Window
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textformat import CONTENT_TYPE
+from kvdoctor.signals.window import Window
 from tests.exporter.exporter_fakes import (
     FakeClock,
     StaticCollector,
@@ -125,7 +125,7 @@ def test_window_json_has_null_for_non_finite_values():
 
 
 def _odd_values():
-    from kvdoctor.rules.collection import Collected
+    from kvdoctor.signals.collection import Collected
 
     return Collected({(S.REQUESTS_WAITING, (("engine", "odd"),)): float("inf")})
 

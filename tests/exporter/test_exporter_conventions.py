@@ -21,8 +21,8 @@ import kvdoctor
 from kvdoctor.exporter.accounting import build_revision
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.exposition import to_openmetrics, wants_openmetrics
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.textformat import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textformat import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 from tests.exporter.test_exporter_app import serving
 from tests.support.exporter_rig import parse_page
 from tests.support.tools import ROOT, needs, promtool

@@ -22,7 +22,7 @@ from kvdoctor.exporter.gpu_filter import (
     select_devices,
     select_engine_processes,
 )
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 
 U0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
 U1 = "GPU-1f2e3d4c-0000-1111-2222-333344445555"

@@ -20,8 +20,8 @@ from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.adapters.llamacpp import PROPS, SLOTS
 from kvdoctor.exporter.collectors import engine as engine_module
 from kvdoctor.exporter.collectors.engine import EngineCollector, endpoint_url, engine_status
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.textparse import family_names
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textparse import family_names
 from tests.support.processes import kvdoctor
 from tests.support.servers import JSON, respond
 from tests.support.tools import wait_until

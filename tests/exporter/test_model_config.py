@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from kvdoctor.exporter import assembly
 from kvdoctor.exporter.live_diagnosis import decode_floor
 from kvdoctor.exporter.settings import ExporterSettings, error_line
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.ledger import weight_bytes_per_step
-from kvdoctor.rules.model import BUILTIN_CONFIGS, COMMON_MODELS
+from kvdoctor.ledger.arithmetic import weight_bytes_per_step
+from kvdoctor.ledger.model import BUILTIN_CONFIGS, COMMON_MODELS
+from kvdoctor.signals import vocabulary as S
 from tests.support.models import TINY_CONFIG, write_config
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -18,10 +18,10 @@ import pytest
 
 from kvdoctor.exporter.collectors.nvml import NvmlCollector, check, nvml_collector, peak_bandwidth
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import NotApplicable, SourceError
-from kvdoctor.rules.gpus import lookup_gpu
-from kvdoctor.rules.units import MIB
+from kvdoctor.ledger.gpus import lookup_gpu
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import NotApplicable, SourceError
+from kvdoctor.signals.units import MIB
 
 
 @dataclass

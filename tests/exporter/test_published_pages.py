@@ -21,11 +21,11 @@ from kvdoctor.exporter import adapters
 from kvdoctor.exporter.adapters.base import PERCENT, PERCENT_OR_RATIO, MetricMap
 from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.diagnosis import diagnose
-from kvdoctor.rules.textparse import family_names, iter_samples
-from kvdoctor.rules.trace import format_raw_captures, parse_trace
-from kvdoctor.rules.units import RATIO
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textparse import family_names, iter_samples
+from kvdoctor.signals.trace import format_raw_captures, parse_trace
+from kvdoctor.signals.units import RATIO
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "tests" / "fixtures" / "published"

@@ -12,9 +12,9 @@ from kvdoctor.exporter import accounting, isolation, live_diagnosis
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import Collected, SourceError
-from kvdoctor.rules.window import labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected, SourceError
+from kvdoctor.signals.window import labels_of
 from tests.exporter.exporter_fakes import (
     BlockingCollector,
     FakeClock,

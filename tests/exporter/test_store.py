@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvdoctor.exporter.store import RingStore
-from kvdoctor.rules.window import Snapshot, Window, labels_of
+from kvdoctor.signals.window import Snapshot, Window, labels_of
 from tests.exporter.exporter_fakes import FakeClock
 
 

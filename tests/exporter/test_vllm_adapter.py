@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvdoctor.exporter.adapters import ADAPTERS, detect
 from kvdoctor.exporter.adapters.vllm import ADAPTER, kv_capacity_tokens
 from kvdoctor.exporter.exposition import render_samples
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.textparse import family_names, iter_samples
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textparse import family_names, iter_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/vllm-0.32-cpu"

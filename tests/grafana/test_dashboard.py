@@ -20,9 +20,9 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.grafana import builder, queries
 from kvdoctor.rules import alert_specs, promql, verdicts
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals import vocabulary as S
 from tests.grafana import board as B
 from tests.support.tools import ROOT
 
@@ -205,13 +205,13 @@ def test_the_verdict_timeline_maps_every_verdict_of_the_tree():
     panel = by_title(B.load(), "Verdict over time")
     (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
     assert {int(code): m["text"] for code, m in mapping["options"].items()} == {
-        queries.verdict_code(v): verdicts.title(v) for v in VERDICTS
+        verdicts.verdict_code(v): verdicts.title(v) for v in VERDICTS
     }
     expr = panel["targets"][0]["expr"]
     for verdict in VERDICTS:
-        assert f'verdict="{verdict}"}} == 1) * 0 + {queries.verdict_code(verdict)}' in expr
-    assert mapping["options"][str(queries.verdict_code("healthy"))]["color"] == "green"
-    assert mapping["options"][str(queries.verdict_code("kv_thrashing"))]["color"] == "red"
+        assert f'verdict="{verdict}"}} == 1) * 0 + {verdicts.verdict_code(verdict)}' in expr
+    assert mapping["options"][str(verdicts.verdict_code("healthy"))]["color"] == "green"
+    assert mapping["options"][str(verdicts.verdict_code("kv_thrashing"))]["color"] == "red"
 
 
 def test_the_alerts_table_lists_every_kvdoctor_alert():

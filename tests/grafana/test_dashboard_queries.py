@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from kvdoctor.rules import promql
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.diagnosis import VERDICTS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals import vocabulary as S
 from tests.grafana import board as B
 from tests.support import tools
 from tests.support.processes import run

@@ -237,7 +237,8 @@ def exporter_flags() -> set[str]:
 
 
 def exporter_variables() -> set[str]:
-    from kvdoctor.exporter.settings import COLLECTOR_ENV_PREFIX, collector_registry, options
+    from kvdoctor.exporter.collector_switches import COLLECTOR_ENV_PREFIX
+    from kvdoctor.exporter.settings import collector_registry, options
 
     names = {env for option in options() if not option.is_collectors for env in option.env}
     return names | {COLLECTOR_ENV_PREFIX + name.upper() for name in collector_registry()}

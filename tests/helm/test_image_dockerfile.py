@@ -231,7 +231,7 @@ def test_build_stage_copies_every_package_folder_and_nothing_ignored():
         ("exporter/__pycache__/x.pyc", True),
         ("kvdoctor.egg-info", True),
         ("exporter/gpu_filter.py", False),
-        ("rules/signals.py", False),
+        ("signals/vocabulary.py", False),
         ("pyproject.toml", False),
     ],
 )
@@ -282,7 +282,7 @@ def test_build_stage_install_works_from_exactly_the_build_context(tmp_path):
     for module in (
         "kvdoctor/cli.py",
         "kvdoctor/exporter/gpu_filter.py",
-        "kvdoctor/rules/signals.py",
+        "kvdoctor/signals/vocabulary.py",
         "kvdoctor/dashboard/__init__.py",
     ):
         assert module in names

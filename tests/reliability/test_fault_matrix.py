@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.exporter.adapters.base import MAX_CACHED_KEYS
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from tests.support import servers
 from tests.support.exporter_rig import ExporterRig
 

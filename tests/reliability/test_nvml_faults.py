@@ -19,9 +19,9 @@ from kvdoctor.exporter.collectors.nvml import BACKOFF_MAX, NvmlCollector
 from kvdoctor.exporter.exposition import render_samples
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.window import labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.window import labels_of
 from tests.exporter.test_nvml_collector import Clock, FakeNvml, by_gpu, h100
 
 

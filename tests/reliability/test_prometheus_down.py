@@ -23,7 +23,7 @@ import pytest
 from kvdoctor.dashboard.app import create_app
 from kvdoctor.dashboard.pages import fleet, live
 from kvdoctor.dashboard.sources import fetch_live_from_prometheus, fleet_summary, prometheus_diagnosis
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 from kvdoctor.sources.prometheus import PrometheusClient
 from tests.support import servers
 

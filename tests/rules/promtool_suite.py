@@ -22,7 +22,8 @@ from pathlib import Path
 
 from kvdoctor.rules import alert_specs, promql
 from kvdoctor.rules.alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT
-from kvdoctor.rules.diagnosis import Context, Diagnosis, diagnose
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import Diagnosis, diagnose
 from kvdoctor.rules.feature_promql import ENGINE_KEYS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from tests.support.scenarios import Scenario

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvdoctor.rules import promql
-from kvdoctor.rules.signals import (
+from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     INTER_TOKEN_LATENCY,
     KV_CACHE_USAGE,

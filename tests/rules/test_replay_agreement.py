@@ -19,11 +19,12 @@ import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.diagnosis import VERDICTS, diagnose
+from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import Thresholds, sized_for_interval
-from kvdoctor.rules.trace import format_raw_captures, format_window
-from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.trace import format_raw_captures, format_window
+from kvdoctor.signals.window import Snapshot, Window
 from kvdoctor.sources.prometheus import PrometheusSource
 from kvdoctor.sources.traces import load_trace, write_window
 from tests.support import tools

@@ -7,9 +7,11 @@ import re
 
 import pytest
 
-from kvdoctor.rules.actions import FIX, MITIGATE, SHOWN_PER_GROUP, LedgerFacts, plan_actions, shown
-from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.model import COMMON_MODELS
+from kvdoctor.ledger.model import COMMON_MODELS
+from kvdoctor.rules.action_checks import LedgerFacts
+from kvdoctor.rules.actions import FIX, MITIGATE, SHOWN_PER_GROUP, plan_actions, shown
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import diagnose
 from tests.support.scenarios import SCENARIO_BY_NAME
 
 LLAMA3 = COMMON_MODELS["Llama-3.1-8B"]  # GQA: 8 KV heads for 32 attention heads

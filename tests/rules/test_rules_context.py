@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvdoctor.ledger.model import COMMON_MODELS
 from kvdoctor.rules import context as C
 from kvdoctor.rules.diagnosis import diagnose
-from kvdoctor.rules.model import COMMON_MODELS
-from kvdoctor.rules.signals import CONTEXT_INFO, ITL_SLO
-from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.signals.vocabulary import CONTEXT_INFO, ITL_SLO
+from kvdoctor.signals.window import Window, labels_of
 from tests.support.scenarios import SCENARIO_BY_NAME
 
 SHAPE = COMMON_MODELS["Llama-3.1-8B"]

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdoctor.rules.diagnosis import MIN_WINDOW_SAMPLES, VERDICTS, Context, Diagnosis, diagnose
-from kvdoctor.rules.model import COMMON_MODELS
-from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, INTER_TOKEN_LATENCY
-from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.window import Snapshot, Window
+from kvdoctor.ledger.model import COMMON_MODELS
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import Diagnosis, diagnose
+from kvdoctor.rules.thresholds import MIN_WINDOW_SAMPLES, Thresholds
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals.vocabulary import GPU_DRAM_BANDWIDTH_UTILIZATION, GPU_SM_ACTIVE, INTER_TOKEN_LATENCY
+from kvdoctor.signals.window import Snapshot, Window
 from tests.support.scenarios import SCENARIO_BY_NAME
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
@@ -173,7 +175,7 @@ def test_a_window_from_a_real_vllm_filling_its_kv_cache():
     """16 real scrapes of vLLM 0.32 (CPU) while 16 requests fill an 8 MiB KV cache: usage reaches
     97%, 13 requests wait, no preemption yet."""
     from kvdoctor.exporter import adapters
-    from kvdoctor.rules import textparse
+    from kvdoctor.signals import textparse
 
     adapter = adapters.ADAPTERS["vllm"]
     snapshots = []
@@ -229,7 +231,7 @@ def test_gappy_partial_windows_never_break_diagnose(seed):
 
 
 def test_a_negative_peak_bandwidth_gauge_is_ignored_not_fatal():
-    from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH
+    from kvdoctor.signals.vocabulary import GPU_DRAM_PEAK_BANDWIDTH
 
     healthy = window("high_hit_ratio_bandwidth_bound")
     broken = Window(

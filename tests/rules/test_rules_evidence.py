@@ -10,7 +10,7 @@ import pytest
 from kvdoctor.rules import tree
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.units import RATIO
+from kvdoctor.signals.units import RATIO
 from tests.support.scenarios import SCENARIO_BY_NAME, SCENARIOS
 
 KNOBS = set(Thresholds().as_dict().values())

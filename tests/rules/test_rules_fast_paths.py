@@ -16,13 +16,16 @@ import struct
 import numpy as np
 import pytest
 
-from kvdoctor.rules import diagnosis, features, stats
+from kvdoctor.rules import diagnosis, features
+from kvdoctor.rules.action_checks import LedgerFacts
+from kvdoctor.rules.context import Context
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.knee import detect_knee
-from kvdoctor.rules.signals import GPU_DRAM_PEAK_BANDWIDTH, INTER_TOKEN_LATENCY, KV_CACHE_CAPACITY, KV_CACHE_USAGE
 from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.rules.view import Selector, WindowView, _Buckets, nanmax, nansum, parse_le, part_range
-from kvdoctor.rules.window import Window
+from kvdoctor.signals import stats
+from kvdoctor.signals.vocabulary import GPU_DRAM_PEAK_BANDWIDTH, INTER_TOKEN_LATENCY, KV_CACHE_CAPACITY, KV_CACHE_USAGE
+from kvdoctor.signals.window import Window
 from tests.support.scenarios import SCENARIOS
 
 NAN = math.nan
@@ -250,7 +253,7 @@ def test_the_view_hands_out_what_the_reference_does(name, window):
     assert diagnosis._missing_signals(view) == diagnosis._missing_signals(ref)
     assert repr(diagnosis._knee(view, t)) == repr(diagnosis._knee(ref, t))
     assert repr(diagnosis._prefix_hit_ratio(view)) == repr(diagnosis._prefix_hit_ratio(ref))
-    context = diagnosis.Context()
+    context = Context()
     values = features.compute_features(view, t)
     got = diagnosis._ledger_facts(view, context, values, t)
     want = reference_ledger_facts(ref, context)
@@ -273,7 +276,7 @@ def reference_ledger_facts(view, ctx):
     usage = usage[~np.isnan(usage)]
     cap = float(capacity.sum()) if len(capacity) else None
     live = float(usage.mean()) * cap if cap is not None and len(usage) else None
-    return diagnosis.LedgerFacts(
+    return LedgerFacts(
         model=ctx.model,
         kv_dtype=ctx.kv_dtype,
         peak_bandwidth=peak,

@@ -7,17 +7,10 @@ import math
 import pytest
 
 from kvdoctor.rules import promql
-from kvdoctor.rules.fleet import (
-    FLEET_FEATURES,
-    FLEET_VERDICTS,
-    UNKNOWN,
-    FleetRow,
-    fleet_queries,
-    summarize,
-    worst_first_key,
-)
-from kvdoctor.rules.signals import DIAGNOSIS_VERDICT, ITL_SLO
+from kvdoctor.rules.fleet import FLEET_FEATURES, FLEET_VERDICTS, FleetRow, fleet_queries, summarize, worst_first_key
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS
+from kvdoctor.rules.verdicts import UNKNOWN
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, ITL_SLO
 
 T = promql.rule_thresholds(None, None)
 ITL = promql.record_name("itl_p95_seconds", T)

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, promql, tree, units
+from kvdoctor.rules import alert_specs, promql, tree
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.rules.verdicts import SLOW_VERDICTS, VERDICTS
+from kvdoctor.signals import units
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "rules" / "alerts.yaml"
@@ -57,7 +59,7 @@ def _alerts() -> dict[str, dict]:
 
 def test_the_alerts_are_exactly_the_specified_ones():
     assert set(_alerts()) == EXPECTED_ALERTS
-    assert set(alert_specs.VERDICT_ALERT) == set(tree.SLOW_VERDICTS)  # every slow verdict, nothing else
+    assert set(alert_specs.VERDICT_ALERT) == set(SLOW_VERDICTS)  # every slow verdict, nothing else
 
 
 def rule_is_a_verdict(name: str) -> bool:
@@ -158,7 +160,7 @@ def test_alerts_compare_itl_with_each_pods_published_slo():
 def test_alerts_read_only_canonical_signals_and_recorded_features():
     text = COMMITTED.read_text()
     names = set(re.findall(r"\b(kvdoctor_[a-z_]+)", text))
-    from kvdoctor.rules.signals import SIGNALS
+    from kvdoctor.signals.vocabulary import SIGNALS
 
     for name in names:
         base = re.sub(r"_(bucket|sum|count)$", "", name)
@@ -172,7 +174,7 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     # every branch but idle (the engines it leaves) and the last (every active engine), in order
     assert [b for b, _ in chain] == [b.id for b in tree.BRANCHES[1:-1]]
     assert [int(c) for _, c in chain] == [promql.verdict_code(b.verdict) for b in tree.BRANCHES[1:-1]]
-    assert [tree.VERDICTS[int(c) - 1] for _, c in chain][:2] == ["kv_thrashing", "kv_thrashing"]
+    assert [VERDICTS[int(c) - 1] for _, c in chain][:2] == ["kv_thrashing", "kv_thrashing"]
     keys = "namespace, pod, instance, model_name, engine"
     assert f"group by ({keys}) (kvdoctor:engine_active) * {promql.verdict_code('healthy')}" in expr
     assert expr.count(f"\nor on({keys}) group by") == len(tree.BRANCHES) - 2

@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 
 from kvdoctor.rules import confidence, tree
 from kvdoctor.rules.conditions import Cmp, CmpFeatures, features_of
-from kvdoctor.rules.diagnosis import SLOW_VERDICTS, diagnose
+from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.knee import JUMP, RISES_WITH_KV
-from kvdoctor.rules.signals import SIGNALS, signal_for_series
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
-from kvdoctor.rules.window import Window
+from kvdoctor.rules.verdicts import SLOW_VERDICTS
+from kvdoctor.signals.vocabulary import SIGNALS, signal_for_series
+from kvdoctor.signals.window import Window
 from tests.support.scenarios import BASE, Gpu, Latency, Scenario
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

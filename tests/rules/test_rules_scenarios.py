@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from kvdoctor.rules.diagnosis import VERDICTS, diagnose
-from kvdoctor.rules.signals import GPU_DRAM_BANDWIDTH_UTILIZATION, SIGNALS
+from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals.vocabulary import GPU_DRAM_BANDWIDTH_UTILIZATION, SIGNALS
 from tests.support.scenarios import (
     CHANGE_LAG,
     SCENARIO_BY_NAME,
@@ -182,7 +183,7 @@ def test_the_published_slo_decides_unless_one_is_given():
     d = diagnose(scenario.window())
     assert d.verdict == "memory_bandwidth_bound" and d.context.slo == 0.015
     assert d.context.slo_source == "published by the exporter" and "(SLO 15 ms)" in d.headline
-    from kvdoctor.rules.diagnosis import Context
+    from kvdoctor.rules.context import Context
 
     given = diagnose(scenario.window(), Context(slo_seconds=0.1))
     assert given.verdict == "healthy" and given.context.slo_source == "given"
@@ -352,7 +353,7 @@ def test_a_tier_miss_after_capacity_pressure_quotes_the_pool_as_it_is_now():
 def test_a_window_needs_three_samples_to_be_judged(samples):
     """Fewer than ``MIN_WINDOW_SAMPLES`` samples: verdict ``unknown`` with a one-line reason, never
     ``healthy``; from three on, the slow engine is diagnosed."""
-    from kvdoctor.rules.diagnosis import MIN_WINDOW_SAMPLES
+    from kvdoctor.rules.thresholds import MIN_WINDOW_SAMPLES
 
     assert MIN_WINDOW_SAMPLES == 3
     window = SCENARIO_BY_NAME["window_two_snapshots"].but(duration=float(samples - 1)).window()

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from kvdoctor.exporter.collectors.base import REGISTRY
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import NotApplicable, SourceError
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import NotApplicable, SourceError
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.gpu import HttpSource, SimulatedGpuCollector, for_engine_url, gpu_uuid
 from kvdoctor.simulator.physics import Simulation

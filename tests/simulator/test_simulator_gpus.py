@@ -9,8 +9,8 @@ import io
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.ledger import kv_capacity, kv_pool_bytes
+from kvdoctor.ledger.arithmetic import kv_capacity, kv_pool_bytes
+from kvdoctor.signals import vocabulary as S
 from kvdoctor.simulator.deployment import EngineConfig
 from kvdoctor.simulator.gpu import SimulatedGpuCollector, gpu_payload
 from kvdoctor.simulator.physics import Simulation

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from kvdoctor.rules.ledger import decode_step_floor, kv_bytes_per_token
+from kvdoctor.ledger.arithmetic import decode_step_floor, kv_bytes_per_token
 from kvdoctor.simulator import scenarios, vllm_metrics
 from kvdoctor.simulator.deployment import EngineConfig
 from kvdoctor.simulator.physics import Simulation
@@ -298,8 +298,8 @@ def test_cycle_walks_every_scenario_in_order():
 
 
 def test_a_model_that_does_not_fit_is_refused():
-    from kvdoctor.rules.gpus import gpu_spec
-    from kvdoctor.rules.model import COMMON_MODELS
+    from kvdoctor.ledger.gpus import gpu_spec
+    from kvdoctor.ledger.model import COMMON_MODELS
 
     with pytest.raises(ValueError, match="no room for a KV cache"):
         Simulation(

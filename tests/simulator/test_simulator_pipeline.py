@@ -13,7 +13,7 @@ import pytest
 from kvdoctor.commands.demo import DEFAULT_SLO_MS
 from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.settings import load_settings
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from kvdoctor.simulator import gpu as simulated_gpu
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation

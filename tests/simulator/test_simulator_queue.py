@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from kvdoctor import cli
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from kvdoctor.simulator import scenarios
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter import adapters
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.textparse import family_names, iter_samples
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.textparse import family_names, iter_samples
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.scenarios import SCENARIO_CHOICES

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.rules.textparse import iter_samples
+from kvdoctor.signals.textparse import iter_samples
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.physics import Simulation
 from kvdoctor.simulator.requests import API_EPOCH

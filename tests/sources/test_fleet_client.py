@@ -10,9 +10,9 @@ from urllib.parse import parse_qs
 import pytest
 
 from kvdoctor.rules import promql
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.fleet import UNKNOWN
-from kvdoctor.rules.signals import DIAGNOSIS_VERDICT
+from kvdoctor.rules.verdicts import UNKNOWN
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT
 from kvdoctor.sources.fleet import fleet_matchers, read_fleet
 from kvdoctor.sources.prometheus import BadSelector, PrometheusClient
 from tests.support.servers import FakeServer, send_json

@@ -25,7 +25,7 @@ import yaml
 
 from kvdoctor.cli import main as kvdoctor_main
 from kvdoctor.rules import promql
-from kvdoctor.rules.diagnosis import VERDICTS
+from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.prometheus import PrometheusClient
 from tests.grafana import board as B

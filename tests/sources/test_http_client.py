@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 from kvdoctor.sources.http import HttpClient, check_base_url
 from tests.support.servers import (
     JSON,

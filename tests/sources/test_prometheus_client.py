@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from kvdoctor.rules.collection import SourceError
+from kvdoctor.signals.collection import SourceError
 from kvdoctor.sources.prometheus import PrometheusClient, PrometheusSource, QueryRejected
 from tests.support.servers import JSON, FakeServer, respond
 

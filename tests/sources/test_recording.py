@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.window import Window, labels_of
 from kvdoctor.sources import recording
 from kvdoctor.sources.exporter_api import ExporterClient
 from kvdoctor.sources.recording import ExporterRecorder, RawRecording, SnapshotRecording

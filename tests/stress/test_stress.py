@@ -17,8 +17,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Snapshot, Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Snapshot, Window, labels_of
 from kvdoctor.stress.load import EndpointError, LoadRunner, _chunk_tokens, api_root, discover, make_prompt
 from kvdoctor.stress.plan import (
     BANDWIDTH,
@@ -27,17 +27,14 @@ from kvdoctor.stress.plan import (
     QUEUE,
     TTFT,
     UNKNOWN,
-    Bins,
-    RequestRecord,
-    StepRecord,
     StressSettings,
-    bin_run,
     dram_bandwidth_peak,
     find_saturation,
     step_schedule,
     stress_verdict,
     summarise_steps,
 )
+from kvdoctor.stress.timeline import Bins, RequestRecord, StepRecord, bin_run
 
 T0 = 1_700_000_000.0
 ENGINE = labels_of(engine="vllm", model_name="tiny")

@@ -60,9 +60,13 @@ from kvdoctor.exporter.adapters import ADAPTERS, EngineAdapter, MetricMap, norma
 from kvdoctor.exporter.adapters.base import PERCENT, Ratio
 from kvdoctor.exporter.adapters.vllm import kv_capacity_tokens
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import promql, tree
-from kvdoctor.rules.diagnosis import Context, diagnose
-from kvdoctor.rules.signals import (
+from kvdoctor.rules import promql
+from kvdoctor.rules.context import Context
+from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.signals.trace import format_raw_captures, parse_trace
+from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     INTER_TOKEN_LATENCY,
     KV_TRANSFER_BYTES,
@@ -75,9 +79,7 @@ from kvdoctor.rules.signals import (
     TIME_TO_FIRST_TOKEN,
     Kind,
 )
-from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.trace import format_raw_captures, parse_trace
-from kvdoctor.rules.window import SeriesKey, Window, format_series
+from kvdoctor.signals.window import SeriesKey, Window, format_series
 from tests.support.scenarios import (
     BASE,
     HOST_TIER_HITS,
@@ -99,7 +101,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UNKNOWN = "unknown"  # a window too short to judge
 MIN_SAMPLES = 3  # fewer samples than this in the window: the truth is ``unknown``
 # Every label, in the matrix's order: the tree's verdicts, then ``unknown`` (unless the tree has it).
-LABELS: tuple[str, ...] = (*tree.VERDICTS, *((UNKNOWN,) if UNKNOWN not in tree.VERDICTS else ()))
+LABELS: tuple[str, ...] = (*VERDICTS, *((UNKNOWN,) if UNKNOWN not in VERDICTS else ()))
 QUIET = ("idle", "healthy")  # verdicts that say nothing is slow
 SLOW = tuple(v for v in LABELS if v not in (*QUIET, UNKNOWN))
 
@@ -774,7 +776,7 @@ def judge_python(cases: Sequence[Case], jobs: int = 1) -> Verdicts:
 # kvdoctor:verdict covers the active engines of a window that can be judged: no sample is the tree's
 # idle where the window holds enough scrapes (kvdoctor:judgeable, 0 below), else unknown (-1 below)
 _NOT_JUDGEABLE = -1
-_CODE_TO_VERDICT = {promql.verdict_code(v): v for v in tree.VERDICTS} | {_NOT_JUDGEABLE: "unknown"}
+_CODE_TO_VERDICT = {promql.verdict_code(v): v for v in VERDICTS} | {_NOT_JUDGEABLE: "unknown"}
 _NO_VERDICT = "idle"
 _FAILED = re.compile(r"time: ([0-9a-z.]+),\s*\n\s*exp: [^\n]*\n\s*got: ([^\n]*)")
 _SAMPLE = re.compile(r"\{([^}]*)\} (\S+)")

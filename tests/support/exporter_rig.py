@@ -15,10 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.collectors.engine import EngineCollector
-from kvdoctor.exporter.runtime import Exporter, default_diagnose_hook
+from kvdoctor.exporter.live_diagnosis import default_diagnose_hook
+from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.server import serve_in_thread
 from kvdoctor.exporter.settings import ExporterSettings
-from kvdoctor.rules import signals as S
+from kvdoctor.signals import vocabulary as S
 from tests.support.tools import wait_until
 
 Page = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -43,12 +43,12 @@ import numpy as np
 from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.settings import load_settings
-from kvdoctor.rules import signals as S
 from kvdoctor.rules.alert_specs import VERDICT_ALERT
-from kvdoctor.rules.collection import Collected
-from kvdoctor.rules.records import attributes
-from kvdoctor.rules.textparse import iter_samples
-from kvdoctor.rules.window import SeriesKey, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import Collected
+from kvdoctor.signals.records import attributes
+from kvdoctor.signals.textparse import iter_samples
+from kvdoctor.signals.window import SeriesKey, labels_of
 from tests.support.scenarios import SCENARIO_BY_NAME, Scenario
 from tests.support.servers import FakeServer, send, send_json, serve_until_killed
 

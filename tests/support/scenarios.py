@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvdoctor.rules.alert_specs import ALERT_BY_NAME, VERDICT_ALERT
-from kvdoctor.rules.signals import (
+from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS, Thresholds, sized_for_interval
+from kvdoctor.signals.vocabulary import (
     CONTEXT_INFO,
     GENERATION_SECONDS,
     GENERATION_TOKENS,
@@ -56,11 +57,10 @@ from kvdoctor.rules.signals import (
     SOURCE_UP,
     TIME_TO_FIRST_TOKEN,
 )
-from kvdoctor.rules.signals import (
+from kvdoctor.signals.vocabulary import (
     ITL_BUCKETS as ITL_BOUNDS,
 )
-from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS, Thresholds, sized_for_interval
-from kvdoctor.rules.window import SeriesKey, Window, format_series, labels_of
+from kvdoctor.signals.window import SeriesKey, Window, format_series, labels_of
 
 ITL_BUCKETS = (*ITL_BOUNDS, math.inf)  # vLLM's, as the engine exposes them
 # vLLM's time-to-first-token buckets (vllm/v1/metrics/loggers.py)

@@ -23,8 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 
 from kvdoctor.dashboard import derive, promql
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.window import Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.window import Window, labels_of
 from kvdoctor.simulator.vllm_metrics import TTFT_BUCKETS as VLLM_TTFT_BUCKETS
 from tests.support.processes import Process
 from tests.support.servers import JSON, FakeServer, send, send_json, serve_until_killed

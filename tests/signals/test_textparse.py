@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvdoctor.rules import textparse
-from kvdoctor.rules.textparse import ExpositionError, family_names, is_openmetrics, iter_samples
+from kvdoctor.signals import textparse
+from kvdoctor.signals.textparse import ExpositionError, family_names, is_openmetrics, iter_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_FIXTURES = sorted((ROOT / "tests/fixtures/vllm-0.32-cpu").rglob("*.txt"))

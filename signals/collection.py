@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvdoctor.rules.window import Labels, SeriesKey
+from kvdoctor.signals.window import Labels, SeriesKey
 
 
 class NotApplicable(Exception):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvdoctor.rules import gpus as G
+from kvdoctor.ledger import gpus as G
 
 GIB = 1024**3
 

@@ -6,7 +6,7 @@
 - a model folder (a Hugging Face snapshot: ``config.json`` and the weights);
 - a Hugging Face id already in the local cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
   ``~/.cache/huggingface/hub``: ``models--org--name/snapshots/<revision>/``); never the network;
-- a built-in name (``Llama-3.1-8B``, ``Mixtral-8x7B``, ... ``rules/model.py``).
+- a built-in name (``Llama-3.1-8B``, ``Mixtral-8x7B``, ... ``ledger/model.py``).
 
 Next to a ``config.json`` the weights' exact size is read where the files say it:
 ``model.safetensors.index.json``'s ``metadata.total_size``, or a single ``model.safetensors``'s
@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .model import COMMON_MODELS, ModelShape, builtin_model
+from kvdoctor.ledger.model import COMMON_MODELS, ModelShape, builtin_model
 
 ConfigSource = str | os.PathLike[str] | bytes | Mapping[str, Any]
 CONFIG = "config.json"

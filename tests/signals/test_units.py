@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvdoctor.rules import units as U
+from kvdoctor.signals import units as U
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ import pytest
 
 from kvdoctor.exporter.collectors.engine import EngineCollector
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import signals as S
-from kvdoctor.rules.collection import SourceError
-from kvdoctor.rules.trace import TraceError, format_raw_captures, format_window
-from kvdoctor.rules.trace import parse_trace as parse_canonical
-from kvdoctor.rules.window import Snapshot, Window, labels_of
+from kvdoctor.signals import vocabulary as S
+from kvdoctor.signals.collection import SourceError
+from kvdoctor.signals.trace import TraceError, format_raw_captures, format_window
+from kvdoctor.signals.trace import parse_trace as parse_canonical
+from kvdoctor.signals.window import Snapshot, Window, labels_of
 from kvdoctor.sources.traces import load_trace as load_canonical
 from kvdoctor.sources.traces import write_raw_captures, write_window
 from tests.support import tools
@@ -284,7 +284,7 @@ def test_unreadable_files_raise_one_clear_line(tmp_path, content, message):
 def test_awkward_but_valid_lines_read_as_the_exposition_parser_reads_them():
     """Blanks inside label values, escaped quotes, exemplars, NaN and +Inf, a series first seen
     with an exemplar: the trace reader's per-series shortcut must agree with textparse."""
-    from kvdoctor.rules.textparse import iter_samples
+    from kvdoctor.signals.textparse import iter_samples
 
     name = S.REQUESTS_RUNNING
     text = (

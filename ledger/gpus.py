@@ -24,7 +24,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
-from .units import GB, GIB
+from kvdoctor.signals.units import GB, GIB
 
 TFLOPS = 1e12
 PCIE_X16_BANDWIDTH = {3: 15.75 * GB, 4: 31.5 * GB, 5: 63 * GB}  # bytes/s per direction

@@ -4,7 +4,7 @@
 Qwen-MoE, DeepSeek), MLA attention (DeepSeek-V2/V3 ``kv_lora_rank`` + ``qk_rope_head_dim``) and
 quantised weights (``quantization_config``). A field the arithmetic needs and the config lacks is
 a ``ValueError`` naming it, never a zero. ``load_model`` / ``load_model_shape``
-(``rules/model_sources.py``) find the config: a file, a model folder, a cached Hugging Face id,
+(``sources/model_files.py``) find the config: a file, a model folder, a cached Hugging Face id,
 or a built-in name.
 """
 

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from kvdoctor.rules.ledger import kv_bytes_per_token, weight_bytes_per_step
-from kvdoctor.rules.model import BUILTIN_CONFIGS, COMMON_MODELS, ModelShape
-from kvdoctor.rules.model_sources import find_in_hf_cache, hf_hub_cache, load_model, load_model_shape
+from kvdoctor.ledger.arithmetic import kv_bytes_per_token, weight_bytes_per_step
+from kvdoctor.ledger.model import BUILTIN_CONFIGS, COMMON_MODELS, ModelShape
+from kvdoctor.sources.model_files import find_in_hf_cache, hf_hub_cache, load_model, load_model_shape
 from tests.support.models import TINY_CONFIG
 
 CONFIG = TINY_CONFIG

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ledger import (
+from kvdoctor.signals.units import BYTES_TABLE, GB, MB, fmt_bytes, fmt_bytes_exact, fmt_duration
+
+from .arithmetic import (
     AllReduce,
     Deployment,
     Fit,
@@ -28,7 +30,6 @@ from .ledger import (
     weight_bytes_per_step,
 )
 from .model import dtype_bytes
-from .units import BYTES_TABLE, GB, MB, fmt_bytes, fmt_bytes_exact, fmt_duration
 from .whatif import OffloadFeasibility, WhatIf, offload_feasibility, what_if_rows
 
 BYTES, SECONDS, TOKENS, SEQUENCES, TIMES, TOKENS_PER_SECOND = "bytes", "seconds", "tokens", "sequences", "x", "tokens/s"

@@ -22,10 +22,10 @@ import math
 
 import pytest
 
-from kvdoctor.rules import ledger as L
-from kvdoctor.rules.gpus import GPUS, gpu_spec
-from kvdoctor.rules.model import BUILTIN_CONFIGS, COMMON_MODELS, ModelShape
-from kvdoctor.rules.whatif import offload_feasibility, what_if_rows
+from kvdoctor.ledger import arithmetic as L
+from kvdoctor.ledger.gpus import GPUS, gpu_spec
+from kvdoctor.ledger.model import BUILTIN_CONFIGS, COMMON_MODELS, ModelShape
+from kvdoctor.ledger.whatif import offload_feasibility, what_if_rows
 
 LLAMA_8B = COMMON_MODELS["Llama-3.1-8B"]
 LLAMA_70B = COMMON_MODELS["Llama-3.1-70B"]

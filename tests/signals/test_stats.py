@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kvdoctor.rules import stats
+from kvdoctor.signals import stats
 
 NAN = math.nan
 

@@ -3,14 +3,16 @@
 ``what_if_rows`` gives the baseline and each cheap change (FP8 KV, half the context, a GQA
 model) with its ledger and its change against the baseline; ``offload_feasibility``
 says whether KV living in host memory could keep up with decode. Pure, per GPU of a ``tp``-way
-deployment; the arithmetic is ``rules/ledger.py``'s.
+deployment; the arithmetic is ``ledger/arithmetic.py``'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ledger import (
+from kvdoctor.signals.records import attributes
+
+from .arithmetic import (
     Deployment,
     Ledger,
     compute_ledger,
@@ -21,7 +23,6 @@ from .ledger import (
     weight_bytes_per_step,
 )
 from .model import ModelShape, dtype_bytes
-from .records import attributes
 
 # ---------------------------------------------------------------------------------- what-ifs
 

@@ -13,7 +13,7 @@ Every decode step re-reads the weights it uses and the KV cache of every running
 Tensor parallelism over N GPUs splits the weights and the KV heads; where a model has fewer KV
 heads than N each GPU keeps one (replicated), and an MLA latent is replicated on every GPU (as
 vLLM does). The KV pool is counted as vLLM counts it (``kv_capacity``). Pure functions, no I/O;
-the GPU catalogue is ``rules/gpus.py``, the model's shape ``rules/model.py``.
+the GPU catalogue is ``ledger/gpus.py``, the model's shape ``ledger/model.py``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .gpus import PCIE_X16_BANDWIDTH
+from kvdoctor.signals.units import GB
 
-# Still imported from here by rules/diagnosis.py and simulator/deployment.py.
-from .gpus import GpuSpec as GpuSpec
-from .gpus import gpu_spec as gpu_spec
-from .gpus import lookup_gpu as lookup_gpu
+from .gpus import PCIE_X16_BANDWIDTH, GpuSpec
 from .model import ModelShape, dtype_bytes
-from .units import GB
 
 PCIE4_X16 = PCIE_X16_BANDWIDTH[4]
 PCIE5_X16 = PCIE_X16_BANDWIDTH[5]

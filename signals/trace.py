@@ -36,10 +36,10 @@ from typing import Protocol
 
 import numpy as np
 
-from kvdoctor.rules.signals import Kind, signal_for_series
-from kvdoctor.rules.textformat import HISTOGRAM_OPENMETRICS_ORDER, escape_help, format_value, le_order, series_text
-from kvdoctor.rules.textparse import ExpositionError, is_openmetrics, iter_samples
-from kvdoctor.rules.window import Labels, SeriesKey, Window, format_series
+from kvdoctor.signals.textformat import HISTOGRAM_OPENMETRICS_ORDER, escape_help, format_value, le_order, series_text
+from kvdoctor.signals.textparse import ExpositionError, is_openmetrics, iter_samples
+from kvdoctor.signals.vocabulary import Kind, signal_for_series
+from kvdoctor.signals.window import Labels, SeriesKey, Window, format_series
 
 __all__ = [
     "CANONICAL_PREFIX",
