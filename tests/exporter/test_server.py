@@ -14,7 +14,7 @@ import pytest
 
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.server import serve_in_thread
-from kvdoctor.rules.textformat import CONTENT_TYPE
+from kvdoctor.signals.textformat import CONTENT_TYPE
 from tests.exporter.test_exporter_app import make_exporter, serving
 
 served = pytest.fixture(name="served")(serving)
