@@ -15,8 +15,6 @@ from kvdoctor.ledger.report import LedgerReport as Report
 from kvdoctor.ledger.report import LedgerRequest, build_report
 from kvdoctor.ledger.whatif import OffloadFeasibility, WhatIf
 
-KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "float32")
-
 
 @dataclass(frozen=True)
 class LedgerReport:

@@ -31,6 +31,9 @@ DTYPE_BYTES: dict[str, float] = {
     "int4": 0.5,
     "fp4": 0.5,
 }
+# The KV-cache element types a deployment may choose (``kvdoctor ledger --kv-dtype``, the Ledger
+# page's menu); ``auto`` is the model's own dtype.
+KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp32")
 GATED_MLP_MATRICES = 3  # gate, up and down projections
 UNKNOWN_QUANTISATION = "unknown quantisation"
 

@@ -19,7 +19,7 @@ from dash import Input, Output, State, dcc, html, no_update
 from kvdoctor.dashboard import components, ids, ledger_view
 from kvdoctor.ledger.arithmetic import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
 from kvdoctor.ledger.gpus import GPU_CATALOGUE, GPUS
-from kvdoctor.ledger.model import COMMON_MODELS, ModelShape
+from kvdoctor.ledger.model import COMMON_MODELS, KV_CACHE_DTYPES, ModelShape
 from kvdoctor.signals.units import GIB, fmt_bytes_exact, fmt_ms, fmt_number
 from kvdoctor.sources.model_files import load_model_shape
 
@@ -126,7 +126,7 @@ def layout(**_params) -> html.Div:
                     id=ids.LEDGER_KV_DTYPE,
                     value="auto",
                     clearable=False,
-                    options=[{"label": "model dtype" if d == "auto" else d, "value": d} for d in ledger_view.KV_DTYPES],
+                    options=[{"label": "model dtype" if d == "auto" else d, "value": d} for d in KV_CACHE_DTYPES],
                 ),
             ),
             field(

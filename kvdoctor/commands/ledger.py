@@ -10,7 +10,7 @@ from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.ledger.arithmetic import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
 from kvdoctor.ledger.gpus import GPUS, GpuSpec, UnknownGpuError, custom_gpu, resolve_gpu, short_name
-from kvdoctor.ledger.model import COMMON_MODELS, ModelShape
+from kvdoctor.ledger.model import COMMON_MODELS, KV_CACHE_DTYPES, ModelShape
 from kvdoctor.ledger.report import LedgerReport, LedgerRequest, build_report, fmt_size, sequences
 from kvdoctor.signals.units import GB, fmt_duration
 from kvdoctor.sources.model_files import load_model as load_model_source
@@ -51,7 +51,6 @@ out of range, an unknown or ambiguous GPU, an unknown model, a --context longer 
 takes, a block size vLLM refuses), 3 an internal error. With --json a failure is one JSON object
 on stdout too."""
 
-KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp32")
 DEFAULT_CONTEXT = 8192
 DEFAULT_BATCH = 16
 EXIT_DOES_NOT_FIT = 1
@@ -116,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"concurrent sequences (default: {DEFAULT_BATCH})",
     )
     parser.add_argument(
-        "--kv-dtype", choices=KV_DTYPES, default=None, help="KV-cache element type (default: the model's dtype)"
+        "--kv-dtype", choices=KV_CACHE_DTYPES, default=None, help="KV-cache element type (default: the model's dtype)"
     )
     pool = parser.add_mutually_exclusive_group()
     pool.add_argument(
