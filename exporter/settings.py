@@ -45,6 +45,8 @@ SOURCES = "sources"
 CONTEXT = "model and GPU context"
 SERVING = "collection and serving"
 
+DEFAULT_PORT = 9745  # the exporter's port unless --port says otherwise
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
@@ -181,7 +183,7 @@ class ExporterSettings(BaseSettings):
     interval: float = setting(1.0, "seconds between collections", flag="--interval", metavar="S", group=SERVING, gt=0)
     host: str = setting("127.0.0.1", "address to bind", flag="--host", metavar="HOST", group=SERVING, min_length=1)
     port: int = setting(
-        9745, "port to bind; 0: any free port", flag="--port", metavar="PORT", group=SERVING, ge=0, le=65535
+        DEFAULT_PORT, "port to bind; 0: any free port", flag="--port", metavar="PORT", group=SERVING, ge=0, le=65535
     )
     retention_seconds: float = setting(
         900.0, "seconds of samples kept in memory", flag="--retention", metavar="S", group=SERVING, gt=0

@@ -23,7 +23,7 @@ from kvdoctor.errors import UsageError
 from kvdoctor.exporter.app import create_app
 from kvdoctor.exporter.assembly import ConfigError, build_exporter
 from kvdoctor.exporter.server import ServerError, serve_in_thread
-from kvdoctor.exporter.settings import error_line, load_settings
+from kvdoctor.exporter.settings import DEFAULT_PORT, error_line, load_settings
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.stats import histogram_quantile
 from kvdoctor.simulator import gpu as simulated_gpu
@@ -86,7 +86,7 @@ examples:
 
 DEFAULT_SLO_MS = 15.0
 DEFAULT_STATUS_EVERY = 5.0
-DEFAULT_PORT, DEFAULT_DASHBOARD_PORT = 9745, 8050
+DEFAULT_DASHBOARD_PORT = 8050
 DEFAULT_CHECK_TIMEOUT = 120.0
 PAGES = (("Live", "/"), ("Ledger", "/ledger"), ("Fleet", "/fleet"))
 

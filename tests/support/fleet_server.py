@@ -42,7 +42,7 @@ import numpy as np
 
 from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.exposition import ExpositionRenderer
-from kvdoctor.exporter.settings import load_settings
+from kvdoctor.exporter.settings import DEFAULT_PORT, load_settings
 from kvdoctor.rules.alert_specs import VERDICT_ALERT
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.collection import Collected
@@ -72,7 +72,6 @@ TEMPLATE_CYCLES = 75  # the exporter's diagnosis window (60 s at 1 Hz) and a few
 DEFAULT_INTERVAL = 5.0
 DEFAULT_HOURS = 4.0  # how long the engines' series last; past that an engine repeats its last step
 DEFAULT_GPUS = 8
-EXPORTER_PORT = 9745
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ class FleetEngine:
     @property
     def instance(self) -> str:
         """Its ``instance`` label: a pod IP and the exporter's port, as Kubernetes discovery gives."""
-        return f"10.{16 + self.index // 62500}.{self.index // 250 % 250}.{self.index % 250 + 1}:{EXPORTER_PORT}"
+        return f"10.{16 + self.index // 62500}.{self.index // 250 % 250}.{self.index % 250 + 1}:{DEFAULT_PORT}"
 
     def to_json(self) -> dict[str, Any]:
         return attributes(self, "index namespace pod instance path scenario expected alert")
