@@ -69,6 +69,7 @@ SHARED: dict[str, Shared] = {
         Shared("--thresholds", "FILE", "KVDOCTOR_THRESHOLDS", "a YAML file overriding the decision tree's thresholds"),
         Shared("--scrape-interval", "DURATION", "KVDOCTOR_SCRAPE_INTERVAL", "Prometheus' scrape interval"),
         Shared("--runbook-base-url", "URL", "KVDOCTOR_RUNBOOK_BASE_URL", "where the alerts' runbooks are"),
+        Shared("--dashboard-base-url", "URL", "KVDOCTOR_DASHBOARD_BASE_URL", "the dashboard's external address"),
         Shared("--timeout", "S", "KVDOCTOR_TIMEOUT", "seconds to wait for a source's answer"),
         Shared("--engine", "NAME", "KVDOCTOR_ENGINE", "the engine adapter (vllm, sglang, ...)"),
         Shared("--json", None, None, "one JSON object on stdout instead of text"),

@@ -303,7 +303,7 @@ def walk_every_slow_scenario(engines: dict[str, InProcessDemo], backend: Backend
         if scenario != KILLED:
             resolved = inbox.wait(PAGE, status="resolved", instance=inst, timeout=120, since=recovered)
             timings.resolved[scenario] = resolved.at - recovered
-            assert resolved.receiver == "page" and all(rendered(t) for t in resolved.alert["annotations"].values())
+            _check_resolved(resolved, inst)
     time.sleep(max(0.0, killed + 30 - time.monotonic()))  # past the page's short window
     assert inbox.alerts(status="resolved", instance=instance[KILLED]) == []  # held back, never resolved
     late = [d for d in inbox.alerts(status="firing", since=recovered) if d.name not in _MAY_FOLLOW_RECOVERY]
@@ -328,6 +328,17 @@ def _check_page(page: Delivery, instance: str, verdict: str, earlier: tuple[str,
     assert re.search(r"Confidence: (high|lower), ", notes["description"]), notes["description"]
     assert notes["runbook_url"] == f"{dashboard}/runbooks/{PAGE}.md"
     assert httpx.get(notes["runbook_url"], timeout=10).status_code == 200
+
+
+def _check_resolved(resolved: Delivery, instance: str) -> None:
+    """The page's resolved notification shows the recovered value, under the SLO."""
+    notes = resolved.alert["annotations"]
+    assert resolved.receiver == "page" and all(rendered(text) for text in notes.values()), resolved
+    recovered = re.fullmatch(
+        rf"ITL SLO recovered on {re.escape(instance)}: ITL p90 ([\d.]+)ms over .*, SLO 15ms", notes["summary"]
+    )
+    assert recovered and float(recovered[1]) <= SLO_MS, notes["summary"]
+    assert notes["description"].startswith(f"The tokens of {instance} "), notes["description"]
 
 
 def _firing(backend: Backend, name: str, instance: str) -> bool:
