@@ -238,6 +238,7 @@ class Timings:
     cause_alert: dict[str, float] = field(default_factory=dict)  # firing in the backend, inhibited
     resolved: dict[str, float] = field(default_factory=dict)
     exporter_down: float = 0.0
+    resolved_words: str = ""  # one resolved page's summary, as delivered
 
     def report(self, backend: str) -> str:
         lines = [f"{backend} (rules for a 1 s scrape: x15 for 15 s):"]
@@ -248,6 +249,7 @@ class Timings:
                 + (f", recovery -> resolved {resolved:4.0f} s" if resolved is not None else ", exporter killed")
             )
         lines.append(f"  exporter killed mid-incident -> exporter-down page {self.exporter_down:.0f} s")
+        lines.append(f"  a resolved page: {self.resolved_words}")
         return "\n".join(lines)
 
 
@@ -304,6 +306,7 @@ def walk_every_slow_scenario(engines: dict[str, InProcessDemo], backend: Backend
             resolved = inbox.wait(PAGE, status="resolved", instance=inst, timeout=120, since=recovered)
             timings.resolved[scenario] = resolved.at - recovered
             _check_resolved(resolved, inst)
+            timings.resolved_words = resolved.alert["annotations"]["summary"]
     time.sleep(max(0.0, killed + 30 - time.monotonic()))  # past the page's short window
     assert inbox.alerts(status="resolved", instance=instance[KILLED]) == []  # held back, never resolved
     late = [d for d in inbox.alerts(status="firing", since=recovered) if d.name not in _MAY_FOLLOW_RECOVERY]

@@ -11,13 +11,15 @@ exporter killed mid-incident instead. Prints each alert's onset-to-notification 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
-from kvdoctor.rules import promql
-from tests.e2e.alert_path import SHIPPED, SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
+from kvdoctor.rules import alert_templates, promql
+from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
 from tests.support import tools
 from tests.support.demo import InProcessDemo
 from tests.support.prometheus import PrometheusServer
@@ -69,3 +71,61 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves(stack):
     timings = walk_every_slow_scenario(stack.engines, stack.prometheus, stack.side)
     print("\n" + timings.report("Prometheus 2.42 + Alertmanager 0.25"))
+
+
+def _resolved(name: str, labels: dict[str, str], summary: str) -> dict:
+    return {
+        "status": "resolved",
+        "labels": {"alertname": name, **labels},
+        "annotations": {"summary": summary, "description": "d"},
+        "startsAt": "2026-12-05T02:00:00Z",
+        "endsAt": "2026-12-05T02:10:00Z",
+        "generatorURL": "http://prometheus",
+        "fingerprint": name,
+    }
+
+
+@tools.needs("amtool")
+def test_the_chat_template_says_resolved_with_the_recovered_value_or_what_it_was(tmp_path):
+    """A resolved SLO alert's words are its recovered ones (slo_alerts.burn_expr): the message quotes
+    them; a cause alert's are its firing ones: the message says "was"."""
+    rules = yaml.safe_load(promql.render_rules_yaml())
+    page = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == PAGE)
+    labels = {"pod": "vllm-7f9c", "severity": "critical", **page["labels"]}
+
+    def slo(expr: str) -> list:
+        return [({}, SLO_MS / 1000)] if expr.startswith(promql.SLO_RECORD) else []
+
+    recovered = alert_templates.render(page["annotations"]["summary"], labels, 0.0124, slo)
+    thrashing = "KV cache thrashing on gpu-box:9745: 382.9 preempted requests per minute"
+    data = {
+        "receiver": "page",
+        "status": "resolved",
+        "alerts": [
+            _resolved(PAGE, labels, recovered),
+            _resolved("KVCacheThrashing", {"instance": "gpu-box:9745", "severity": "info"}, thrashing),
+        ],
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager",
+    }
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    out = subprocess.run(
+        [
+            tools.require("amtool"),
+            "template",
+            "render",
+            f"--template.glob={SHIPPED / 'templates' / '*.tmpl'}",
+            '--template.text={{ template "kvdoctor.text" . }}',
+            f"--template.data={tmp_path / 'data.json'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"RESOLVED {PAGE} on vllm-7f9c at 02:10:00 UTC: ITL SLO recovered on vllm-7f9c: ITL p90 12.4ms over 5 minutes, "
+        "SLO 15ms",
+        f"RESOLVED KVCacheThrashing on gpu-box:9745 at 02:10:00 UTC (was: {thrashing})",
+    ]
