@@ -69,6 +69,7 @@ SHARED: dict[str, Shared] = {
         Shared("--thresholds", "FILE", "a YAML file overriding the decision tree's thresholds"),
         Shared("--scrape-interval", "DURATION", "Prometheus' scrape interval"),
         Shared("--runbook-base-url", "URL", "where the alerts' runbooks are"),
+        Shared("--dashboard-base-url", "URL", "the dashboard's external address"),
         Shared("--timeout", "S", "seconds to wait for a source's answer"),
         Shared("--engine", "NAME", "the engine adapter (vllm, sglang, ...)"),
         Shared("--json", None, "one JSON object on stdout instead of text"),

@@ -62,6 +62,14 @@ def runbook_base(text: str | None) -> str:
         raise UsageError(str(exc)) from None
 
 
+def dashboard_base(text: str | None) -> str | None:
+    """``--dashboard-base-url`` (the dashboard's external address) checked; a bad one is a ``UsageError``."""
+    try:
+        return links.absolute_base(text, "--dashboard-base-url", "https://kvdoctor.example.com/")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)

@@ -8,7 +8,7 @@ Kubernetes labels:
 - ``slo()``: the pod's own ITL SLO (``kvdoctor:itl_slo_seconds``, a query made when the alert
   fires), in milliseconds;
 - ``value(kind)``: ``$value`` in the unit people read (``184ms``, ``72.5%``, ``1.2G``);
-- ``if``/``with``/``range``/``else``/``end``, ``or``, ``eq``, ``printf``, ``query``, ``sortByLabel``,
+- ``if``/``with``/``range``/``else``/``end``, ``or``, ``eq``, ``le``, ``gt``, ``printf``, ``query``, ``sortByLabel``,
   ``first``, ``value``, and ``( ... )`` around an argument (``label(name)``).
 
 ``render`` expands exactly these forms as Prometheus does (for tests: promtool's expected
@@ -262,6 +262,9 @@ class _Scope:
             return next((a for a in args if _truthy(a)), args[-1])
         if name == "eq":
             return args[0] == args[1]
+        if name in ("le", "gt"):
+            a, b = float(args[0]), float(args[1])  # type: ignore[arg-type]
+            return a <= b if name == "le" else a > b
         if name == "printf":
             return _printf(str(args[0]), *args[1:])
         if name == "query":

@@ -21,14 +21,21 @@ def runbook_base(text: str | None) -> str | None:
     """The base ``text`` names, ending in ``/``: an absolute http(s) URL with a host (no query, no
     fragment), so a link opens from Alertmanager, Slack or PagerDuty; None where none is given (the
     alerts then carry no runbook link rather than a relative path). ``ValueError`` of one line otherwise."""
+    return absolute_base(
+        text, "--runbook-base-url", "https://kvdoctor.example.com/runbooks/ (the dashboard serves them at /runbooks/)"
+    )
+
+
+def absolute_base(text: str | None, flag: str, example: str) -> str | None:
+    """``text`` checked as ``runbook_base`` checks it, ``flag`` and ``example`` in its error."""
     if text is None:
         return None
     base = text.strip()
     scheme = _SCHEME.match(base)
     if not scheme or scheme.group(1).lower() not in ("http", "https") or not _HTTP_URL.match(base):
         raise ValueError(
-            "--runbook-base-url must be an absolute http(s) URL with a host and no query or fragment, such as "
-            f"https://kvdoctor.example.com/runbooks/ (the dashboard serves them at /runbooks/), got {text!r}"
+            f"{flag} must be an absolute http(s) URL with a host and no query or fragment, "
+            f"such as {example}, got {text!r}"
         )
     return base if base.endswith("/") else base + "/"
 

@@ -104,6 +104,13 @@ SLOW = Burn(
     short_seconds=1800,
 )
 BURNS = (FAST, SLOW)
+# What a burn alert says at its last firing evaluation, the short window back under the SLO
+# (``burn_expr``): the words of its resolved notification.
+RECOVERED_SUMMARY = "ITL SLO recovered on {engine}: ITL p{pq} {value} over {short}, SLO {slo}"
+RECOVERED_DESCRIPTION = (
+    "The tokens of {engine}{model} are back within its ITL SLO of {slo} over the last {short} "
+    "(ITL p{pq} {value}): the alert resolves."
+)
 SLO_ALERTS = tuple(b.spec for b in BURNS)
 SLO_ALERT_NAMES = tuple(s.name for s in SLO_ALERTS)
 
@@ -169,9 +176,45 @@ def _alert_of(verdict: str) -> str:
 Annotate = Callable[[AlertSpec, str, str], dict[str, str]]
 
 
-def quantile_over(window: str, q: float) -> str:
+def quantile_over(window: str, q: float, offset: str = "") -> str:
     keys = ", ".join(ENGINE_KEYS)
-    return f"max by ({keys}) (histogram_quantile({prom_number(q)}, increase({INTER_TOKEN_LATENCY}_bucket[{window}])))"
+    bucket = f"{INTER_TOKEN_LATENCY}_bucket[{window}]" + (f" offset {offset}" if offset else "")
+    return f"max by ({keys}) (histogram_quantile({prom_number(q)}, increase({bucket})))"
+
+
+def _against_slo(test: str, text: str) -> str:
+    """``text`` where ``$value`` compares to the pod's SLO as ``test`` (``gt``: still burning; ``le``:
+    the evaluation that recovered, see ``burn_expr``)."""
+    return (
+        "{{ with "
+        + T.selector(ITL_SLO_RECORD)
+        + " | query }}{{ if "
+        + test
+        + " $value (. | first | value) }}"
+        + text
+        + "{{ end }}{{ end }}"
+    )
+
+
+def burn_expr(b: Burn, interval: float, slo_join: str) -> str:
+    """Both windows over the SLO; and, once the alert fires, for as long as the short window was
+    over the SLO at the previous evaluation. So it resolves one evaluation after the short window is
+    back under the SLO, and that last firing evaluation's ``$value`` (the short window's quantile) is
+    the recovered one: Prometheus and vmalert send a resolved alert with the annotations of its last
+    firing evaluation, which is how the resolved notification shows the value after recovery. (A
+    long window back under first, as when a slowdown also cut the token rate, keeps the page while
+    the last minutes still burn.)"""
+    on = "on(" + ", ".join(ENGINE_KEYS) + ")"
+    long, short = (_duration(w) for w in b.windows(interval))
+    burning = (
+        f"{quantile_over(short, b.quantile)} > {slo_join}\nand {on}\n{quantile_over(long, b.quantile)} > {slo_join}"
+    )
+    recovering = (
+        f"{quantile_over(short, b.quantile)}\n"
+        f"and {on}\n{quantile_over(short, b.quantile, _duration(interval))} > {slo_join}\n"
+        f'and {on}\nALERTS{{alertname="{b.spec.name}", alertstate="firing"}}'
+    )
+    return f"(\n{burning}\n)\nor {on}\n(\n{recovering}\n)"
 
 
 def burn_rate_rules(
@@ -179,14 +222,10 @@ def burn_rate_rules(
 ) -> list[dict[str, object]]:
     """The burn-rate alerts for rules exported for ``interval``: ``slo_join`` compares with each
     pod's SLO (``on(<pod>) group_left() kvdoctor:itl_slo_seconds``)."""
-    on = "on(" + ", ".join(ENGINE_KEYS) + ")"
     rules: list[dict[str, object]] = []
     for b in BURNS:
-        long, short = (_duration(w) for w in b.windows(interval))
         long_s, short_s = b.windows(interval)
-        expr = (
-            f"{quantile_over(short, b.quantile)} > {slo_join}\nand {on}\n{quantile_over(long, b.quantile)} > {slo_join}"
-        )
+        expr = burn_expr(b, interval, slo_join)
         words = {
             "{engine}": T.engine(),
             "{model}": "{{ with $labels.model_name }} ({{ . }}){{ end }}",
@@ -201,6 +240,8 @@ def burn_rate_rules(
             "{cause}": cause(verdict_codes, short=False),
         }
         summary, description = b.spec.summary, b.spec.description
+        summary = _against_slo("gt", summary) + _against_slo("le", RECOVERED_SUMMARY)
+        description = _against_slo("gt", description) + _against_slo("le", RECOVERED_DESCRIPTION)
         for key, text in words.items():
             summary, description = summary.replace(key, text), description.replace(key, text)
         rules.append(

@@ -8,7 +8,7 @@ import sys
 
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
-from kvdoctor.output import check_document, runbook_base, write_document
+from kvdoctor.output import check_document, dashboard_base, runbook_base, write_document
 from kvdoctor.rules.promql import NO_RUNBOOK_NOTE, RUNBOOK_BASE_URL, render_rules_yaml
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
@@ -39,6 +39,7 @@ examples:
   kvdoctor rules export -o alerts.yaml
   kvdoctor rules export --scrape-interval 1m -o alerts.yaml
   kvdoctor rules export --runbook-base-url https://kvdoctor.example.com/runbooks/
+  kvdoctor rules export --dashboard-base-url https://kvdoctor.example.com/
   kvdoctor rules export --thresholds my-thresholds.yaml --slo-ms 50 -o alerts.yaml
   kvdoctor rules export --check -o rules/alerts.yaml   # exit 1 if the file is out of date
 
@@ -75,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the dashboard serves them at <dashboard>/runbooks/; the repository's are at "
         f"<repository URL>/{RUNBOOK_BASE_URL}); without it the alerts carry no runbook_url",
     )
+    flags.add(
+        export,
+        "--dashboard-base-url",
+        help="the dashboard's external address, an absolute URL: each alert gets a dashboard link to its "
+        "engine's page, URL?pod=<pod, else instance>; without it the alerts carry no dashboard link",
+    )
     export.add_argument(
         "--check", action="store_true", help="do not write: exit 1 if FILE (-o) differs from what would be written"
     )
@@ -101,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("missing action; try: kvdoctor rules export [-o FILE]")
     base = runbook_base(args.runbook_base_url)
     thresholds = arguments.read_thresholds(args.thresholds)
-    text = render_rules_yaml(thresholds, _slo(args), _interval(args), base)
+    dashboard = dashboard_base(args.dashboard_base_url)
+    text = render_rules_yaml(thresholds, _slo(args), _interval(args), base, dashboard_base_url=dashboard)
     if args.check:
         return check_document(text, args.output, "kvdoctor rules export")
     write_document(text, args.output)

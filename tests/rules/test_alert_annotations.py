@@ -111,3 +111,26 @@ def test_cause_alerts_are_info_with_a_stated_for_that_scales_with_the_scrape_int
     )
     slow = at15["KvdoctorLatencySLOSlowBurn"]["expr"]
     assert "[21600s]" in slow and "[1800s]" in slow and "histogram_quantile(0.95," in slow
+
+
+@pytest.mark.parametrize("name", SLO_ALERT_NAMES)
+def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_value(name):
+    """Its last firing evaluation is the one whose ``$value`` is back under the SLO (slo_alerts.burn_expr):
+    the resolved notification carries these words, not the burning ones."""
+    rule = _alerts()[name]
+    pq = "90" if name == "KvdoctorLatencySLOFastBurn" else "95"
+    code = float(promql.verdict_code("kv_thrashing"))
+    burning, recovered = (
+        alert_templates.render(rule["annotations"]["summary"], _labels(name, KUBERNETES), v, _query(code))
+        for v in (0.0184, 0.0121)
+    )
+    assert "burning" in burning and "Cause: KV cache thrashing" in burning, burning
+    assert recovered.startswith(f"ITL SLO recovered on vllm-7f9c: ITL p{pq} 12.1ms over "), recovered
+    assert recovered.endswith(", SLO 15ms"), recovered
+    description = alert_templates.render(
+        rule["annotations"]["description"], _labels(name, KUBERNETES), 0.0121, _query(code)
+    )
+    assert description.startswith(
+        "The tokens of vllm-7f9c (meta-llama/Llama-2-7b-chat-hf) are back within its ITL SLO of 15ms"
+    )
+    assert 'ALERTS{alertname="' + name + '", alertstate="firing"}' in rule["expr"]  # the recovering evaluation

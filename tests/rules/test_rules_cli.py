@@ -96,3 +96,18 @@ def test_unknown_threshold_is_named(tmp_path, capsys):
     th.write_text("kv_ceiling: 0.95\n")
     assert main(["rules", "export", "--thresholds", str(th)]) == 2
     assert "unknown threshold(s) kv_ceiling" in capsys.readouterr().err
+
+
+def test_dashboard_base_url_gives_every_alert_its_engine_link_and_none_without(capsys):
+    assert main(["rules", "export", "--dashboard-base-url", "https://dash.example.org"]) == 0
+    linked = yaml.safe_load(capsys.readouterr().out)
+    alerts = [r for g in linked["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(
+        r["annotations"]["dashboard"] == "https://dash.example.org/?pod={{ or $labels.pod $labels.instance }}"
+        for r in alerts
+    )
+    assert main(["rules", "export"]) == 0
+    bare = yaml.safe_load(capsys.readouterr().out)
+    assert all("dashboard" not in r["annotations"] for g in bare["groups"] for r in g["rules"] if "alert" in r)
+    assert exit_status(main, ["rules", "export", "--dashboard-base-url", "kvdoctor.local"]) == 2
+    assert "--dashboard-base-url must be an absolute http(s) URL" in capsys.readouterr().err

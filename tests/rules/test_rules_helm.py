@@ -64,3 +64,12 @@ def test_the_runbook_base_url_value_sets_every_runbook_url():
 def test_an_interval_the_chart_does_not_ship_is_refused_naming_the_export_command():
     result = render("monitoring.prometheusRule.scrapeInterval=5m")
     assert result.returncode != 0 and "scrapeInterval" in result.stderr
+
+
+def test_the_dashboard_url_value_links_every_alert_as_rules_export_does():
+    groups = rule_groups("monitoring.prometheusRule.dashboardUrl=https://dash.example.org/")
+    exported = yaml.safe_load(promql.render_rules_yaml(dashboard_base_url="https://dash.example.org/"))
+    links = {r["alert"]: r["annotations"]["dashboard"] for g in exported["groups"] for r in g["rules"] if "alert" in r}
+    for rule in (r for g in groups for r in g["rules"] if "alert" in r):
+        assert rule["annotations"]["dashboard"] == links[rule["alert"]]
+        assert rule["annotations"]["runbook_url"] == f"https://dash.example.org/runbooks/{rule['alert']}.md"
