@@ -24,8 +24,9 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.rules import verdicts as catalogue
+from kvdoctor.rules.alert_specs import RUNBOOK_BASE_URL
 from kvdoctor.rules.links import browsable, runbook_url
-from kvdoctor.rules.promql import RUNBOOK_BASE_URL, duration, rule_thresholds
+from kvdoctor.rules.promql import duration, rule_thresholds
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.signals import vocabulary as S

@@ -85,7 +85,7 @@ def verdict_history() -> Query:
 
 
 def firing_alerts() -> Query:
-    """kvdoctor's alerts firing now (every alert ``rules/promql.py`` defines)."""
+    """kvdoctor's alerts firing now (every alert ``rules/alert_rules.py`` defines)."""
     names = "|".join(re.escape(alert.name) for alert in (*ALERTS, *SLO_ALERTS))
     expr = selector("ALERTS", ("alertname", "=~", names), ("alertstate", "=", "firing"))
     return Query(expr, "{{alertname}} {{pod}}", "")

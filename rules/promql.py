@@ -33,16 +33,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 
-import yaml
+from kvdoctor.signals.vocabulary import ITL_SLO, SOURCE_UP
 
-from kvdoctor.signals.vocabulary import BUILD_INFO, ITL_SLO, SOURCE_UP
-
-from . import alert_templates, slo_alerts, tree
+from . import tree
 from .alert_specs import ALERT_BY_NAME as ALERT_BY_NAME
 from .alert_specs import ALERTS as ALERTS
-from .alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, VERDICT_ALERT, AlertSpec, fill
 from .alert_specs import RUNBOOK_BASE_URL as RUNBOOK_BASE_URL
 from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, features_of
 from .feature_promql import ENGINE_KEYS, GPU_KEYS, IDENTITY_KEYS, PromContext, prom_number
@@ -364,38 +360,6 @@ class Compiler:
         return f"(\n{joined}\n)\n{among}"
 
 
-def contributing_annotation(verdict: str) -> str:
-    """The ``contributing`` annotation of ``verdict``'s alert: the other causes whose own branch holds
-    for the engine (the differential, fallbacks excepted), and the queue as the slowness's consequence."""
-    matchers = ",".join(f"{k}=%q" for k in ENGINE_KEYS)
-    values = " ".join(alert_templates.label(k) for k in ENGINE_KEYS)
-    skipped = "|".join(b.id for b in tree.BRANCHES if b not in tree.DIFFERENTIAL_BRANCHES)
-    query = (
-        f'printf "group by (verdict) ({BRANCH_RECORD}{{{matchers},verdict!=%q,branch!~%q}})" '
-        f'{values} "{verdict}" "{skipped}"'
-    )
-    who = alert_templates.engine()
-    return (
-        f'{{{{ with {query} | query | sortByLabel "verdict" }}}}Also present on {who}: '
-        f"{{{{ range $i, $c := . }}}}{{{{ if $i }}}}, {{{{ end }}}}"
-        f'{{{{ if eq $c.Labels.verdict "request_queueing" }}}}{_QUEUE_WORDS}'
-        "{{ else }}{{ $c.Labels.verdict }}{{ end }}{{ end }}"
-        f"{{{{ else }}}}Nothing else found on {who}{{{{ end }}}}"
-    )
-
-
-_QUEUE_WORDS = "requests waiting (a consequence of the slowness)"
-
-
-def contributing_text(verdicts: list[str], engine: str) -> str:
-    """What ``contributing_annotation`` renders for ``engine`` whose differential holds ``verdicts``."""
-    shown = [_QUEUE_WORDS if v == "request_queueing" else v for v in sorted(set(verdicts))]
-    return f"Also present on {engine}: " + ", ".join(shown) if shown else f"Nothing else found on {engine}"
-
-
-# --------------------------------------------------------------------------------- output
-
-
 def _reads_slo(param: Param) -> bool:
     return "slo_seconds" in (param.name, param.times)
 
@@ -433,173 +397,3 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
     }
     rules = [source_up, judgeable, *inputs, *features, *compiler.condition_rules, *compiler.branch_rules()]
     return [*rules, verdict, source_down]
-
-
-def _words(spec: AlertSpec, text: str, thresholds: Thresholds, slo_seconds: float, interval: float) -> str:
-    return fill(
-        text,
-        value_kind=spec.value_kind,
-        slo_default_ms=slo_seconds * 1000,
-        q=thresholds.itl_quantile,
-        ttft_s=thresholds.ttft_slow_seconds,
-        for_=alert_templates.prose_duration(spec.for_seconds(interval)),
-        action=spec.action,
-    )
-
-
-def alert_annotations(
-    summary: str, description: str, runbook_url: str | None, dashboard_base_url: str | None = None
-) -> dict[str, str]:
-    """An alert's annotations: no ``runbook_url`` without an absolute one, a ``dashboard`` link to the
-    engine's Live page where the dashboard's address is known."""
-    out = {"summary": summary, "description": description}
-    if runbook_url:
-        out["runbook_url"] = runbook_url
-    if dashboard_base_url:
-        out["dashboard"] = dashboard_link(dashboard_base_url)
-    return out
-
-
-def dashboard_link(base: str) -> str:
-    """The engine's page on the dashboard at ``base`` (its pod, else its instance)."""
-    return base.rstrip("/") + "/?pod={{ or $labels.pod $labels.instance }}"
-
-
-def exporter_down_expr(interval: float) -> str:
-    """The exporter's target down, or up but without the exporter's own series, where the exporter
-    was seen within the last 20 scrapes, or where this alert already holds (so it lasts as long as
-    the target is down, not 20 scrapes): the series it published name the engine (its pod)."""
-    seen = duration(interval * 20)
-    keys = ", ".join(IDENTITY_KEYS)
-    held = f'ALERTS{{alertname="{EXPORTER_DOWN_ALERT}"}}'
-    known = f"max by ({keys}, job) (max_over_time({BUILD_INFO}[{seen}]) or {held})"
-    gone = f"(up == 1 unless on(instance, job) {BUILD_INFO})"
-    return f"(up == 0 or {gone})\n* on(instance, job) group_left(namespace, pod) {known}"
-
-
-def alert_rules(
-    thresholds: Thresholds,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-    runbook_base_url: str | None = None,
-    scrape_interval_seconds: float = DEFAULT_SCRAPE_INTERVAL_SECONDS,
-    dashboard_base_url: str | None = None,
-) -> list[Rule]:
-    """The cause alerts (one per verdict), a source down, the exporter down. ``runbook_base_url``:
-    an absolute base (None: no runbook_url at all); ``for`` is the spec's scrapes of the interval."""
-    rules: list[Rule] = []
-    for spec in ALERTS:
-        if spec.name == SOURCE_DOWN_ALERT:
-            expr = SOURCE_DOWN_RECORD
-        elif spec.name == EXPORTER_DOWN_ALERT:
-            expr = exporter_down_expr(scrape_interval_seconds)
-        elif spec.value_feature is None or spec.verdict is None:
-            raise ValueError(f"alert {spec.name} stands for a verdict but names no value feature")
-        else:
-            value = record_name(spec.value_feature, thresholds)
-            # $value is the alert's headline number, NaN where the engine does not export it. The
-            # verdict filters first: each join then holds the few pods with this verdict, not the fleet
-            is_verdict = f"{VERDICT_RECORD} == {verdict_code(spec.verdict)}"
-            expr = f"(\n  {value}\n  and {ENGINE_ON} {is_verdict}\n)\nor {ENGINE_ON} ({is_verdict}) * NaN"
-        words = {
-            k: _words(spec, text, thresholds, slo_seconds, scrape_interval_seconds)
-            for k, text in (("summary", spec.summary), ("description", spec.description))
-        }
-        rules.append(
-            {
-                "alert": spec.name,
-                "expr": expr,
-                "for": duration(spec.for_seconds(scrape_interval_seconds)),
-                "labels": {"severity": spec.severity},
-                "annotations": {
-                    **alert_annotations(
-                        words["summary"], words["description"], spec.runbook_url(runbook_base_url), dashboard_base_url
-                    ),
-                    **({"contributing": contributing_annotation(spec.verdict)} if spec.verdict else {}),
-                },
-            }
-        )
-    return rules
-
-
-def rule_groups(
-    thresholds: Thresholds | None = None,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-    runbook_base_url: str | None = None,
-    scrape_interval_seconds: float = DEFAULT_SCRAPE_INTERVAL_SECONDS,
-    dashboard_base_url: str | None = None,
-) -> dict[str, list[Rule]]:
-    """The rule file as data: ``{"groups": [...]}`` (wrap ``groups`` in a PrometheusRule's spec).
-    ``thresholds`` as compiled (see ``rule_thresholds``). Two groups: the tree (records, causes) and
-    the latency SLO's burn-rate alerts (``slo_alerts``), which read the tree's verdict."""
-    t = thresholds or Thresholds()
-    rules = recording_rules(t, slo_seconds) + alert_rules(
-        t, slo_seconds, runbook_base_url, scrape_interval_seconds, dashboard_base_url
-    )
-    slo_rules = slo_alerts.burn_rate_rules(
-        scrape_interval_seconds,
-        slo_join=f"{GPU_ON} group_left() {SLO_RECORD}",
-        annotate=lambda spec, summary, description: alert_annotations(
-            summary, description, spec.runbook_url(runbook_base_url), dashboard_base_url
-        ),
-        verdict_codes={v: verdict_code(v) for v in VERDICT_ALERT},
-    )
-    return {"groups": [{"name": GROUP_NAME, "rules": rules}, {"name": slo_alerts.GROUP_NAME, "rules": slo_rules}]}
-
-
-class _LiteralDumper(yaml.SafeDumper):
-    pass
-
-
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_LiteralDumper.add_representer(str, _str_presenter)
-
-
-def render_rules_yaml(
-    thresholds: Thresholds | None = None,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-    scrape_interval_seconds: float | None = None,
-    runbook_base_url: str | None = None,
-    dashboard_base_url: str | None = None,
-) -> str:
-    """The rule file's text, header included (what ``kvdoctor rules export`` writes): ``thresholds``
-    sized for ``scrape_interval_seconds`` (default ``DEFAULT_SCRAPE_INTERVAL_SECONDS``), the alerts'
-    ``for`` and the SLO's windows scaled with it. Without ``runbook_base_url`` no alert has a
-    runbook_url (the header says so): a link is absolute or absent."""
-    interval = DEFAULT_SCRAPE_INTERVAL_SECONDS if scrape_interval_seconds is None else scrape_interval_seconds
-    t = rule_thresholds(thresholds, interval)
-    body = yaml.dump(
-        rule_groups(t, slo_seconds, runbook_base_url, interval, dashboard_base_url),
-        Dumper=_LiteralDumper,
-        sort_keys=False,
-        width=120,
-        default_flow_style=False,
-    )
-    settings = (
-        f"# for a scrape interval of {duration(interval)} or less (ranges of at least {duration(interval * 4)}): "
-        f"window {duration(t.window_seconds)}, state {duration(min(t.state_window_seconds, t.window_seconds))}; "
-        f"ITL SLO: each pod's {ITL_SLO}, else {slo_seconds * 1000:g} ms; thresholds: rules/thresholds.py\n"
-        f"# {slo_alerts.describe(interval)}\n"
-    )
-    if not runbook_base_url:
-        settings += f"# {NO_RUNBOOK_NOTE}\n"
-    return HEADER + settings + body
-
-
-NO_RUNBOOK_NOTE = (
-    "no runbook_url: no --runbook-base-url given (the dashboard serves the runbooks at <dashboard>/runbooks/)"
-)
-
-
-# ------------------------------------------------------------------ templates, for tests
-
-
-def render_template(
-    text: str, labels: Mapping[str, str], value: float, query: alert_templates.Query | None = None
-) -> str:
-    """Render an annotation as Prometheus does (for promtool's expected annotations and the checks
-    that none renders empty): ``alert_templates.render``. Anything it does not know is an error."""
-    return alert_templates.render(text, labels, value, query)

@@ -8,7 +8,7 @@ from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.grafana.builder import render_dashboard
 from kvdoctor.output import check_document, runbook_base, write_document
-from kvdoctor.rules.promql import RUNBOOK_BASE_URL
+from kvdoctor.rules.alert_specs import RUNBOOK_BASE_URL
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
 NAME = "grafana"

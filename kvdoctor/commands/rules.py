@@ -9,7 +9,8 @@ import sys
 from kvdoctor import arguments, flags
 from kvdoctor.errors import UsageError
 from kvdoctor.output import check_document, dashboard_base, runbook_base, write_document
-from kvdoctor.rules.promql import NO_RUNBOOK_NOTE, RUNBOOK_BASE_URL, render_rules_yaml
+from kvdoctor.rules.alert_specs import RUNBOOK_BASE_URL
+from kvdoctor.rules.rule_file import NO_RUNBOOK_NOTE, render_rules_yaml
 from kvdoctor.rules.thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS
 
 NAME = "rules"

@@ -20,7 +20,7 @@ import pytest
 
 from kvdoctor.dashboard.app import ServerHandle, create_app, serve_in_thread
 from kvdoctor.dashboard.sources import FLEET_PAGE_ROWS
-from kvdoctor.rules.promql import render_rules_yaml
+from kvdoctor.rules.rule_file import render_rules_yaml
 from kvdoctor.rules.verdicts import SLOW_VERDICTS
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.prometheus import PrometheusClient

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from kvdoctor.dashboard.app import create_app
-from kvdoctor.rules import promql
+from kvdoctor.rules import rule_file
 
 
 def _client():
@@ -14,7 +14,7 @@ def _client():
 
 def test_every_alert_has_a_runbook_page_and_nothing_else_is_served():
     client = _client()
-    doc = yaml.safe_load(promql.render_rules_yaml(runbook_base_url="https://kv.example.com/runbooks/"))
+    doc = yaml.safe_load(rule_file.render_rules_yaml(runbook_base_url="https://kv.example.com/runbooks/"))
     for rule in (r for g in doc["groups"] for r in g["rules"] if "alert" in r):
         path = rule["annotations"]["runbook_url"].removeprefix("https://kv.example.com")
         resp = client.get(path)

@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from kvdoctor.dashboard.app import create_app, serve_in_thread
-from kvdoctor.rules import promql
+from kvdoctor.rules import alert_specs, promql, rule_file
 from kvdoctor.simulator.scenarios import SCENARIOS
 from tests.support import tools
 from tests.support.demo import InProcessDemo
@@ -199,7 +199,7 @@ class AlertingSide(contextlib.ExitStack):
         self.dashboard = dashboard.url.rstrip("/")
         self.rules = self.work / "kvdoctor.yaml"
         self.rules.write_text(
-            promql.render_rules_yaml(scrape_interval_seconds=1, runbook_base_url=f"{self.dashboard}/runbooks/")
+            rule_file.render_rules_yaml(scrape_interval_seconds=1, runbook_base_url=f"{self.dashboard}/runbooks/")
         )
         self.inbox = Inbox()
         self.callback(self.inbox.stop)
@@ -219,7 +219,7 @@ KILLED = "kv_thrashing"  # whose exporter the walk kills mid-incident
 
 def cause_words(verdict: str) -> str:
     """The cause of ``verdict`` as the page's summary names it."""
-    return promql.ALERT_BY_NAME[promql.VERDICT_ALERT[verdict]].cause.split(":")[0]
+    return alert_specs.ALERT_BY_NAME[alert_specs.VERDICT_ALERT[verdict]].cause.split(":")[0]
 
 
 class Backend(Protocol):
@@ -268,7 +268,7 @@ def walk_every_slow_scenario(engines: dict[str, InProcessDemo], backend: Backend
 
     onset = time.monotonic()
     expected = {s: engines[s].switch(s)["expected_verdict"] for s in engines}
-    cause_alert = {s: promql.VERDICT_ALERT[v] for s, v in expected.items()}
+    cause_alert = {s: alert_specs.VERDICT_ALERT[v] for s, v in expected.items()}
 
     def seen_all() -> bool:  # each page delivered, each cause alert firing in the backend: when each came
         for scenario, inst in instance.items():
@@ -287,9 +287,9 @@ def walk_every_slow_scenario(engines: dict[str, InProcessDemo], backend: Backend
         assert [d.receiver for d in pages[scenario]] == ["page"], inbox.timeline(onset)  # once, to page
         # a cause alert reaches chat only where its ``for`` ends before the page: the page inhibits it
         for cause in inbox.alerts(status="firing", instance=inst):
-            if cause.name in promql.VERDICT_ALERT.values():
+            if cause.name in alert_specs.VERDICT_ALERT.values():
                 assert cause.receiver == "chat" and cause.at < pages[scenario][0].at, inbox.timeline(onset)
-                assert cause.name == promql.VERDICT_ALERT[expected[scenario]], inbox.timeline(onset)
+                assert cause.name == alert_specs.VERDICT_ALERT[expected[scenario]], inbox.timeline(onset)
 
     killed = time.monotonic()
     engines[KILLED].stop()
@@ -297,7 +297,7 @@ def walk_every_slow_scenario(engines: dict[str, InProcessDemo], backend: Backend
     for scenario in engines:
         if scenario != KILLED:
             engines[scenario].switch("healthy")
-    down = inbox.wait(promql.EXPORTER_DOWN_ALERT, instance=instance[KILLED], timeout=120, since=killed)
+    down = inbox.wait(alert_specs.EXPORTER_DOWN_ALERT, instance=instance[KILLED], timeout=120, since=killed)
     timings.exporter_down = down.at - killed
     assert down.receiver == "page" and all(rendered(t) for t in down.alert["annotations"].values()), down
     assert not backend.query(f'{promql.VERDICT_RECORD}{{instance="{instance[KILLED]}"}}')  # absent, not healthy

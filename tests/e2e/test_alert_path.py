@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_templates, promql
+from kvdoctor.rules import alert_templates, promql, rule_file
 from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
 from tests.support import tools
 from tests.support.demo import InProcessDemo
@@ -89,7 +89,7 @@ def _resolved(name: str, labels: dict[str, str], summary: str) -> dict:
 def test_the_chat_template_says_resolved_with_the_recovered_value_or_what_it_was(tmp_path):
     """A resolved SLO alert's words are its recovered ones (slo_alerts.burn_expr): the message quotes
     them; a cause alert's are its firing ones: the message says "was"."""
-    rules = yaml.safe_load(promql.render_rules_yaml())
+    rules = yaml.safe_load(rule_file.render_rules_yaml())
     page = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == PAGE)
     labels = {"pod": "vllm-7f9c", "severity": "critical", **page["labels"]}
 

@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 from kvdoctor.grafana import builder, queries
-from kvdoctor.rules import alert_specs, promql, verdicts
+from kvdoctor.rules import alert_specs, promql, rule_file, verdicts
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
 from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.signals import vocabulary as S
@@ -304,7 +304,7 @@ def test_other_thresholds_interval_and_slo_follow_into_the_dashboard():
     recorded series after the range it reads, sized for the scrape interval)."""
     t = Thresholds(window_seconds=120, kv_ceiling_ratio=0.95)
     board = B.load(builder.render_dashboard(t, slo_seconds=0.05, scrape_interval_seconds=5))
-    rules = yaml.safe_load(promql.render_rules_yaml(t, 0.05, scrape_interval_seconds=5))
+    rules = yaml.safe_load(rule_file.render_rules_yaml(t, 0.05, scrape_interval_seconds=5))
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     assert _recorded_names(board) <= recorded
     assert _recorded_names(board).isdisjoint(_recorded_names(B.load())), "the ranges did not change"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from kvdoctor.rules import promql
+from kvdoctor.rules import rule_file
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS
 from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.signals import vocabulary as S
@@ -67,7 +67,7 @@ def _rules_firing_at_once() -> str:
     """The rule file ``kvdoctor rules export`` writes (tests/rules checks the committed copy is the
     same) with every alert's ``for`` at 0s: the same expressions, firing as soon as they hold (a test
     cannot wait the 5-10 minutes the alerts hold for)."""
-    doc = yaml.safe_load(promql.render_rules_yaml())
+    doc = yaml.safe_load(rule_file.render_rules_yaml())
     for group in doc["groups"]:
         for rule in group["rules"]:
             if "alert" in rule:

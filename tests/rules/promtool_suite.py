@@ -20,7 +20,7 @@ import json
 import math
 from pathlib import Path
 
-from kvdoctor.rules import alert_specs, promql
+from kvdoctor.rules import alert_rules, alert_specs, promql, rule_file
 from kvdoctor.rules.alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT
 from kvdoctor.rules.context import Context
 from kvdoctor.rules.diagnosis import Diagnosis, diagnose
@@ -44,7 +44,7 @@ def _engine_name(labels: dict[str, str]) -> str:
 
 def _annotations(
     rules: dict[str, dict],
-    spec: promql.AlertSpec,
+    spec: alert_specs.AlertSpec,
     labels: dict[str, str],
     value: float,
     slo_seconds: float,
@@ -57,9 +57,9 @@ def _annotations(
         return [({}, slo_seconds)] if expr.startswith(promql.SLO_RECORD + "{") else []
 
     return {
-        k: promql.contributing_text(contributing, _engine_name(labels))
+        k: alert_rules.contributing_text(contributing, _engine_name(labels))
         if k == "contributing"
-        else promql.render_template(v, labels, value, query)
+        else rule_file.render_template(v, labels, value, query)
         for k, v in rules[spec.name]["annotations"].items()
     }
 
@@ -71,7 +71,7 @@ def expected_alerts(
     (the exporter-down alert needs ``up``, which the scenarios do not have: tests/e2e covers it)."""
     out: dict[str, list[dict]] = {}
     slo = scenario.published_slo or slo_seconds or DEFAULT_SLO_SECONDS
-    for spec in promql.ALERTS:
+    for spec in alert_specs.ALERTS:
         if spec.name == EXPORTER_DOWN_ALERT:
             continue
         out[spec.name] = []
@@ -146,7 +146,7 @@ def write_test_file(
     """The test file for ``rule_file``, compiled with ``thresholds`` (default: the default export's)
     and ``slo_seconds`` as the fallback SLO of pods that publish none."""
     t = thresholds or promql.rule_thresholds(None, None)
-    rules = {r["alert"]: r for r in promql.alert_rules(t, slo_seconds, runbook_base_url, scrape_interval_seconds)}
+    rules = {r["alert"]: r for r in alert_rules.alert_rules(t, slo_seconds, runbook_base_url, scrape_interval_seconds)}
     doc = {
         "rule_files": [str(rule_file)],
         "evaluation_interval": EVALUATION_INTERVAL,

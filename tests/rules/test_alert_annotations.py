@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, alert_templates, promql
+from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file
 from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
 
 KUBERNETES = {"namespace": "serving", "pod": "vllm-7f9c", "instance": "10.1.2.3:9745", "job": "kvdoctor"}
@@ -20,7 +20,7 @@ SLO_SECONDS = 0.015
 
 
 def _alerts(**kwargs) -> dict[str, dict]:
-    doc = yaml.safe_load(promql.render_rules_yaml(**kwargs))
+    doc = yaml.safe_load(rule_file.render_rules_yaml(**kwargs))
     return {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import promql
+from kvdoctor.rules import promql, rule_file
 from tests.support.tools import require, requires_helm
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "kvdoctor"
@@ -68,7 +68,7 @@ def test_an_interval_the_chart_does_not_ship_is_refused_naming_the_export_comman
 
 def test_the_dashboard_url_value_links_every_alert_as_rules_export_does():
     groups = rule_groups("monitoring.prometheusRule.dashboardUrl=https://dash.example.org/")
-    exported = yaml.safe_load(promql.render_rules_yaml(dashboard_base_url="https://dash.example.org/"))
+    exported = yaml.safe_load(rule_file.render_rules_yaml(dashboard_base_url="https://dash.example.org/"))
     links = {r["alert"]: r["annotations"]["dashboard"] for g in exported["groups"] for r in g["rules"] if "alert" in r}
     for rule in (r for g in groups for r in g["rules"] if "alert" in r):
         assert rule["annotations"]["dashboard"] == links[rule["alert"]]

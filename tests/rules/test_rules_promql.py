@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, promql, tree
+from kvdoctor.rules import alert_specs, promql, rule_file, tree
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.thresholds import Thresholds
@@ -35,7 +35,7 @@ EXPECTED_ALERTS = {
 
 
 def test_committed_rules_are_regenerated_unchanged():
-    fresh = promql.render_rules_yaml()
+    fresh = rule_file.render_rules_yaml()
     assert COMMITTED.read_text() == fresh, (
         "rules/alerts.yaml is stale: run `kvdoctor rules export -o rules/alerts.yaml`"
     )
@@ -79,7 +79,7 @@ def test_every_alert_is_complete_and_has_a_runbook(name):
         assert "$value" in notes["description"]
     with_base = {
         r["alert"]: r
-        for g in yaml.safe_load(promql.render_rules_yaml(runbook_base_url="https://kvdoctor.example.com/runbooks/"))[
+        for g in yaml.safe_load(rule_file.render_rules_yaml(runbook_base_url="https://kvdoctor.example.com/runbooks/"))[
             "groups"
         ]
         for r in g["rules"]
@@ -127,7 +127,7 @@ def _ranges(expr: str) -> list[str]:
 @pytest.mark.parametrize("interval, seconds", [(None, 15), ("30s", 30), ("1m", 60), ("2m", 120), ("90s", 90)])
 def test_every_range_holds_four_scrapes_and_names_say_their_range(interval, seconds):
     t = promql.rule_thresholds(None, promql.parse_duration(interval) if interval else None)
-    doc = yaml.safe_load(promql.render_rules_yaml(t, scrape_interval_seconds=seconds))
+    doc = yaml.safe_load(rule_file.render_rules_yaml(t, scrape_interval_seconds=seconds))
     rules = [r for g in doc["groups"] for r in g["rules"]]
     inputs = {r["record"] for r in rules if "record" in r and r["record"].split(":")[1] not in FEATURES}
     for rule in rules:
@@ -210,7 +210,7 @@ _COMPUTES = re.compile(r"\b(rate|increase|irate|delta|\w+_over_time|histogram_qu
 def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
     """Each raw series the rules need is read by exactly one rule, a recording rule; an alert reads
     only records and computes no rate, quantile or range of its own."""
-    doc = yaml.safe_load(promql.render_rules_yaml(scrape_interval_seconds=interval))
+    doc = yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
     readers: dict[str, list[str]] = {}
     for rule in doc["groups"][0]["rules"]:
         if rule.get("alert") == "KvdoctorExporterDown":
@@ -260,16 +260,16 @@ def test_the_itl_p95_reads_the_buckets_itself_and_the_trend_medians_are_python_o
 
 def test_window_and_thresholds_flow_into_the_expressions():
     t = Thresholds(window_seconds=120, kv_ceiling_ratio=0.95)
-    doc = yaml.safe_load(promql.render_rules_yaml(t, slo_seconds=0.05, scrape_interval_seconds=1))
+    doc = yaml.safe_load(rule_file.render_rules_yaml(t, slo_seconds=0.05, scrape_interval_seconds=1))
     text = "\n".join(str(rule) for rule in doc["groups"][0]["rules"])
     assert "[120s]" in text and "kvdoctor_inter_token_latency_seconds_bucket[15s]" in text  # window, state
     assert "kvdoctor:kv_usage:15s >= 0.95" in text
     assert "(kvdoctor:itl_p95_seconds:15s or kvdoctor:time_per_token_mean_seconds:120s) * 0.05" in text
-    assert "0.05 s" not in text and "else 50 ms" in promql.render_rules_yaml(t, slo_seconds=0.05)
+    assert "0.05 s" not in text and "else 50 ms" in rule_file.render_rules_yaml(t, slo_seconds=0.05)
 
 
 def test_runbook_base_url_sets_every_runbook_url():
-    doc = yaml.safe_load(promql.render_rules_yaml(runbook_base_url="https://example.org/runbooks/"))
+    doc = yaml.safe_load(rule_file.render_rules_yaml(runbook_base_url="https://example.org/runbooks/"))
     urls = [r["annotations"]["runbook_url"] for r in doc["groups"][0]["rules"] if "alert" in r]
     assert urls and all(u == f"https://example.org/runbooks/{u.rsplit('/', 1)[1]}" for u in urls)
 
@@ -313,12 +313,12 @@ def test_humanize_matches_prometheus(value, text):
 
 
 def test_render_template():
-    out = promql.render_template(
+    out = rule_file.render_template(
         "{{ $labels.pod }}: {{ $value | humanizePercentage }} ({{ $labels.none }})", {"pod": "vllm-0"}, 0.953
     )
     assert out == "vllm-0: 95.3% ()"
     with pytest.raises(ValueError, match="not supported"):
-        promql.render_template("{{ $value | title }}", {}, 1.0)
+        rule_file.render_template("{{ $value | title }}", {}, 1.0)
 
 
 CHART_FILES = ROOT / "helm" / "kvdoctor" / "files"
@@ -328,7 +328,7 @@ CHART_INTERVALS = {"30s": 30, "1m": 60, "2m": 120}
 @pytest.mark.parametrize("interval", sorted(CHART_INTERVALS))
 def test_the_charts_rule_files_per_scrape_interval_are_regenerated_unchanged(interval):
     shipped = (CHART_FILES / f"alerts-{interval}.yaml").read_text()
-    fresh = promql.render_rules_yaml(scrape_interval_seconds=CHART_INTERVALS[interval])
+    fresh = rule_file.render_rules_yaml(scrape_interval_seconds=CHART_INTERVALS[interval])
     assert shipped == fresh, (
         f"helm/kvdoctor/files/alerts-{interval}.yaml is stale: run "
         f"`kvdoctor rules export --scrape-interval {interval} -o helm/kvdoctor/files/alerts-{interval}.yaml`"

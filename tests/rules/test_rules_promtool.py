@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor.rules import promql
+from kvdoctor.rules import promql, rule_file
 from kvdoctor.rules.thresholds import Thresholds
 from tests.rules.promtool_suite import python_diagnosis, write_test_file
 from tests.support.scenarios import SCENARIO_BY_NAME, SCENARIOS
@@ -36,7 +36,7 @@ def test_promtool_check_rules_passes_on_the_committed_file():
 
 def _rules_for(tmp_path: Path, interval: float) -> tuple[Path, Thresholds]:
     path = tmp_path / f"rules-{interval:g}s.yaml"
-    path.write_text(promql.render_rules_yaml(scrape_interval_seconds=interval))
+    path.write_text(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
     return path, promql.rule_thresholds(None, interval)
 
 
@@ -78,7 +78,7 @@ def test_the_scenarios_fire_their_alert_at_common_scrape_intervals(tmp_path, scr
 def test_the_agreement_test_catches_drift(tmp_path):
     """Rules compiled with a different ceiling disagree with the Python verdicts: promtool must fail."""
     drifted = tmp_path / "drifted.yaml"
-    drifted.write_text(promql.render_rules_yaml(Thresholds(kv_ceiling_ratio=0.97), scrape_interval_seconds=1))
+    drifted.write_text(rule_file.render_rules_yaml(Thresholds(kv_ceiling_ratio=0.97), scrape_interval_seconds=1))
     scenarios = [SCENARIO_BY_NAME["kv_ceiling_just_over"]]
     test_file = write_test_file(
         tmp_path / "drift.test.yaml", drifted, scenarios, Thresholds(), scrape_interval_seconds=1

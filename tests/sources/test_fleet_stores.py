@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from kvdoctor.cli import main as kvdoctor_main
-from kvdoctor.rules import promql
+from kvdoctor.rules import promql, rule_file
 from kvdoctor.rules.verdicts import VERDICTS
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.prometheus import PrometheusClient
@@ -68,7 +68,7 @@ def test_vmalert_accepts_every_exported_rule_file(tmp_path):
 
 def _rules_firing_at_once() -> str:
     """The exported rule file with every alert's ``for`` at 0s (a test cannot wait 5-10 minutes)."""
-    doc = yaml.safe_load(promql.render_rules_yaml())
+    doc = yaml.safe_load(rule_file.render_rules_yaml())
     for rule in doc["groups"][0]["rules"]:
         if "alert" in rule:
             rule["for"] = "0s"

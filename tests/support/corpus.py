@@ -60,7 +60,7 @@ from kvdoctor.exporter.adapters import ADAPTERS, EngineAdapter, MetricMap, norma
 from kvdoctor.exporter.adapters.base import PERCENT, Ratio
 from kvdoctor.exporter.adapters.vllm import kv_capacity_tokens
 from kvdoctor.exporter.replay import AdapterNormaliser
-from kvdoctor.rules import promql
+from kvdoctor.rules import promql, rule_file
 from kvdoctor.rules.context import Context
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import Thresholds
@@ -812,7 +812,7 @@ def _evaluation_interval(case: Case) -> float:
 def rules_file(step: float, directory: str) -> Path:
     """The rule file for this scrape interval, generated from the current code."""
     path = Path(directory) / f"rules-{step:g}s.yaml"
-    path.write_text(promql.render_rules_yaml(scrape_interval_seconds=step))
+    path.write_text(rule_file.render_rules_yaml(scrape_interval_seconds=step))
     return path
 
 
