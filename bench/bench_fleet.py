@@ -61,8 +61,7 @@ from bench.fleet_rig import (
     timed_cli,
 )
 from bench.table import Row, add_json_out, report
-from kvdoctor.rules.promql import GROUP_NAME
-from kvdoctor.rules.rule_file import render_rules_yaml
+from kvdoctor.rules.rule_file import GROUP_NAME, render_rules_yaml
 from kvdoctor.sources.fleet import read_fleet
 from kvdoctor.sources.prometheus import PrometheusClient
 from tests.support import tools

@@ -1,42 +1,43 @@
-"""The alerting rules: one per verdict that alerts, the source- and exporter-down alerts, and their
-annotations (the ``contributing`` template query over the branch records among them)."""
+"""The alerting rules: one alert per verdict (its headline feature where ``kvdoctor:verdict`` is its
+code, so exactly one verdict alert fires for an engine at a time, and no alert computes a rate or
+quantile itself), a source down, the exporter down; and the ``contributing`` annotation the SLO
+pages carry (``rule_file`` adds it to ``slo_alerts``' rules).
+
+The cause alerts' templates make no query: Prometheus expands every pending or firing alert's
+templates at every evaluation, so a query in them is made once per engine with the cause every
+cycle, which at a fleet's size costs more than the tree's records (bench/bench_fleet.py).
+"""
 
 from __future__ import annotations
 
 from kvdoctor.signals.vocabulary import BUILD_INFO
 
-from . import alert_templates, tree
-from .alert_specs import ALERTS, EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, AlertSpec, fill
+from . import alert_templates
+from .alert_specs import ALERTS, EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, VERDICT_ALERT, AlertSpec, fill
 from .feature_promql import ENGINE_KEYS, IDENTITY_KEYS
-from .promql import (
-    BRANCH_RECORD,
-    ENGINE_ON,
-    SOURCE_DOWN_RECORD,
-    VERDICT_RECORD,
-    Rule,
-    duration,
-    record_name,
-)
-from .thresholds import (
-    DEFAULT_SCRAPE_INTERVAL_SECONDS,
-    DEFAULT_SLO_SECONDS,
-    Thresholds,
-)
+from .promql import BRANCH_RECORD, ENGINE_ON, SOURCE_DOWN_RECORD, VERDICT_RECORD, Rule, duration, record_name
+from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
 from .verdicts import verdict_code
 
 
-def contributing_annotation(verdict: str) -> str:
-    """The ``contributing`` annotation of ``verdict``'s alert: the other causes whose own branch holds
-    for the engine (the differential, fallbacks excepted), and the queue as the slowness's consequence."""
+def contributing_annotation() -> str:
+    """The ``contributing`` annotation of an engine's SLO page: the causes whose own branch holds for
+    the engine (the differential: the branch records) other than its verdict (``kvdoctor:verdict``'s code
+    turned back into its name), and the queue as the slowness's consequence. One query, made when the
+    page fires; the cause alerts carry none (their templates are expanded at every evaluation, for
+    every engine with the cause)."""
     matchers = ",".join(f"{k}=%q" for k in ENGINE_KEYS)
     values = " ".join(alert_templates.label(k) for k in ENGINE_KEYS)
-    skipped = "|".join(b.id for b in tree.BRANCHES if b not in tree.DIFFERENTIAL_BRANCHES)
-    query = (
-        f'printf "group by (verdict) ({BRANCH_RECORD}{{{matchers},verdict!=%q,branch!~%q}})" '
-        f'{values} "{verdict}" "{skipped}"'
+    named = " or ".join(
+        f'label_replace({VERDICT_RECORD}{{%s}} == {verdict_code(v)}, \\"verdict\\", \\"{v}\\", \\"\\", \\"\\")'
+        for v in VERDICT_ALERT
+    )
+    query = f'printf "group by (verdict) ({BRANCH_RECORD}{{%s}} unless on(verdict) ({named}))"' + " $engine" * (
+        1 + len(VERDICT_ALERT)
     )
     who = alert_templates.engine()
     return (
+        f'{{{{ $engine := printf "{matchers}" {values} }}}}'
         f'{{{{ with {query} | query | sortByLabel "verdict" }}}}Also present on {who}: '
         f"{{{{ range $i, $c := . }}}}{{{{ if $i }}}}, {{{{ end }}}}"
         f'{{{{ if eq $c.Labels.verdict "request_queueing" }}}}{_QUEUE_WORDS}'
@@ -46,15 +47,6 @@ def contributing_annotation(verdict: str) -> str:
 
 
 _QUEUE_WORDS = "requests waiting (a consequence of the slowness)"
-
-
-def contributing_text(verdicts: list[str], engine: str) -> str:
-    """What ``contributing_annotation`` renders for ``engine`` whose differential holds ``verdicts``."""
-    shown = [_QUEUE_WORDS if v == "request_queueing" else v for v in sorted(set(verdicts))]
-    return f"Also present on {engine}: " + ", ".join(shown) if shown else f"Nothing else found on {engine}"
-
-
-# --------------------------------------------------------------------------------- output
 
 
 def _words(spec: AlertSpec, text: str, thresholds: Thresholds, slo_seconds: float, interval: float) -> str:
@@ -136,7 +128,6 @@ def alert_rules(
                     **alert_annotations(
                         words["summary"], words["description"], spec.runbook_url(runbook_base_url), dashboard_base_url
                     ),
-                    **({"contributing": contributing_annotation(spec.verdict)} if spec.verdict else {}),
                 },
             }
         )

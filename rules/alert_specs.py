@@ -7,8 +7,12 @@ scrape intervals, so the export for a 1 m scrape waits as many scrapes as the on
 feature its ``$value`` shows and in which unit, and its words; ``rules/promql.py`` compiles the
 expressions. The words are written for the person on call, wherever the notification lands: the
 engine is named by its pod, else its instance, else its job (``alert_templates.engine``); values are
-in milliseconds, percentages and bytes per second; the pod's own SLO is read when the alert fires;
-no metric name appears in the prose.
+in milliseconds, percentages and bytes per second; no metric name appears in the prose.
+
+The cause alerts' words make no query: Prometheus expands every pending or firing alert's templates
+at every evaluation, and a query per alert costs more than the tree's records at a fleet's size
+(bench/bench_fleet.py). The SLO pages (``slo_alerts``) query what the words need when they fire: the
+pod's SLO, the cause, and the other causes present (``contributing``).
 
 Severities (what the shipped Alertmanager example, deploy/alertmanager/, routes on):
 
@@ -41,7 +45,7 @@ CAUSE_FOR_SCRAPES = 12  # the per-cause alerts' for: 3m at 15 s
 SOURCE_DOWN_FOR_SCRAPES = 20  # 5m at 15 s: a source failing for that long, not one failed read
 EXPORTER_DOWN_FOR_SCRAPES = 4  # 1m at 15 s: four failed scrapes in a row, not a restart
 
-ITL_SLO_RECORD = "kvdoctor:itl_slo_seconds"  # promql.SLO_RECORD (kept here: the words read it)
+ITL_SLO_RECORD = "kvdoctor:itl_slo_seconds"  # promql.SLO_RECORD (kept here: the SLO pages read it)
 
 
 def first_action(verdict: str) -> str:
@@ -64,8 +68,8 @@ class AlertSpec:
     """An alert: which verdict it stands for, how loud, and what it says.
 
     ``summary``/``description`` are templates (``alert_templates``): ``{engine}``, ``{value}``
-    (``$value`` in ``value_kind``'s unit), ``{slo}`` (the pod's SLO, queried when it fires),
-    ``{model}``, ``{action}``, ``{q}``, ``{ttft}`` and ``{slo_default}`` are filled at compile time.
+    (``$value`` in ``value_kind``'s unit), ``{model}``, ``{action}``, ``{q}``, ``{ttft}`` and
+    ``{slo_default}`` are filled at compile time.
     """
 
     name: str
@@ -99,7 +103,7 @@ class AlertSpec:
 
 
 _ON = "{engine}{model}"
-_ITL = "ITL p{q} {value}, SLO {slo}"
+_ITL = "ITL p{q} {value}, over its SLO"
 
 ALERTS: tuple[AlertSpec, ...] = (
     AlertSpec(
@@ -112,7 +116,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "KV cache thrashing: the KV-cache pool ran out, preempted requests recompute their prefix",
         "KV cache thrashing on {engine}: {value} preemptions per minute",
         _ON + " preempts {value} requests per minute (or swaps them out, or reloads KV into a full pool) "
-        "while requests wait or ITL is over its SLO of {slo}: the KV-cache pool ran out, so preempted "
+        "while requests wait or ITL is over its SLO: the KV-cache pool ran out, so preempted "
         "requests recompute their whole prefix and queue again. First action: {action}.",
     ),
     AlertSpec(
@@ -125,7 +129,7 @@ ALERTS: tuple[AlertSpec, ...] = (
         "prefix-cache hits served from a slow tier (host, disk or remote)",
         "Prefix-cache hits from a slow tier on {engine}: {value} of KV into the GPU",
         _ON + " moves {value} of KV into the GPU from host, disk or remote (or reads its prefix hits "
-        "from there) while ITL or TTFT is over its SLO (ITL {slo}, TTFT {ttft}): the prefix-cache hit is "
+        "from there) while ITL or TTFT is over its SLO (TTFT {ttft}): the prefix-cache hit is "
         "served from a slow tier and the transfer is not hidden behind compute. First action: {action}.",
     ),
     AlertSpec(
@@ -232,7 +236,6 @@ def fill(text: str, *, value_kind: str, slo_default_ms: float, q: float, ttft_s:
         text.replace("{engine}", T.engine())
         .replace("{model}", "{{ with $labels.model_name }} ({{ . }}){{ end }}")
         .replace("{value}", T.value(value_kind))
-        .replace("{slo}", T.slo(ITL_SLO_RECORD))
         .replace("{ttft}", f"{ttft_s:g} s")
         .replace("{q}", f"{q * 100:g}")
         .replace("{for}", for_)

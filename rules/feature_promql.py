@@ -124,11 +124,13 @@ def _tier_sum(c: PromContext, by_tier: str, sel: Selector) -> str:
 
 
 def _total_hits_promql(c: PromContext) -> str:
-    """``total_hit_tokens`` in PromQL (each alternative only where the ones before it are absent)."""
+    """``total_hit_tokens`` in PromQL (each alternative only where the ones before it are absent),
+    recorded once as a shared input: the slow-tier fraction reads it twice."""
     k = c.engine_keys
     by_tier, engine = _hits_inputs(c)
     tiers, device = _tier_sum(c, by_tier, TIER_ALL), _tier_sum(c, by_tier, TIER_DEVICE)
-    return f"(({tiers} and on({k}) {device}) or ({engine} + on({k}) {tiers}) or {tiers} or {engine})"
+    expr = f"({tiers} and on({k}) {device}) or ({engine} + on({k}) {tiers}) or {tiers} or {engine}"
+    return c.input("prefix_cache_hits_all_tiers_increase", recent_range(c), expr)
 
 
 def slow_tier_fraction_promql(c: PromContext, t: Thresholds) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.support: the demo, Prometheus and browser helpers the tests use
 
-from kvdoctor.rules.promql import render_rules_yaml  # noqa: E402
+from kvdoctor.rules.rule_file import render_rules_yaml  # noqa: E402
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds  # noqa: E402
 from tests.support import tools  # noqa: E402
 from tests.support.browser import Page, chromium_browser  # noqa: E402

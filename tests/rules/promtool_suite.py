@@ -7,7 +7,9 @@ For each scenario, at the end of its series:
   render (``$value`` is the Python evaluator's value of the alert's feature); all others are not;
 - ``promql_expr_test`` on ``ALERTS`` for the verdict alerts: exactly the expected one is pending or
   firing -- *pending* for scenarios that do not settle (a latency trend holds only at the end, so
-  the alert's ``for`` cannot elapse; the tree's answer must still be the same).
+  the alert's ``for`` cannot elapse; the tree's answer must still be the same);
+- ``promql_expr_test`` on the branch records where a verdict alert fires: the other causes they hold
+  (what the SLO page's ``contributing`` lists) are the Python differential.
 
 ``thresholds`` are those the rule file was compiled with (``promql.rule_thresholds``): the Python
 half judges each scenario's window with them, so the rules for a 1 m scrape interval are checked
@@ -20,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from kvdoctor.rules import alert_rules, alert_specs, promql, rule_file
+from kvdoctor.rules import alert_rules, alert_specs, alert_templates, promql
 from kvdoctor.rules.alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT
 from kvdoctor.rules.context import Context
 from kvdoctor.rules.diagnosis import Diagnosis, diagnose
@@ -37,40 +39,17 @@ def _engine_alert_labels(scenario: Scenario, spec: alert_specs.AlertSpec) -> dic
     return labels
 
 
-def _engine_name(labels: dict[str, str]) -> str:
-    """How the alerts name an engine: its pod, else its instance, else its job."""
-    return labels.get("pod") or labels.get("instance") or labels.get("job") or "an unnamed engine"
-
-
 def _annotations(
-    rules: dict[str, dict],
-    spec: alert_specs.AlertSpec,
-    labels: dict[str, str],
-    value: float,
-    slo_seconds: float,
-    contributing: list[str],
+    rules: dict[str, dict], spec: alert_specs.AlertSpec, labels: dict[str, str], value: float
 ) -> dict[str, str]:
-    """What Prometheus renders: the templates' one query, the pod's SLO, answered with ``slo_seconds``,
-    and the differential the Python half gives."""
-
-    def query(expr: str) -> list:
-        return [({}, slo_seconds)] if expr.startswith(promql.SLO_RECORD + "{") else []
-
-    return {
-        k: alert_rules.contributing_text(contributing, _engine_name(labels))
-        if k == "contributing"
-        else rule_file.render_template(v, labels, value, query)
-        for k, v in rules[spec.name]["annotations"].items()
-    }
+    """What Prometheus renders (the cause alerts' words make no query)."""
+    return {k: alert_templates.render(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
 
 
-def expected_alerts(
-    scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict], slo_seconds: float | None = None
-) -> dict[str, list[dict]]:
+def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict]) -> dict[str, list[dict]]:
     """Alert name -> the promtool ``exp_alerts`` list at the scenario's end, from the Python verdict
     (the exporter-down alert needs ``up``, which the scenarios do not have: tests/e2e covers it)."""
     out: dict[str, list[dict]] = {}
-    slo = scenario.published_slo or slo_seconds or DEFAULT_SLO_SECONDS
     for spec in alert_specs.ALERTS:
         if spec.name == EXPORTER_DOWN_ALERT:
             continue
@@ -78,13 +57,12 @@ def expected_alerts(
         if spec.verdict is not None and spec.verdict == diagnosis.verdict and scenario.settles:
             labels = _engine_alert_labels(scenario, spec)
             value = diagnosis.features.get(spec.value_feature, math.nan)
-            contributing = [c.verdict for c in diagnosis.differential]
-            annotations = _annotations(rules, spec, labels, value, slo, contributing)
+            annotations = _annotations(rules, spec, labels, value)
             out[spec.name] = [{"exp_labels": labels, "exp_annotations": annotations}]
         if spec.name == SOURCE_DOWN_ALERT:
             for source in scenario.sources_down:
                 labels = {"source": source, "pod": scenario.pod, "severity": spec.severity}
-                annotations = _annotations(rules, spec, labels, 0.0, slo, [])
+                annotations = _annotations(rules, spec, labels, 0.0)
                 out[spec.name].append({"exp_labels": labels, "exp_annotations": annotations})
     return out
 
@@ -101,6 +79,18 @@ def _alerts_series(scenario: Scenario, verdict: str) -> list[dict]:
     }
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return [{"labels": f"ALERTS{{{inner}}}", "value": 1}]
+
+
+def _differential_test(scenario: Scenario, diagnosis: Diagnosis, at: str) -> list[dict]:
+    """Where the verdict's alert fires: the causes the branch records hold beside it, as the SLO page's
+    ``contributing`` asks for them, are the Python differential."""
+    if diagnosis.verdict not in alert_specs.VERDICT_ALERT or not scenario.settles:
+        return []
+    expr = f'group by (verdict) ({promql.BRANCH_RECORD}{{verdict!="{diagnosis.verdict}"}})'
+    listed = sorted({c.verdict for c in diagnosis.differential})
+    return [
+        {"expr": expr, "eval_time": at, "exp_samples": [{"labels": f'{{verdict="{v}"}}', "value": 1} for v in listed]}
+    ]
 
 
 def python_diagnosis(scenario: Scenario, thresholds: Thresholds, slo_seconds: float | None = None) -> Diagnosis:
@@ -122,7 +112,7 @@ def scenario_group(
         "input_series": scenario.input_series(),
         "alert_rule_test": [
             {"eval_time": at, "alertname": name, "exp_alerts": exp}
-            for name, exp in expected_alerts(scenario, diagnosis, rules, slo_seconds).items()
+            for name, exp in expected_alerts(scenario, diagnosis, rules).items()
         ],
         "promql_expr_test": [
             {
@@ -130,6 +120,7 @@ def scenario_group(
                 "eval_time": at,
                 "exp_samples": _alerts_series(scenario, verdict),
             },
+            *_differential_test(scenario, diagnosis, at),
         ],
     }
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file
+from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file, verdicts
 from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
 
 KUBERNETES = {"namespace": "serving", "pod": "vllm-7f9c", "instance": "10.1.2.3:9745", "job": "kvdoctor"}
@@ -45,7 +45,7 @@ def _labels(name: str, target: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("target", [KUBERNETES, STATIC], ids=["kubernetes", "static"])
 @pytest.mark.parametrize("verdict", [None, "kv_thrashing", "healthy"])
 def test_every_annotation_renders_to_words_people_read(target, verdict):
-    code = float(promql.verdict_code(verdict)) if verdict else None
+    code = float(verdicts.verdict_code(verdict)) if verdict else None
     for name, rule in _alerts().items():
         for key, text in rule["annotations"].items():
             out = alert_templates.render(text, _labels(name, target), 0.1842, _query(code))
@@ -58,18 +58,21 @@ def test_every_annotation_renders_to_words_people_read(target, verdict):
             assert name_shown in out or (key == "description" and name == "KvdoctorSourceDown"), (where, out)
 
 
-def test_values_are_in_units_people_read_with_the_pods_own_slo():
+def test_values_are_in_units_people_read_and_cause_alerts_make_no_query():
     alerts = _alerts()
     bw = alerts["DecodeMemoryBandwidthBound"]["annotations"]["summary"]
     out = alert_templates.render(bw, _labels("x", STATIC), 0.1842, _query(None))
-    assert out == "Decode is HBM-bandwidth bound on gpu-box-2:9745: ITL p95 184.2ms, SLO 15ms"
+    assert out == "Decode is HBM-bandwidth bound on gpu-box-2:9745: ITL p95 184.2ms, over its SLO"
+    # expanded at every evaluation for every engine with the cause: a query each would cost the fleet
+    for name in alert_specs.VERDICT_ALERT_NAMES:
+        assert all("query" not in text for text in alerts[name]["annotations"].values()), name
     kv = alerts["KVCacheCapacityPressure"]["annotations"]["summary"]
     assert alert_templates.render(kv, _labels("x", KUBERNETES), 0.973).endswith(": 97.3% used")
 
 
 def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
     page = _alerts()["KvdoctorLatencySLOFastBurn"]
-    code = float(promql.verdict_code("kv_thrashing"))
+    code = float(verdicts.verdict_code("kv_thrashing"))
     text = alert_templates.render(page["annotations"]["description"], _labels("p", KUBERNETES), 0.04, _query(code))
     assert "KV cache thrashing" in text and "First action: now: route traffic away" in text
     assert "its ITL SLO of 15ms" in text and "ITL p90 40ms over 5 minutes" in text
@@ -77,6 +80,16 @@ def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
     summary = alert_templates.render(page["annotations"]["summary"], _labels("p", KUBERNETES), 0.04, _query(None))
     assert summary.endswith("Cause: unknown")  # no verdict: said, not left empty
     assert page["labels"] == {"severity": "critical", "slo": "itl"}
+    asked: list[str] = []
+
+    def differential(expr: str) -> list:
+        asked.append(expr)
+        return [({"verdict": "request_queueing"}, 1.0), ({"verdict": "compute_bound"}, 1.0)]
+
+    also = alert_templates.render(page["annotations"]["contributing"], _labels("p", KUBERNETES), 0.04, differential)
+    assert also == "Also present on vllm-7f9c: compute_bound, requests waiting (a consequence of the slowness)"
+    assert 'kvdoctor:branch{namespace="serving",pod="vllm-7f9c",' in asked[0]
+    assert 'kvdoctor:verdict{namespace="serving",pod="vllm-7f9c",' in asked[0] and "unless on(verdict)" in asked[0]
     assert _alerts()["KvdoctorLatencySLOSlowBurn"]["labels"]["severity"] == "warning"
 
 
@@ -119,7 +132,7 @@ def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_va
     the resolved notification carries these words, not the burning ones."""
     rule = _alerts()[name]
     pq = "90" if name == "KvdoctorLatencySLOFastBurn" else "95"
-    code = float(promql.verdict_code("kv_thrashing"))
+    code = float(verdicts.verdict_code("kv_thrashing"))
     burning, recovered = (
         alert_templates.render(rule["annotations"]["summary"], _labels(name, KUBERNETES), v, _query(code))
         for v in (0.0184, 0.0121)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdoctor.rules import promql
+from kvdoctor.rules.verdicts import verdict_code
 from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
     INTER_TOKEN_LATENCY,
@@ -270,7 +270,7 @@ def test_lag_is_the_time_until_the_verdict_is_the_new_cause_and_stays_it():
 
 
 def test_promtool_reports_are_read_case_by_case():
-    code = promql.verdict_code("memory_bandwidth_bound")
+    code = verdict_code("memory_bandwidth_bound")
     report = f"""
   FAILED:
     expr: "label_replace(kvdoctor:verdict or on() vector(0), \\"case\\", \\"3\\", \\"\\", \\"\\")", time: 2m,

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, promql, rule_file, tree
+from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file, tree
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
+from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
 from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.verdicts import SLOW_VERDICTS, VERDICTS
+from kvdoctor.rules.verdicts import SLOW_VERDICTS, verdict_code
 from kvdoctor.signals import units
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,10 +63,6 @@ def test_the_alerts_are_exactly_the_specified_ones():
     assert set(alert_specs.VERDICT_ALERT) == set(SLOW_VERDICTS)  # every slow verdict, nothing else
 
 
-def rule_is_a_verdict(name: str) -> bool:
-    return name in alert_specs.VERDICT_ALERT_NAMES
-
-
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALERTS))
 def test_every_alert_is_complete_and_has_a_runbook(name):
     rule = _alerts()[name]
@@ -73,7 +70,8 @@ def test_every_alert_is_complete_and_has_a_runbook(name):
     assert rule["labels"]["severity"] in ("critical", "warning", "info")
     notes = rule["annotations"]
     # no runbook base given: no runbook_url at all, never a path relative to nothing
-    assert set(notes) == {"summary", "description"} | ({"contributing"} if rule_is_a_verdict(name) else set())
+    # the SLO pages list the other causes present; the cause alerts make no query (alert_rules)
+    assert set(notes) == {"summary", "description"} | ({"contributing"} if name in SLO_ALERT_NAMES else set())
     assert "$labels." in notes["summary"] and "$labels." in notes["description"]
     if name not in ("KvdoctorSourceDown", "KvdoctorExporterDown"):
         assert "$value" in notes["description"]
@@ -170,17 +168,21 @@ def test_alerts_read_only_canonical_signals_and_recorded_features():
 
 def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engines():
     expr = next(r["expr"] for r in _rules() if r.get("record") == promql.VERDICT_RECORD)
-    chain = re.findall(r'kvdoctor:branch\{branch="(\w+)"\}\) \* (\d+)', expr)
-    # every branch but idle (the engines it leaves) and the last (every active engine), in order
-    assert [b for b, _ in chain] == [b.id for b in tree.BRANCHES[1:-1]]
-    assert [int(c) for _, c in chain] == [promql.verdict_code(b.verdict) for b in tree.BRANCHES[1:-1]]
-    assert [VERDICTS[int(c) - 1] for _, c in chain][:2] == ["kv_thrashing", "kv_thrashing"]
     keys = "namespace, pod, instance, model_name, engine"
-    assert f"group by ({keys}) (kvdoctor:engine_active) * {promql.verdict_code('healthy')}" in expr
-    assert expr.count(f"\nor on({keys}) group by") == len(tree.BRANCHES) - 2
-    # it reads the branch records only, each 1 per engine where the branch's own condition holds ...
-    branches = [r["labels"]["branch"] for r in _rules() if r.get("record") == promql.BRANCH_RECORD]
-    assert branches == [b.id for b in tree.BRANCHES[1:-1]] + [promql.QUEUE_CONSEQUENCE_BRANCH]
+    terms = expr.split("\n)\n")[0].removeprefix("(\n").split(f"\nor on({keys}) ")
+    # every branch but idle (the engines it leaves), in order, each times its verdict's code, then
+    # every active engine (the last branch)
+    branches = tree.BRANCHES[1:]
+    assert len(terms) == len(branches)
+    for term, b in zip(terms, branches, strict=True):
+        assert term.startswith(f"group by ({keys}) (") and term.endswith(f") * {verdict_code(b.verdict)}")
+    assert terms[-1] == f"group by ({keys}) (kvdoctor:engine_active) * {verdict_code('healthy')}"
+    # the branches the differential lists are read from their records, each 1 per engine where the
+    # branch's own condition holds; the others (fallbacks, the queue's own verdict) inline
+    recorded = [r["labels"]["branch"] for r in _rules() if r.get("record") == promql.BRANCH_RECORD]
+    assert recorded == [b.id for b in tree.DIFFERENTIAL_BRANCHES] + [promql.QUEUE_CONSEQUENCE_BRANCH]
+    for term, b in zip(terms, branches, strict=True):
+        assert (f'kvdoctor:branch{{branch="{b.id}"}}' in term) == (b in tree.DIFFERENTIAL_BRANCHES), term
     # ... among the active engines whose exporter is scraped now (its own series, not stale)
     assert expr.endswith(
         f"and on({keys}) kvdoctor:engine_active\nand on(namespace, pod, instance) kvdoctor:source_up\n"
@@ -193,7 +195,7 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
 def test_each_verdict_alert_reads_the_verdict_record(name):
     spec = alert_specs.ALERT_BY_NAME[name]
     expr = _alerts()[name]["expr"]
-    is_verdict = f"kvdoctor:verdict == {promql.verdict_code(spec.verdict)}"
+    is_verdict = f"kvdoctor:verdict == {verdict_code(spec.verdict)}"
     value = promql.record_name(spec.value_feature, promql.rule_thresholds(None, None))
     # the value where the engine has it, else NaN; both sides filtered by the verdict first
     assert expr == (
@@ -313,12 +315,12 @@ def test_humanize_matches_prometheus(value, text):
 
 
 def test_render_template():
-    out = rule_file.render_template(
+    out = alert_templates.render(
         "{{ $labels.pod }}: {{ $value | humanizePercentage }} ({{ $labels.none }})", {"pod": "vllm-0"}, 0.953
     )
     assert out == "vllm-0: 95.3% ()"
     with pytest.raises(ValueError, match="not supported"):
-        rule_file.render_template("{{ $value | title }}", {}, 1.0)
+        alert_templates.render("{{ $value | title }}", {}, 1.0)
 
 
 CHART_FILES = ROOT / "helm" / "kvdoctor" / "files"

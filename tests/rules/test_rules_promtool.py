@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvdoctor.rules import promql, rule_file
+from kvdoctor.rules.alert_rules import contributing_annotation
 from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.rules.verdicts import verdict_code
 from tests.rules.promtool_suite import python_diagnosis, write_test_file
 from tests.support.scenarios import SCENARIO_BY_NAME, SCENARIOS
 from tests.support.tools import promtool, requires_promtool
@@ -127,5 +129,46 @@ def test_an_engine_scraped_by_two_jobs_keeps_one_itl_p95_with_the_same_value(tmp
     }
     test_file = tmp_path / "two-jobs.test.yaml"
     test_file.write_text(json.dumps(doc))
+    result = _promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_the_slo_page_lists_the_other_causes_present_as_prometheus_renders_it(tmp_path):
+    """The ``contributing`` annotation's query, run by Prometheus' own template engine: the causes
+    whose branch record holds, less the verdict, the queue in words, sorted."""
+    engine = {"namespace": "ns", "pod": "p", "instance": "i", "model_name": "m", "engine": "vllm"}
+    inner = ",".join(f'{k}="{v}"' for k, v in engine.items())
+    keys = ", ".join(engine)
+    rules = tmp_path / "page.yaml"
+    page = {
+        "alert": "Page",
+        "expr": f"max by ({keys}) (page)",
+        "annotations": {"contributing": contributing_annotation()},
+    }
+    rules.write_text(json.dumps({"groups": [{"name": "page", "rules": [page]}]}))
+    branches = {"sm_high": "compute_bound", "gpu_idle": "host_overhead_bound", "queue_consequence": "request_queueing"}
+    series = [
+        {"series": f"page{{{inner}}}", "values": "1x4"},
+        {"series": f"{promql.VERDICT_RECORD}{{{inner}}}", "values": f"{verdict_code('compute_bound')}x4"},
+        *(
+            {"series": f'{promql.BRANCH_RECORD}{{{inner},branch="{b}",verdict="{v}"}}', "values": "1x4"}
+            for b, v in branches.items()
+        ),
+    ]
+    listed = "Also present on p: host_overhead_bound, requests waiting (a consequence of the slowness)"
+    expected = [{"exp_labels": engine, "exp_annotations": {"contributing": listed}}]
+    test = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": series,
+                "alert_rule_test": [{"eval_time": "30s", "alertname": "Page", "exp_alerts": expected}],
+            }
+        ],
+    }
+    test_file = tmp_path / "page.test.yaml"
+    test_file.write_text(json.dumps(test))
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

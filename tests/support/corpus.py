@@ -64,7 +64,7 @@ from kvdoctor.rules import promql, rule_file
 from kvdoctor.rules.context import Context
 from kvdoctor.rules.diagnosis import diagnose
 from kvdoctor.rules.thresholds import Thresholds
-from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.rules.verdicts import VERDICTS, verdict_code
 from kvdoctor.signals.trace import format_raw_captures, parse_trace
 from kvdoctor.signals.vocabulary import (
     GENERATION_SECONDS,
@@ -776,7 +776,7 @@ def judge_python(cases: Sequence[Case], jobs: int = 1) -> Verdicts:
 # kvdoctor:verdict covers the active engines of a window that can be judged: no sample is the tree's
 # idle where the window holds enough scrapes (kvdoctor:judgeable, 0 below), else unknown (-1 below)
 _NOT_JUDGEABLE = -1
-_CODE_TO_VERDICT = {promql.verdict_code(v): v for v in VERDICTS} | {_NOT_JUDGEABLE: "unknown"}
+_CODE_TO_VERDICT = {verdict_code(v): v for v in VERDICTS} | {_NOT_JUDGEABLE: "unknown"}
 _NO_VERDICT = "idle"
 _FAILED = re.compile(r"time: ([0-9a-z.]+),\s*\n\s*exp: [^\n]*\n\s*got: ([^\n]*)")
 _SAMPLE = re.compile(r"\{([^}]*)\} (\S+)")
