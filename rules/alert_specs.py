@@ -45,8 +45,6 @@ CAUSE_FOR_SCRAPES = 12  # the per-cause alerts' for: 3m at 15 s
 SOURCE_DOWN_FOR_SCRAPES = 20  # 5m at 15 s: a source failing for that long, not one failed read
 EXPORTER_DOWN_FOR_SCRAPES = 4  # 1m at 15 s: four failed scrapes in a row, not a restart
 
-ITL_SLO_RECORD = "kvdoctor:itl_slo_seconds"  # promql.SLO_RECORD (kept here: the SLO pages read it)
-
 
 def first_action(verdict: str) -> str:
     """What to do first about ``verdict``: the first mitigation, then the first fix."""

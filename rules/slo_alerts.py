@@ -31,16 +31,15 @@ from dataclasses import dataclass
 from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, INTER_TOKEN_LATENCY
 
 from . import alert_templates as T
-from .alert_specs import ALERT_BY_NAME, ITL_SLO_RECORD, VERDICT_ALERT, AlertSpec
+from .alert_specs import ALERT_BY_NAME, VERDICT_ALERT, AlertSpec
 from .feature_promql import ENGINE_KEYS, prom_number
+from .promql import SLO_RECORD, VERDICT_RECORD
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS
 
 GROUP_NAME = "kvdoctor-slo"
 ERROR_BUDGET = 0.05  # the share of tokens allowed over the ITL SLO: the SLO is a p95
 REFERENCE_INTERVAL = DEFAULT_SCRAPE_INTERVAL_SECONDS  # the windows below are for this scrape interval
 BURN_FOR_SCRAPES = 2  # two evaluations in a row: one odd evaluation pages nobody
-
-VERDICT_RECORD = "kvdoctor:verdict"  # promql.VERDICT_RECORD
 
 
 @dataclass(frozen=True)
@@ -187,7 +186,7 @@ def _against_slo(test: str, text: str) -> str:
     the evaluation that recovered, see ``burn_expr``)."""
     return (
         "{{ with "
-        + T.selector(ITL_SLO_RECORD)
+        + T.selector(SLO_RECORD)
         + " | query }}{{ if "
         + test
         + " $value (. | first | value) }}"
@@ -230,7 +229,7 @@ def burn_rate_rules(
             "{engine}": T.engine(),
             "{model}": "{{ with $labels.model_name }} ({{ . }}){{ end }}",
             "{value}": T.value("duration"),
-            "{slo}": T.slo(ITL_SLO_RECORD),
+            "{slo}": T.slo(SLO_RECORD),
             "{pq}": f"{b.quantile * 100:g}",
             "{pct}": f"{b.fraction:.0%}",
             "{factor}": f"{b.factor:g}",
