@@ -60,6 +60,7 @@ def settings_context(settings: Any, model_shape: ModelShape | None = None) -> Co
         gpu_peak_bandwidth=getattr(settings, "gpu_peak_bandwidth", None),
         slo_seconds=float(getattr(settings, "slo_ms", DEFAULT_SLO_SECONDS * 1e3)) / 1e3,
         slo_source="the exporter's --slo-ms",
+        ttft_slo_seconds=ttft_ms / 1e3 if (ttft_ms := getattr(settings, "ttft_slo_ms", None)) else None,
     )
 
 

@@ -169,6 +169,16 @@ class ExporterSettings(BaseSettings):
         group=CONTEXT,
         gt=0,
     )
+    ttft_slo_ms: float | None = setting(
+        None,
+        "time-to-first-token SLO (TTFT p95, ms), where the service has one; published as "
+        "kvdoctor_time_to_first_token_slo_seconds, so the TTFT burn-rate alerts page on it "
+        "(default: none, no TTFT alerts)",
+        flag="--ttft-slo-ms",
+        metavar="MS",
+        group=CONTEXT,
+        gt=0,
+    )
     diagnosis_window: float = setting(
         DIAGNOSIS_WINDOW_SECONDS,
         "seconds of history the live diagnosis reads each cycle",

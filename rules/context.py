@@ -3,7 +3,8 @@ peak bandwidth -- and how an exporter publishes it so that every client diagnose
 
 The exporter publishes its ``Context`` three ways, all written and read here:
 
-- ``kvdoctor_inter_token_latency_slo_seconds`` (a gauge) and ``kvdoctor_context_info`` (an info
+- ``kvdoctor_inter_token_latency_slo_seconds`` (a gauge; ``kvdoctor_time_to_first_token_slo_seconds``
+  beside it where a TTFT SLO is set) and ``kvdoctor_context_info`` (an info
   gauge: 1, labelled with the model's shape, the GPU and its peak bandwidth) on its page and in its
   stored window, so a window read from the exporter, from Prometheus or from a recorded trace
   carries the context it was diagnosed with (``published_context``);
@@ -21,7 +22,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from kvdoctor.ledger.model import ModelShape
-from kvdoctor.signals.vocabulary import CONTEXT_INFO, ITL_SLO
+from kvdoctor.signals.vocabulary import CONTEXT_INFO, ITL_SLO, TTFT_SLO
 
 from .thresholds import DEFAULT_SLO_SECONDS
 
@@ -47,6 +48,7 @@ class Context:
     kv_dtype: str | None = None  # the engine's KV cache dtype (e.g. "fp8"); default: the model's dtype
     gpu_model: str | None = None  # the GPU's name, as NVML gives it
     slo_source: str = DEFAULT  # GIVEN, PUBLISHED or DEFAULT (set by ``resolve``)
+    ttft_slo_seconds: float | None = None  # TTFT SLO (a p95), for the TTFT burn alerts; None: none set
 
     @property
     def slo(self) -> float:
@@ -70,6 +72,7 @@ def resolve(given: Context | None, published: Context | None) -> Context:
         kv_dtype=given.kv_dtype or published.kv_dtype,
         gpu_model=given.gpu_model or published.gpu_model,
         slo_source=source,
+        ttft_slo_seconds=given.ttft_slo_seconds or published.ttft_slo_seconds,
     )
 
 
@@ -77,8 +80,12 @@ def resolve(given: Context | None, published: Context | None) -> Context:
 
 
 def published_samples(ctx: Context) -> list[tuple[str, dict[str, str], float]]:
-    """``(name, labels, value)`` of the SLO gauge and the info metric for ``ctx``."""
-    return [(ITL_SLO, {}, ctx.slo), (CONTEXT_INFO, info_labels(ctx), 1.0)]
+    """``(name, labels, value)`` of the SLO gauges (the TTFT one only where it is set) and the info
+    metric for ``ctx``."""
+    ttft: list[tuple[str, dict[str, str], float]] = (
+        [(TTFT_SLO, {}, float(ctx.ttft_slo_seconds))] if ctx.ttft_slo_seconds else []
+    )
+    return [(ITL_SLO, {}, ctx.slo), *ttft, (CONTEXT_INFO, info_labels(ctx), 1.0)]
 
 
 def info_labels(ctx: Context) -> dict[str, str]:
@@ -133,6 +140,7 @@ def context_to_json(ctx: Context) -> dict[str, Any]:
     return {
         "slo_seconds": ctx.slo,
         "slo_source": ctx.slo_source,
+        "ttft_slo_seconds": ctx.ttft_slo_seconds,
         "model": asdict(ctx.model) if ctx.model is not None else None,
         "kv_dtype": ctx.kv_dtype,
         "gpu_model": ctx.gpu_model,
@@ -160,6 +168,7 @@ def context_from_json(payload: Mapping[str, Any]) -> Context:
         slo_seconds=_positive(slo),
         kv_dtype=str(payload["kv_dtype"]) if payload.get("kv_dtype") else None,
         gpu_model=str(payload["gpu_model"]) if payload.get("gpu_model") else None,
+        ttft_slo_seconds=_positive(payload.get("ttft_slo_seconds")),
     )
 
 

@@ -12,7 +12,7 @@ from kvdoctor.signals.vocabulary import ITL_SLO
 from . import slo_alerts
 from .alert_rules import alert_annotations, alert_rules, contributing_annotation
 from .alert_specs import VERDICT_ALERT
-from .promql import GPU_ON, SLO_RECORD, Rule, duration, recording_rules, rule_thresholds
+from .promql import Rule, duration, recording_rules, rule_thresholds
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
 from .verdicts import verdict_code
 
@@ -36,7 +36,7 @@ def rule_groups(
     )
     slo_rules = slo_alerts.burn_rate_rules(
         scrape_interval_seconds,
-        slo_join=f"{GPU_ON} group_left() {SLO_RECORD}",
+        window_seconds=t.window_seconds,
         annotate=lambda spec, summary, description: {
             **alert_annotations(summary, description, spec.runbook_url(runbook_base_url), dashboard_base_url),
             "contributing": contributing_annotation(),

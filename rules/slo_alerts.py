@@ -21,6 +21,11 @@ are sized for the p95 SLO instead:
 
 The windows scale with the scrape interval (they hold as many scrapes as at 15 s: 240 and 20 for the
 fast pair), so a rule file exported for a 1 s scrape (tests) runs the same logic in 1/15 the time.
+
+A TTFT SLO, where one is set (the exporter's ``--ttft-slo-ms``, published as
+``kvdoctor_time_to_first_token_slo_seconds`` and recorded per pod as ``kvdoctor:ttft_slo_seconds``),
+gets the same pair on the TTFT histogram (``KvdoctorTTFTSLOFastBurn``, ``KvdoctorTTFTSLOSlowBurn``,
+label ``slo="ttft"``): also a p95, so 5% of requests over it is the budget. A pod without one has none.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, INTER_TOKEN_LATENCY
+from kvdoctor.signals.vocabulary import DIAGNOSIS_VERDICT, INTER_TOKEN_LATENCY, TIME_TO_FIRST_TOKEN, TTFT_SLO
 
 from . import alert_templates as T
 from .alert_specs import ALERT_BY_NAME, VERDICT_ALERT, AlertSpec
-from .feature_promql import ENGINE_KEYS, prom_number
-from .promql import SLO_RECORD, VERDICT_RECORD
+from .feature_promql import ENGINE_KEYS, GPU_KEYS, prom_number
+from .promql import GPU_ON, SLO_RECORD, VERDICT_RECORD, duration
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS
 
 GROUP_NAME = "kvdoctor-slo"
@@ -43,17 +48,37 @@ BURN_FOR_SCRAPES = 2  # two evaluations in a row: one odd evaluation pages nobod
 
 
 @dataclass(frozen=True)
+class Objective:
+    """A latency SLO the burn alerts guard: the histogram it reads, the record holding each pod's
+    SLO, what the histogram counts, and the alerts' ``slo`` label."""
+
+    key: str  # the alerts' ``slo`` label
+    title: str  # how the words name it: "ITL", "TTFT"
+    histogram: str  # the canonical histogram family
+    slo_record: str  # each pod's SLO, seconds
+    counts: str  # what one observation is: "tokens", "requests"
+
+
+ITL = Objective("itl", "ITL", INTER_TOKEN_LATENCY, SLO_RECORD, "tokens")
+# Only for the pods whose exporter publishes a TTFT SLO (``--ttft-slo-ms``): no default, since a time
+# to first token depends on the prompt lengths the service accepts, which kvdoctor cannot know.
+TTFT = Objective("ttft", "TTFT", TIME_TO_FIRST_TOKEN, "kvdoctor:ttft_slo_seconds", "requests")
+OBJECTIVES = (ITL, TTFT)
+
+
+@dataclass(frozen=True)
 class Burn:
     """One multi-window burn-rate alert: both windows over ``factor`` times the budget."""
 
     spec: AlertSpec
+    objective: Objective
     factor: float
     long_seconds: float  # at REFERENCE_INTERVAL
     short_seconds: float
 
     @property
     def fraction(self) -> float:
-        """The share of tokens over the SLO that this burn rate means."""
+        """The share of observations over the SLO that this burn rate means."""
         return self.factor * ERROR_BUDGET
 
     @property
@@ -66,57 +91,47 @@ class Burn:
 
 
 _CAUSE = "{cause}"
-FAST = Burn(
-    AlertSpec(
-        "KvdoctorLatencySLOFastBurn",
-        None,
-        "critical",
-        BURN_FOR_SCRAPES,
-        None,
-        "duration",
-        "",
-        "ITL SLO burning fast on {engine}: ITL p{pq} {value} over {short}, SLO {slo}. Cause: {cause_short}",
-        "More than {pct} of the tokens of {engine}{model} took longer than its ITL SLO of {slo}, over the last "
-        "{long} and the last {short} (ITL p{pq} {value} over {short}): the error budget, 5% of tokens over the "
-        "SLO, burns {factor}x faster than it accrues. Cause, kvdoctor's verdict now: " + _CAUSE,
-    ),
-    factor=2.0,
-    long_seconds=3600,
-    short_seconds=300,
+_FAST_SUMMARY = "{obj} SLO burning fast on {engine}: {obj} p{pq} {value} over {short}, SLO {slo}. Cause: {cause_short}"
+_FAST_DESCRIPTION = (
+    "More than {pct} of the {counts} of {engine}{model} took longer than its {obj} SLO of {slo}, over the last "
+    "{long} and the last {short} ({obj} p{pq} {value} over {short}): the error budget, 5% of {counts} over the "
+    "SLO, burns {factor}x faster than it accrues. Cause, kvdoctor's verdict now: " + _CAUSE
 )
-SLOW = Burn(
-    AlertSpec(
-        "KvdoctorLatencySLOSlowBurn",
-        None,
-        "warning",
-        BURN_FOR_SCRAPES,
-        None,
-        "duration",
-        "",
-        "ITL SLO burning on {engine}: ITL p{pq} {value} over {short}, SLO {slo}. Cause: {cause_short}",
-        "More than {pct} of the tokens of {engine}{model} took longer than its ITL SLO of {slo}, over the last "
-        "{long} and the last {short} (ITL p{pq} {value} over {short}): the error budget, 5% of tokens over the "
-        "SLO, is spent as fast as it accrues. Cause, kvdoctor's verdict now: " + _CAUSE,
-    ),
-    factor=1.0,
-    long_seconds=21600,
-    short_seconds=1800,
+_SLOW_SUMMARY = "{obj} SLO burning on {engine}: {obj} p{pq} {value} over {short}, SLO {slo}. Cause: {cause_short}"
+_SLOW_DESCRIPTION = (
+    "More than {pct} of the {counts} of {engine}{model} took longer than its {obj} SLO of {slo}, over the last "
+    "{long} and the last {short} ({obj} p{pq} {value} over {short}): the error budget, 5% of {counts} over the "
+    "SLO, is spent as fast as it accrues. Cause, kvdoctor's verdict now: " + _CAUSE
 )
-BURNS = (FAST, SLOW)
+
+
+def _burns(objective: Objective, fast_name: str, slow_name: str) -> tuple[Burn, Burn]:
+    """The objective's fast burn (a page) and slow burn (a ticket)."""
+
+    def spec(name: str, severity: str, summary: str, description: str) -> AlertSpec:
+        return AlertSpec(name, None, severity, BURN_FOR_SCRAPES, None, "duration", "", summary, description)
+
+    fast = spec(fast_name, "critical", _FAST_SUMMARY, _FAST_DESCRIPTION)
+    slow = spec(slow_name, "warning", _SLOW_SUMMARY, _SLOW_DESCRIPTION)
+    return (
+        Burn(fast, objective, factor=2.0, long_seconds=3600, short_seconds=300),
+        Burn(slow, objective, factor=1.0, long_seconds=21600, short_seconds=1800),
+    )
+
+
+# The ITL alerts keep the names they shipped with (routes and silences match them).
+FAST, SLOW = _burns(ITL, "KvdoctorLatencySLOFastBurn", "KvdoctorLatencySLOSlowBurn")
+TTFT_FAST, TTFT_SLOW = _burns(TTFT, "KvdoctorTTFTSLOFastBurn", "KvdoctorTTFTSLOSlowBurn")
+BURNS = (FAST, SLOW, TTFT_FAST, TTFT_SLOW)
 # What a burn alert says at its last firing evaluation, the short window back under the SLO
 # (``burn_expr``): the words of its resolved notification.
-RECOVERED_SUMMARY = "ITL SLO recovered on {engine}: ITL p{pq} {value} over {short}, SLO {slo}"
+RECOVERED_SUMMARY = "{obj} SLO recovered on {engine}: {obj} p{pq} {value} over {short}, SLO {slo}"
 RECOVERED_DESCRIPTION = (
-    "The tokens of {engine}{model} are back within its ITL SLO of {slo} over the last {short} "
-    "(ITL p{pq} {value}): the alert resolves."
+    "The {counts} of {engine}{model} are back within its {obj} SLO of {slo} over the last {short} "
+    "({obj} p{pq} {value}): the alert resolves."
 )
 SLO_ALERTS = tuple(b.spec for b in BURNS)
 SLO_ALERT_NAMES = tuple(s.name for s in SLO_ALERTS)
-
-
-def _duration(seconds: float) -> str:
-    ms = round(seconds * 1000)
-    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def describe(interval: float) -> str:
@@ -124,8 +139,11 @@ def describe(interval: float) -> str:
     parts = []
     for b in BURNS:
         long, short = b.windows(interval)
-        parts.append(f"{b.spec.name} {b.factor:g}x over {_duration(long)} and {_duration(short)}")
-    return f"latency SLO: error budget {ERROR_BUDGET:.0%} of tokens over each pod's ITL SLO; " + "; ".join(parts)
+        parts.append(f"{b.spec.name} {b.factor:g}x over {duration(long)} and {duration(short)}")
+    return (
+        f"latency SLOs: error budget {ERROR_BUDGET:.0%} of tokens over each pod's ITL SLO, and of requests over "
+        "its TTFT SLO where it publishes one; " + "; ".join(parts)
+    )
 
 
 def cause(verdict_codes: Mapping[str, int], short: bool) -> str:
@@ -175,18 +193,18 @@ def _alert_of(verdict: str) -> str:
 Annotate = Callable[[AlertSpec, str, str], dict[str, str]]
 
 
-def quantile_over(window: str, q: float, offset: str = "") -> str:
+def quantile_over(histogram: str, window: str, q: float, offset: str = "") -> str:
     keys = ", ".join(ENGINE_KEYS)
-    bucket = f"{INTER_TOKEN_LATENCY}_bucket[{window}]" + (f" offset {offset}" if offset else "")
+    bucket = f"{histogram}_bucket[{window}]" + (f" offset {offset}" if offset else "")
     return f"max by ({keys}) (histogram_quantile({prom_number(q)}, increase({bucket})))"
 
 
-def _against_slo(test: str, text: str) -> str:
-    """``text`` where ``$value`` compares to the pod's SLO as ``test`` (``gt``: still burning; ``le``:
-    the evaluation that recovered, see ``burn_expr``)."""
+def _against_slo(record: str, test: str, text: str) -> str:
+    """``text`` where ``$value`` compares to the pod's SLO (``record``) as ``test`` (``gt``: still
+    burning; ``le``: the evaluation that recovered, see ``burn_expr``)."""
     return (
         "{{ with "
-        + T.selector(SLO_RECORD)
+        + T.selector(record)
         + " | query }}{{ if "
         + test
         + " $value (. | first | value) }}"
@@ -195,41 +213,50 @@ def _against_slo(test: str, text: str) -> str:
     )
 
 
-def burn_expr(b: Burn, interval: float, slo_join: str) -> str:
-    """Both windows over the SLO; and, once the alert fires, for as long as the short window was
+def burn_expr(b: Burn, interval: float) -> str:
+    """Both windows over the pod's SLO; and, once the alert fires, for as long as the short window was
     over the SLO at the previous evaluation. So it resolves one evaluation after the short window is
     back under the SLO, and that last firing evaluation's ``$value`` (the short window's quantile) is
     the recovered one: Prometheus and vmalert send a resolved alert with the annotations of its last
     firing evaluation, which is how the resolved notification shows the value after recovery. (A
     long window back under first, as when a slowdown also cut the token rate, keeps the page while
-    the last minutes still burn.)"""
+    the last minutes still burn.) A pod without the objective's SLO record has no alert."""
     on = "on(" + ", ".join(ENGINE_KEYS) + ")"
-    long, short = (_duration(w) for w in b.windows(interval))
-    burning = (
-        f"{quantile_over(short, b.quantile)} > {slo_join}\nand {on}\n{quantile_over(long, b.quantile)} > {slo_join}"
-    )
+    slo = f"{GPU_ON} group_left() {b.objective.slo_record}"
+    long, short = (duration(w) for w in b.windows(interval))
+    h = b.objective.histogram
+    burning = f"{quantile_over(h, short, b.quantile)} > {slo}\nand {on}\n{quantile_over(h, long, b.quantile)} > {slo}"
     recovering = (
-        f"{quantile_over(short, b.quantile)}\n"
-        f"and {on}\n{quantile_over(short, b.quantile, _duration(interval))} > {slo_join}\n"
+        f"{quantile_over(h, short, b.quantile)}\n"
+        f"and {on}\n{quantile_over(h, short, b.quantile, duration(interval))} > {slo}\n"
         f'and {on}\nALERTS{{alertname="{b.spec.name}", alertstate="firing"}}'
     )
     return f"(\n{burning}\n)\nor {on}\n(\n{recovering}\n)"
 
 
+def ttft_slo_rule(window: str) -> dict[str, object]:
+    """Each pod's TTFT SLO, where its exporter publishes one: the last over ``window`` (the rules'
+    window, as the ITL SLO's record reads it), so a pod is judged by its own SLO while its samples last."""
+    keys = ", ".join(GPU_KEYS)
+    return {"record": TTFT.slo_record, "expr": f"max by ({keys}) (last_over_time({TTFT_SLO}[{window}]))"}
+
+
 def burn_rate_rules(
-    interval: float, *, slo_join: str, annotate: Annotate, verdict_codes: Mapping[str, int]
+    interval: float, *, window_seconds: float, annotate: Annotate, verdict_codes: Mapping[str, int]
 ) -> list[dict[str, object]]:
-    """The burn-rate alerts for rules exported for ``interval``: ``slo_join`` compares with each
-    pod's SLO (``on(<pod>) group_left() kvdoctor:itl_slo_seconds``)."""
-    rules: list[dict[str, object]] = []
+    """The SLO group for rules exported for ``interval``: the TTFT SLO's record (the ITL SLO's is the
+    tree's), then the burn-rate alerts, each comparing with its pod's own SLO."""
+    rules: list[dict[str, object]] = [ttft_slo_rule(duration(window_seconds))]
     for b in BURNS:
         long_s, short_s = b.windows(interval)
-        expr = burn_expr(b, interval, slo_join)
+        record = b.objective.slo_record
         words = {
             "{engine}": T.engine(),
             "{model}": "{{ with $labels.model_name }} ({{ . }}){{ end }}",
             "{value}": T.value("duration"),
-            "{slo}": T.slo(SLO_RECORD),
+            "{slo}": T.slo(record),
+            "{obj}": b.objective.title,
+            "{counts}": b.objective.counts,
             "{pq}": f"{b.quantile * 100:g}",
             "{pct}": f"{b.fraction:.0%}",
             "{factor}": f"{b.factor:g}",
@@ -239,16 +266,16 @@ def burn_rate_rules(
             "{cause}": cause(verdict_codes, short=False),
         }
         summary, description = b.spec.summary, b.spec.description
-        summary = _against_slo("gt", summary) + _against_slo("le", RECOVERED_SUMMARY)
-        description = _against_slo("gt", description) + _against_slo("le", RECOVERED_DESCRIPTION)
+        summary = _against_slo(record, "gt", summary) + _against_slo(record, "le", RECOVERED_SUMMARY)
+        description = _against_slo(record, "gt", description) + _against_slo(record, "le", RECOVERED_DESCRIPTION)
         for key, text in words.items():
             summary, description = summary.replace(key, text), description.replace(key, text)
         rules.append(
             {
                 "alert": b.spec.name,
-                "expr": expr,
-                "for": _duration(b.spec.for_seconds(interval)),
-                "labels": {"severity": b.spec.severity, "slo": "itl"},
+                "expr": burn_expr(b, interval),
+                "for": duration(b.spec.for_seconds(interval)),
+                "labels": {"severity": b.spec.severity, "slo": b.objective.key},
                 "annotations": annotate(b.spec, summary, description),
             }
         )

@@ -79,6 +79,7 @@ GENERATION_TOKENS = "kvdoctor_generation_tokens_total"
 GENERATION_SECONDS = "kvdoctor_generation_seconds_total"
 PROMPT_TOKENS = "kvdoctor_prompt_tokens_total"
 ITL_SLO = "kvdoctor_inter_token_latency_slo_seconds"
+TTFT_SLO = "kvdoctor_time_to_first_token_slo_seconds"
 CONTEXT_INFO = "kvdoctor_context_info"
 ENGINE_INFO = "kvdoctor_engine_info"
 
@@ -286,6 +287,15 @@ SIGNALS: dict[str, Signal] = {
             "The inter-token latency SLO (ITL p95) this exporter diagnoses against; the alert rules read it per pod.",
             (),
             source="kvdoctor exporter --slo-ms",
+        ),
+        Signal(
+            TTFT_SLO,
+            Kind.GAUGE,
+            "seconds",
+            "The time-to-first-token SLO (TTFT p95) of this engine, published only where one is set; "
+            "the TTFT burn-rate alerts read it per pod.",
+            (),
+            source="kvdoctor exporter --ttft-slo-ms",
         ),
         Signal(
             CONTEXT_INFO,

@@ -210,7 +210,7 @@ class HttpExposition:
                 yield text
         except zlib.error as exc:  # a corrupt gzip body
             raise SourceError("transport_error", f"GET {url}: bad gzip body: {exc}") from None
-        except UnicodeDecodeError:
+        except UnicodeError:  # UnicodeDecodeError, or a UTF-16 body without its byte-order mark
             raise SourceError("parse_error", f"GET {url}: the body is not {charset} text") from None
 
     def _too_large(self, url: str, size: int) -> SourceError:

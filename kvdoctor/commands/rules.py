@@ -27,7 +27,8 @@ Compile kvdoctor's decision tree into Prometheus recording and alerting rules ov
 kvdoctor_* signals (engine-agnostic): KVCacheThrashing, KVCacheTierMiss, KVCacheCapacityPressure,
 RequestsQueueing, DecodeMemoryBandwidthBound, DecodeComputeBound, DecodeHostOverheadBound (the
 causes, severity info), KvdoctorSourceDown, KvdoctorExporterDown, and the latency SLO's burn-rate
-alerts KvdoctorLatencySLOFastBurn (page) and KvdoctorLatencySLOSlowBurn (ticket): docs/alerting.md.
+alerts KvdoctorLatencySLOFastBurn (page) and KvdoctorLatencySLOSlowBurn (ticket), and the same pair
+on the TTFT SLO where an exporter publishes one (--ttft-slo-ms): docs/alerting.md.
 
 Every range the rules read holds at least 4 scrapes of --scrape-interval (default
 {DEFAULT_SCRAPE_INTERVAL_SECONDS:g}s; those rules also work at 30s). Give the interval your

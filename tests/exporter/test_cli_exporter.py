@@ -141,6 +141,7 @@ SAMPLE = {
     "scrape_timeout": ("2.5", 2.5),
     "gpu_peak_bandwidth": ("3.35e12", 3.35e12),
     "slo_ms": ("42", 42.0),
+    "ttft_slo_ms": ("800", 800.0),
     "diagnosis_window": ("30", 30.0),
     "interval": ("2", 2.0),
     "retention_seconds": ("1800", 1800.0),

@@ -412,6 +412,7 @@ _HEADERS = st.lists(
 @given(status=_STATUS_LINES, headers=_HEADERS, body=st.binary(max_size=300), cut=st.integers(0, 400))
 @example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Encoding: gzip"], body=b"not gzip at all", cut=0)
 @example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Type: text/plain; charset=utf-16"], body=b"\xff", cut=0)
+@example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Type: text/plain; charset=utf-16"], body=b"up 1\n", cut=0)
 @example(status=b"HTTP/1.1 301 Moved", headers=[b"Location: ftp://x/"], body=b"", cut=0)
 @example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Length: -1"], body=b"up 1\n", cut=0)
 @example(status=b"HTTP/1.1 200 OK", headers=[b"Content-Encoding: gzip"], body=gzip.compress(b"x" * 5000), cut=0)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kvdoctor.rules.slo_alerts import FAST, SLO_ALERT_NAMES, SLOW, TTFT_FAST, TTFT_SLOW, Burn
 from tests.helm.chart import CHART_DIR, ChartUnderTest, Helm, chart_under_test
 from tests.support import tools
 from tests.support.tools import ROOT, requires_helm
@@ -113,6 +114,10 @@ def check_on_call_facts(route: Mapping[str, Any], rules: list[dict[str, Any]]) -
     def alert(name: str, engine: Mapping[str, str] = ENGINE) -> dict[str, str]:
         return {"alertname": name, "severity": severity[name], **engine}
 
+    def burn_alert(burn: Burn) -> dict[str, str]:
+        """A burn alert as it fires: its SLO's label too (the fast burn holds back its own slow burn)."""
+        return {**alert(burn.spec.name), "slo": burn.objective.key}
+
     assert route["groupBy"] == ["namespace", "pod", "instance"]
     for name, sev in severity.items():
         assert receiver_of(route, alert(name)) == {"critical": "page", "warning": "ticket", "info": "chat"}[sev], name
@@ -123,17 +128,23 @@ def check_on_call_facts(route: Mapping[str, Any], rules: list[dict[str, Any]]) -
     # source down: the cause alerts, not the SLO page
     for name in causes:
         assert inhibits(rules, alert("KvdoctorSourceDown"), alert(name)), name
-    assert not inhibits(rules, alert("KvdoctorSourceDown"), alert("KvdoctorLatencySLOFastBurn"))
-    # the SLO page (either burn): the per-cause alerts of the same pod, not of another
-    for page in ("KvdoctorLatencySLOFastBurn", "KvdoctorLatencySLOSlowBurn"):
+    for page in SLO_ALERT_NAMES:
+        assert not inhibits(rules, alert("KvdoctorSourceDown"), alert(page)), page
+    # the SLO pages (either burn, either SLO): the per-cause alerts of the same pod, not of another
+    for page in SLO_ALERT_NAMES:
         for name in causes:
             assert inhibits(rules, alert(page), alert(name)), (page, name)
             assert not inhibits(rules, alert(page, OTHER), alert(name)), (page, name)
-    # fast burn -> slow burn, never the reverse; only a dead exporter holds the fast burn back
-    assert inhibits(rules, alert("KvdoctorLatencySLOFastBurn"), alert("KvdoctorLatencySLOSlowBurn"))
-    assert not inhibits(rules, alert("KvdoctorLatencySLOSlowBurn"), alert("KvdoctorLatencySLOFastBurn"))
-    for name in set(severity) - {"KvdoctorExporterDown"}:
-        assert not inhibits(rules, alert(name), alert("KvdoctorLatencySLOFastBurn")), name
+    # fast burn -> slow burn of the same SLO, never the reverse, never the other SLO's; only a dead
+    # exporter holds a fast burn back
+    for fast, slow in ((FAST, SLOW), (TTFT_FAST, TTFT_SLOW)):
+        assert inhibits(rules, burn_alert(fast), burn_alert(slow)), fast.spec.name
+        assert not inhibits(rules, burn_alert(slow), burn_alert(fast)), slow.spec.name
+    assert not inhibits(rules, burn_alert(FAST), burn_alert(TTFT_SLOW))
+    assert not inhibits(rules, burn_alert(TTFT_FAST), burn_alert(SLOW))
+    for page in (FAST, TTFT_FAST):
+        for name in set(severity) - {"KvdoctorExporterDown"}:
+            assert not inhibits(rules, alert(name), burn_alert(page)), (name, page.spec.name)
     # thrashing -> capacity pressure, never the reverse
     assert inhibits(rules, alert("KVCacheThrashing"), alert("KVCacheCapacityPressure"))
     assert not inhibits(rules, alert("KVCacheCapacityPressure"), alert("KVCacheThrashing"))

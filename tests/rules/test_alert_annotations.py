@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file, verdicts
-from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
+from kvdoctor.rules.slo_alerts import BURNS, OBJECTIVES, SLO_ALERT_NAMES
 
 KUBERNETES = {"namespace": "serving", "pod": "vllm-7f9c", "instance": "10.1.2.3:9745", "job": "kvdoctor"}
 STATIC = {"instance": "gpu-box-2:9745", "job": "kvdoctor"}  # a static config / docker-compose
@@ -26,7 +26,7 @@ def _alerts(**kwargs) -> dict[str, dict]:
 
 def _query(verdict_code: float | None):
     def query(expr: str) -> list:
-        if expr.startswith(promql.SLO_RECORD + "{"):
+        if any(expr.startswith(o.slo_record + "{") for o in OBJECTIVES):  # the ITL SLO, the TTFT SLO
             return [({}, SLO_SECONDS)]
         if expr.startswith(promql.VERDICT_RECORD + "{") and verdict_code is not None:
             return [({}, verdict_code)]
@@ -126,24 +126,23 @@ def test_cause_alerts_are_info_with_a_stated_for_that_scales_with_the_scrape_int
     assert "[21600s]" in slow and "[1800s]" in slow and "histogram_quantile(0.95," in slow
 
 
-@pytest.mark.parametrize("name", SLO_ALERT_NAMES)
-def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_value(name):
+@pytest.mark.parametrize("burn", BURNS, ids=lambda b: b.spec.name)
+def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_value(burn):
     """Its last firing evaluation is the one whose ``$value`` is back under the SLO (slo_alerts.burn_expr):
     the resolved notification carries these words, not the burning ones."""
+    name, slo, pq = burn.spec.name, burn.objective.title, f"{burn.quantile * 100:g}"
     rule = _alerts()[name]
-    pq = "90" if name == "KvdoctorLatencySLOFastBurn" else "95"
     code = float(verdicts.verdict_code("kv_thrashing"))
     burning, recovered = (
         alert_templates.render(rule["annotations"]["summary"], _labels(name, KUBERNETES), v, _query(code))
         for v in (0.0184, 0.0121)
     )
     assert "burning" in burning and "Cause: KV cache thrashing" in burning, burning
-    assert recovered.startswith(f"ITL SLO recovered on vllm-7f9c: ITL p{pq} 12.1ms over "), recovered
+    assert recovered.startswith(f"{slo} SLO recovered on vllm-7f9c: {slo} p{pq} 12.1ms over "), recovered
     assert recovered.endswith(", SLO 15ms"), recovered
     description = alert_templates.render(
         rule["annotations"]["description"], _labels(name, KUBERNETES), 0.0121, _query(code)
     )
-    assert description.startswith(
-        "The tokens of vllm-7f9c (meta-llama/Llama-2-7b-chat-hf) are back within its ITL SLO of 15ms"
-    )
+    engine = "vllm-7f9c (meta-llama/Llama-2-7b-chat-hf)"
+    assert description.startswith(f"The {burn.objective.counts} of {engine} are back within its {slo} SLO of 15ms")
     assert 'ALERTS{alertname="' + name + '", alertstate="firing"}' in rule["expr"]  # the recovering evaluation

@@ -32,6 +32,8 @@ EXPECTED_ALERTS = {
     "KvdoctorExporterDown",
     "KvdoctorLatencySLOFastBurn",
     "KvdoctorLatencySLOSlowBurn",
+    "KvdoctorTTFTSLOFastBurn",
+    "KvdoctorTTFTSLOSlowBurn",
 }
 
 
