@@ -18,6 +18,7 @@ from tests.support.scenarios import (
     CHANGE_LAG,
     SCENARIO_BY_NAME,
     SCENARIOS,
+    SPARSE_THRASH_LAG,
     Gpu,
     Scenario,
     SpikeAtEnd,
@@ -37,6 +38,7 @@ ISSUE_24_CASES = (
     "tier_miss_then_host_overhead",  # 3. the verdict lagged the incident
     "thrashing_stops_bandwidth_remains",
     "capacity_pressure_then_tier_miss",
+    "thrashing_stops_pool_stays_full",
     "window_one_snapshot",  # 4. a window too short to judge said healthy
     "window_two_snapshots",
 )
@@ -320,6 +322,30 @@ def test_the_new_cause_wins_within_one_state_window_and_a_scrape_and_keeps_winni
     assert CHANGE_LAG == 16.0
     got = {lag: diagnose(_with_lag(scenario, lag).window()).verdict for lag in range(16, 62, 3)}
     assert set(got.values()) == {scenario.expected}, got
+
+
+def test_a_thrash_that_stopped_beside_a_full_pool_yields_to_capacity_pressure_a_third_later():
+    """Beside a full pool the tree keeps preemptions over the window's last third (so a sparse thrash
+    does not flicker, below); from a third and a scrape after they stopped (21 s at 1 s, under issue
+    24's 25 s) until they leave the window, the verdict is capacity pressure, never the old thrash."""
+    scenario = SCENARIO_BY_NAME["thrashing_stops_pool_stays_full"]
+    assert SPARSE_THRASH_LAG == 21.0
+    assert diagnose(_with_lag(scenario, 5).window()).verdict == "kv_thrashing"  # a preemption 5 s ago is now
+    got = {lag: diagnose(_with_lag(scenario, lag).window()).verdict for lag in range(21, 62, 2)}
+    assert set(got.values()) == {"kv_capacity_pressure"}, got
+    d = diagnose(scenario.window())
+    assert d.features["preemptions_per_minute"] == d.features["preemptions_per_minute_late"] == 0
+    assert "kv_thrashing" not in {c.verdict for c in d.differential}, d.differential
+
+
+@pytest.mark.parametrize("phase", range(0, 20, 3))
+def test_a_thrash_sparser_than_the_state_window_reads_thrashing_in_its_gaps(phase):
+    """3 preemptions a minute (one per 20 s: the 15 s state window sees none at some instants) beside
+    a full pool with requests waiting: thrashing at every phase, never capacity pressure."""
+    base = SCENARIO_BY_NAME["preemptions_just_over"]
+    scenario = base.but(preemptions_per_minute=3.0, duration=base.length + phase)
+    d = diagnose(scenario.window())
+    assert d.verdict == "kv_thrashing", (phase, d.features["preemptions_per_minute"], d.headline)
 
 
 def test_a_transfer_that_stopped_is_not_quoted_as_current():
