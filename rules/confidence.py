@@ -8,7 +8,11 @@ and where a value within 5% of a threshold decides it, and it is capped below ev
 an earlier branch of another verdict that could have held had its missing signals been measured,
 and -- where the branch rests on an absence -- what the tree says once that absence is filled in
 (each candidate value of the missing features it reads, recursively; a competitor's own absences,
-such as the GPU counters a verdict made without them needs, stay missing). So a signal fewer does
+such as the GPU counters a verdict made without them needs, stay missing). A missing ITL quantile is
+filled in only up to what the measured mean time per token allows (``itl_quantile_bound``): on an
+engine without an ITL histogram whose decode is far under the SLO on its mean (llama.cpp), slow
+decode is ruled out, and what stays unresolved is what the missing signals really leave open
+(a full KV pool, where KV usage is not reported). So a signal fewer does
 not make a verdict more confident (tests/rules/test_rules_properties.py checks it on simulated
 windows; on contrived feature values, such as a p95 of 0 beside a mean of 1 s, the search, which
 stops at a competitor already on its stack, can still be 0.05 off).
@@ -22,7 +26,7 @@ import math
 from collections.abc import Iterator, Mapping
 
 from . import tree
-from .conditions import Cmp, CmpFeatures, Present, could_hold, must_hold, right_side, signed_atoms
+from .conditions import Cmp, CmpFeatures, Present, could_hold, evaluate, must_hold, right_side, signed_atoms
 from .knee import JUMP, RISES_WITH_KV
 from .tree import Branch
 
@@ -95,8 +99,40 @@ _READS = {
 }
 
 
+ITL_QUANTILE = "itl_p95_seconds"
+MEAN_TIME_PER_TOKEN = "time_per_token_mean_seconds"
+
+
+def itl_quantile_bound(values: Mapping[str, float], params: Mapping[str, float]) -> float:
+    """The most a missing ITL quantile q could measure given the measured mean time per token:
+    mean / (1 - q) (Markov's inequality: a share 1 - q of tokens at x or more costs at least
+    (1 - q) x per token). The mean covers the window, the quantile its recent part: the bound takes
+    the window's pace as the recent one's, as the tree does where the mean is its latency measure.
+    +inf where the quantile is measured or the mean is not."""
+    mean = values.get(MEAN_TIME_PER_TOKEN, math.nan)
+    q = params.get("itl_quantile", math.nan)
+    if not _missing(values, ITL_QUANTILE) or math.isnan(mean) or not q < 1:
+        return math.inf
+    return mean / (1 - q)
+
+
+def _rules_out(earlier: Branch, values: Mapping[str, float], params: Mapping[str, float]) -> bool:
+    """Whether ``earlier`` could hold only with an ITL quantile over ``itl_quantile_bound``."""
+    if ITL_QUANTILE not in _READS[earlier.id] or math.isinf(itl_quantile_bound(values, params)):
+        return False
+    return not any(evaluate(earlier.condition, f, params) for f in _filled_in(earlier, values, params, for_it=True))
+
+
 def _candidates(feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> list[float]:
-    """Values of a missing feature on either side of every threshold the tree compares it with."""
+    """Values of a missing feature on either side of every threshold the tree compares it with (an
+    ITL quantile no higher than the mean time per token allows)."""
+    if feature == ITL_QUANTILE:
+        bound = itl_quantile_bound(values, params)
+        return [v for v in _unbounded_candidates(feature, values, params) if v <= bound] or [bound]
+    return _unbounded_candidates(feature, values, params)
+
+
+def _unbounded_candidates(feature: str, values: Mapping[str, float], params: Mapping[str, float]) -> list[float]:
     out: set[float] = set()
     for atom in _THRESHOLDS.get(feature, ()):
         thr = atom.threshold.value(params)
@@ -203,6 +239,8 @@ class _Assessment:
         # an earlier branch that could have held: as sure as it would be where its absences are filled in
         for earlier in tree.BRANCHES[: tree.BRANCHES.index(branch)]:
             if earlier.verdict != branch.verdict and could_hold(earlier.condition, values, params):
+                if _rules_out(earlier, values, params):
+                    continue  # slow decode, ruled out by the measured mean time per token
                 for filled in _filled_in(earlier, values, params, for_it=True):
                     if self.branch_of(filled) is earlier:
                         compete(earlier, filled)

@@ -272,13 +272,15 @@ FEATURES: dict[str, Feature] = {
             part="recent",
         ),
         Feature(
-            "preemptions_per_minute_window",
+            "preemptions_per_minute_late",
             ENGINE,
             PER_MINUTE,
             (PREEMPTIONS,),
-            "preemptions (or retractions) per minute over the whole window: a thrash too sparse for the state "
-            "sub-window to see every time, while the pool stays full",
-            *_engine_rate(Selector(PREEMPTIONS), 60),
+            "preemptions (or retractions) per minute over the window's last third: a thrash too sparse for the "
+            "state sub-window to see every time, while the pool stays full (the last third, not the whole "
+            "window, so a thrash that stopped is forgotten a third of a window later)",
+            *_engine_rate(Selector(PREEMPTIONS), 60, "late"),
+            part="late",
         ),
         Feature(
             "kv_usage",

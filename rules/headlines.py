@@ -187,7 +187,11 @@ def kv_capacity_pressure(branch: str, f: HeadlineFacts) -> str:
 def request_queueing(branch: str, f: HeadlineFacts) -> str:
     running = f.get("requests_running")
     run_text = f" while {running:.0f} run" if not math.isnan(running) else ""
-    room = f"the KV pool has room ({f.kv_text})" if not math.isnan(f.get("kv_usage")) else "KV usage is not reported"
+    room = (
+        f"the KV pool has room ({f.kv_text})"
+        if not math.isnan(f.get("kv_usage"))
+        else "KV usage is not reported (a full pool would make this KV capacity pressure)"
+    )
     return (
         f"Requests queue while decode is on time: {delay_text(f)}{run_text} and {room}: the engine's sequence limit "
         "(vLLM --max-num-seqs, llama.cpp --parallel, SGLang --max-running-requests) or the load is the limit"

@@ -64,7 +64,7 @@ FEATURE_LABELS: dict[str, str] = {
     "queue_growth_per_minute": "queue growth",
     "requests_swapped": "requests swapped out to host memory",
     "preemptions_per_minute": "preemptions",
-    "preemptions_per_minute_window": "preemptions",
+    "preemptions_per_minute_late": "preemptions",
     "kv_usage": "KV cache usage",
     "kv_usage_floor": "KV cache usage, its lowest",
     "kv_host_usage": "host KV cache usage",

@@ -19,8 +19,8 @@ question first -- is decode slow because it cannot compute or cannot move data? 
 asks whether requests wait for another reason:
 
  1. idle                    no tokens generated, no request running or waiting
- 2. kv_thrashing            preemptions now (or over the window with the pool still full; or swapped-out
-                            requests) while the engine is slow
+ 2. kv_thrashing            preemptions now (or over the window's last third with the pool still full;
+                            or swapped-out requests) while the engine is slow
  3. kv_thrashing            KV moved into a GPU pool that stays at the ceiling, while slow
  4. kv_tier_miss            significant KV moved into the GPU while ITL or TTFT is over its SLO
  5. kv_capacity_pressure    KV pool at the ceiling and requests delayed (they wait, or TTFT is slow)
@@ -42,7 +42,10 @@ asks whether requests wait for another reason:
 A queue that neither delays TTFT nor grows is not slowness (step 11 needs a delay). The features
 that pick the cause read the recent part of the window (``Thresholds.state_window_seconds``), the
 part the slowness check reads, so after a change of cause the new verdict appears within one
-state window and a scrape, and a cause that stopped cannot outvote the one present now.
+state window and a scrape, and a cause that stopped cannot outvote the one present now. The one
+longer memory is bounded: beside a full pool, preemptions over the window's last third (a thrash
+sparser than the state window must not flicker to capacity pressure in its gaps), so a thrash that
+stops beside a pool that stays full yields a third of the window and a scrape later (21 s at 1 s).
 
 Beside the verdict, every other branch whose own condition holds (``differential``), the fallback
 branches excepted, and the queue behind a slow decode (``QUEUE_CONSEQUENCE``).
@@ -100,12 +103,14 @@ ACTIVE = any_of(
     Cmp("requests_waiting", ">", Param("zero")),
 )
 AT_CEILING = Cmp("kv_usage", ">=", Param("kv_ceiling_ratio"))
-# Preempting now: in the state sub-window, or (a sparse thrash) over the window while the pool is
-# still full. Preemptions that stopped with the pool no longer full are not quoted as current.
+# Preempting now: in the state sub-window, or (a sparse thrash: one preemption per 20 s escapes a 15 s
+# state window) over the window's last third while the pool is still full -- the last third, not the
+# whole window, so a thrash that stopped cannot outvote the capacity pressure present now for long.
+# Preemptions that stopped with the pool no longer full are not quoted as current.
 PREEMPTING = any_of(
     "preempting",
     Cmp("preemptions_per_minute", ">=", Param("preemptions_per_minute")),
-    All((Cmp("preemptions_per_minute_window", ">=", Param("preemptions_per_minute")), AT_CEILING)),
+    All((Cmp("preemptions_per_minute_late", ">=", Param("preemptions_per_minute")), AT_CEILING)),
 )
 # Full throughout the state sub-window: KV reloaded into such a pool evicts other KV. A pool that was
 # full only before a change of cause (its high quantile still full, its floor not) is no reload.

@@ -235,7 +235,7 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
         "kvdoctor_requests_waiting": ["kvdoctor:queue_growth_per_minute", "kvdoctor:requests_waiting"],
         "kvdoctor_kv_cache_usage_ratio": ["kvdoctor:kv_usage", "kvdoctor:kv_usage_floor"],
         "kvdoctor_source_up": [promql.JUDGEABLE_RECORD, promql.SOURCE_UP_RECORD],
-        "kvdoctor_preemptions_total": ["kvdoctor:preemptions_per_minute", "kvdoctor:preemptions_per_minute_window"],
+        "kvdoctor_preemptions_total": ["kvdoctor:preemptions_per_minute", "kvdoctor:preemptions_per_minute_late"],
     }
     for name, records in twice.items():
         read_by = sorted(r.rsplit(":", 1)[0] if r.count(":") > 1 else r for r in shared.pop(name, []))

@@ -11,14 +11,22 @@ import math
 import numpy as np
 import pytest
 
+from kvdoctor.rules.confidence import itl_quantile_bound
+from kvdoctor.rules.context import Context
 from kvdoctor.rules.diagnosis import diagnose
+from kvdoctor.rules.thresholds import Thresholds
+from kvdoctor.rules.tree import parameters
 from kvdoctor.rules.verdicts import VERDICTS
+from kvdoctor.rules.verdicts import verdict as catalogue_entry
 from kvdoctor.signals.vocabulary import GPU_DRAM_BANDWIDTH_UTILIZATION, SIGNALS
 from tests.support.scenarios import (
     CHANGE_LAG,
     SCENARIO_BY_NAME,
     SCENARIOS,
+    SPARSE_THRASH_LAG,
     Gpu,
+    Latency,
+    Linear,
     Scenario,
     SpikeAtEnd,
     decode_series,
@@ -37,6 +45,7 @@ ISSUE_24_CASES = (
     "tier_miss_then_host_overhead",  # 3. the verdict lagged the incident
     "thrashing_stops_bandwidth_remains",
     "capacity_pressure_then_tier_miss",
+    "thrashing_stops_pool_stays_full",
     "window_one_snapshot",  # 4. a window too short to judge said healthy
     "window_two_snapshots",
 )
@@ -183,8 +192,6 @@ def test_the_published_slo_decides_unless_one_is_given():
     d = diagnose(scenario.window())
     assert d.verdict == "memory_bandwidth_bound" and d.context.slo == 0.015
     assert d.context.slo_source == "published by the exporter" and "(SLO 15 ms)" in d.headline
-    from kvdoctor.rules.context import Context
-
     given = diagnose(scenario.window(), Context(slo_seconds=0.1))
     assert given.verdict == "healthy" and given.context.slo_source == "given"
 
@@ -199,6 +206,31 @@ def test_the_llamacpp_queue_says_what_it_could_not_check():
     raise_limit = d.actions[2]
     assert raise_limit.premise == "if the KV cache has room (its usage is not reported)"
     assert raise_limit.flag_llamacpp.startswith("--parallel")
+
+
+@pytest.mark.parametrize("growing", [False, True], ids=["steady", "growing"])
+def test_the_llamacpp_queue_is_as_sure_as_what_it_could_not_check_allows(growing):
+    """No ITL histogram, no TTFT, no KV usage: a mean time per token 60x under the SLO rules out
+    slow decode (its ITL p95 can be at most 20x the mean), so the confidence is capped only below
+    what the missing signals leave open -- a full KV pool, said in the headline -- not at 0.15."""
+    scenario = SCENARIO_BY_NAME["llamacpp_slots_full_queue"]
+    d = diagnose(scenario.but(waiting=Linear(2, 0.5) if growing else scenario.waiting).window())
+    assert d.verdict == "request_queueing" and (d.features["queue_growth_per_minute"] > 10) is growing
+    assert itl_quantile_bound(d.features, parameters(Thresholds(), d.context.slo)) < d.context.slo
+    assert 0.5 <= d.confidence < catalogue_entry("request_queueing").base_confidence
+    assert "kv_capacity_pressure" in d.unresolved
+    assert not {"memory_bandwidth_bound", "compute_bound", "host_overhead_bound"} & set(d.unresolved)
+    assert "a full pool would make this KV capacity pressure" in d.headline
+
+
+def test_a_mean_time_per_token_near_the_slo_leaves_slow_decode_open():
+    """The same queue with a mean of half the SLO: a p95 over the SLO is possible, so slow decode
+    stays unresolved and the confidence low."""
+    scenario = SCENARIO_BY_NAME["llamacpp_slots_full_queue"]
+    d = diagnose(scenario.but(latency=Latency(base=0.05, mix=((1.0, 1.0),))).window(), Context(slo_seconds=0.1))
+    assert d.verdict == "request_queueing"
+    assert {"memory_bandwidth_bound", "compute_bound"} <= set(d.unresolved)
+    assert d.confidence <= 0.25
 
 
 def test_the_vllm_queue_on_max_num_seqs_says_how_much_room_the_pool_has():
@@ -320,6 +352,30 @@ def test_the_new_cause_wins_within_one_state_window_and_a_scrape_and_keeps_winni
     assert CHANGE_LAG == 16.0
     got = {lag: diagnose(_with_lag(scenario, lag).window()).verdict for lag in range(16, 62, 3)}
     assert set(got.values()) == {scenario.expected}, got
+
+
+def test_a_thrash_that_stopped_beside_a_full_pool_yields_to_capacity_pressure_a_third_later():
+    """Beside a full pool the tree keeps preemptions over the window's last third (so a sparse thrash
+    does not flicker, below); from a third and a scrape after they stopped (21 s at 1 s, under issue
+    24's 25 s) until they leave the window, the verdict is capacity pressure, never the old thrash."""
+    scenario = SCENARIO_BY_NAME["thrashing_stops_pool_stays_full"]
+    assert SPARSE_THRASH_LAG == 21.0
+    assert diagnose(_with_lag(scenario, 5).window()).verdict == "kv_thrashing"  # a preemption 5 s ago is now
+    got = {lag: diagnose(_with_lag(scenario, lag).window()).verdict for lag in range(21, 62, 2)}
+    assert set(got.values()) == {"kv_capacity_pressure"}, got
+    d = diagnose(scenario.window())
+    assert d.features["preemptions_per_minute"] == d.features["preemptions_per_minute_late"] == 0
+    assert "kv_thrashing" not in {c.verdict for c in d.differential}, d.differential
+
+
+@pytest.mark.parametrize("phase", range(0, 20, 3))
+def test_a_thrash_sparser_than_the_state_window_reads_thrashing_in_its_gaps(phase):
+    """3 preemptions a minute (one per 20 s: the 15 s state window sees none at some instants) beside
+    a full pool with requests waiting: thrashing at every phase, never capacity pressure."""
+    base = SCENARIO_BY_NAME["preemptions_just_over"]
+    scenario = base.but(preemptions_per_minute=3.0, duration=base.length + phase)
+    d = diagnose(scenario.window())
+    assert d.verdict == "kv_thrashing", (phase, d.features["preemptions_per_minute"], d.headline)
 
 
 def test_a_transfer_that_stopped_is_not_quoted_as_current():

@@ -609,9 +609,14 @@ _QUEUE = ("request_queueing",)  # the queue behind a slow decode: a consequence 
 CHANGE_LAG = Thresholds().state_window_seconds + 1.0
 
 
-def _since_change(before: float, after: float) -> SpikeAtEnd:
-    """``before`` until ``CHANGE_LAG`` seconds before the end, ``after`` from then on."""
-    return SpikeAtEnd(before, after, CHANGE_LAG, CHANGE_LAG + 1)
+# Beside a full pool the tree keeps preemptions over the window's last third (a thrash too sparse for
+# the state window to see every time), so a thrash that stopped there yields one third and a scrape on.
+SPARSE_THRASH_LAG = Thresholds().window_seconds / 3 + 1.0
+
+
+def _since_change(before: float, after: float, lag: float = CHANGE_LAG) -> SpikeAtEnd:
+    """``before`` until ``lag`` seconds before the end, ``after`` from then on."""
+    return SpikeAtEnd(before, after, lag, lag + 1)
 
 
 # tokens spread over several buckets, so a latency trend moves the histogram's median smoothly
@@ -1202,6 +1207,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         gpus=(Gpu(pcie_rx=_since_change(2e7, 6e9)),),
         settles=False,
         contributing=_QUEUE,
+    ),
+    _case(
+        "thrashing_stops_pool_stays_full",
+        "kv_capacity_pressure",
+        "6 preemptions a minute until a third of the window and a scrape ago (21 s), none since; the pool "
+        "stays at 95% and requests wait: the full pool delays admission, nothing is preempted now",
+        preemptions_per_minute=_since_change(6.0, 0.0, SPARSE_THRASH_LAG),
+        **_FULL_POOL,
+        settles=False,
     ),
     # 4. a window too short to judge: verdict unknown (the CLI exits 2), never healthy
     _slow_on_one_gpu(
