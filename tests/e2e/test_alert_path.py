@@ -14,14 +14,14 @@ import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
 from kvdoctor.rules import alert_templates, promql, rule_file
-from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
+from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, AlertingSide, AlertPath, running_alert_path
 from tests.support import tools
-from tests.support.demo import InProcessDemo
 from tests.support.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.slow]
@@ -40,21 +40,13 @@ def test_amtool_accepts_the_shipped_config_and_the_check_is_real(tmp_path):
     assert bad.returncode != 0 and "pager" in bad.stdout + bad.stderr
 
 
-class Stack:
-    def __init__(self, engines: dict[str, InProcessDemo], prometheus: PrometheusServer, side: AlertingSide):
-        self.engines, self.prometheus, self.side = engines, prometheus, side
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertPath]:
     prom = tools.require("prometheus")
-    work = tmp_path_factory.mktemp("alert-path")
-    with contextlib.ExitStack() as stack:
-        engines = {
-            s: stack.enter_context(InProcessDemo("healthy", interval=1.0, slo_ms=SLO_MS)) for s in SLOW_SCENARIOS
-        }
-        side = stack.enter_context(AlertingSide(work, next(iter(engines.values())).exporter_url))
-        targets = [e.exporter_url.removeprefix("http://") for e in engines.values()]
+
+    def start_prometheus(
+        stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
+    ) -> PrometheusServer:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{side.alertmanager.port}"]}]}]},
@@ -63,13 +55,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus = PrometheusServer.configured(prom, work / "prometheus", config, rule_files=[side.rules])
         stack.callback(prometheus.stop)
         prometheus.start().wait_for_targets_up(timeout=60)
-        prometheus.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(engines), timeout=120)
-        yield Stack(engines, prometheus, side)
+        prometheus.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(targets), timeout=120)
+        return prometheus
+
+    with running_alert_path(tmp_path_factory.mktemp("alert-path"), start_prometheus) as path:
+        yield path
 
 
 @tools.needs("prometheus", "alertmanager")
 def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves(stack):
-    timings = walk_every_slow_scenario(stack.engines, stack.prometheus, stack.side)
+    timings = stack.walk()
     print("\n" + timings.report("Prometheus 2.42 + Alertmanager 0.25"))
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvdoctor.rules import promql
-from tests.e2e.alert_path import SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
+from tests.e2e.alert_path import AlertingSide, AlertPath, running_alert_path
 from tests.support import tools
-from tests.support.demo import InProcessDemo
 from tests.support.victoria import VictoriaStack
 
 pytestmark = [pytest.mark.slow, tools.needs("victoria-metrics", "alertmanager")]
@@ -44,31 +44,25 @@ class VmalertBackend:
         return self.victoria.alerter.alerts()
 
 
-class Walk:
-    def __init__(self, engines: dict[str, InProcessDemo], backend: VmalertBackend, side: AlertingSide):
-        self.engines, self.backend, self.side = engines, backend, side
-
-
 @pytest.fixture(scope="module")
-def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
+def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertPath]:
     vm = tools.require("victoria-metrics")
-    work = tmp_path_factory.mktemp("alert-path-vmalert")
-    with contextlib.ExitStack() as stack:
-        engines = {
-            s: stack.enter_context(InProcessDemo("healthy", interval=1.0, slo_ms=SLO_MS)) for s in SLOW_SCENARIOS
-        }
-        side = stack.enter_context(
-            AlertingSide(work, next(iter(engines.values())).exporter_url, page_group_wait=GROUP_WAIT)
-        )
-        targets = [e.exporter_url.removeprefix("http://") for e in engines.values()]
+
+    def start_vmalert(
+        stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
+    ) -> VmalertBackend:
         victoria = VictoriaStack(vm, work / "victoria", targets=targets, rule_files=[side.rules])
         victoria.alerter.notifier = side.alertmanager.url  # the real Alertmanager, not the stack's stand-in
         stack.callback(victoria.stop)
         victoria.start()
-        victoria.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(engines), timeout=120)
-        yield Walk(engines, VmalertBackend(victoria), side)
+        victoria.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(targets), timeout=120)
+        return VmalertBackend(victoria)
+
+    path = running_alert_path(tmp_path_factory.mktemp("alert-path-vmalert"), start_vmalert, page_group_wait=GROUP_WAIT)
+    with path as running:
+        yield running
 
 
 def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves_on_vmalert(walk):
-    timings = walk_every_slow_scenario(walk.engines, walk.backend, walk.side)
+    timings = walk.walk()
     print("\n" + timings.report("vmalert 1.79 + Alertmanager 0.25"))
