@@ -330,8 +330,9 @@ def parse(
     stderr: TextIO | None = None,
 ) -> argparse.Namespace:
     """``root.parse_args(argv)`` with the chosen verb's variables as its defaults (a bad value: one
-    line, exit 2) and one DEPRECATED line per old spelling used. The namespace's ``_from_env``
-    maps each destination a variable set to that variable."""
+    line, exit 2) and one DEPRECATED line per old spelling used. The variables are read from
+    ``environ`` (None: the process's environment) by pydantic-settings (``read_variables``). The
+    namespace's ``_from_env`` maps each destination a variable set to that variable."""
     err = stderr or sys.stderr
     unknown = unknown_flag(root, argv)
     if unknown:

@@ -8,14 +8,13 @@ records (``GROUP_WAIT``). Prints the onset-to-notification times (docs/alerting.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvdoctor.rules import promql
-from tests.e2e.alert_path import AlertingSide, AlertPath, running_alert_path
+from tests.e2e.alert_path import AlertingSide, alert_path_fixture
 from tests.support import tools
 from tests.support.victoria import VictoriaStack
 
@@ -44,25 +43,21 @@ class VmalertBackend:
         return self.victoria.alerter.alerts()
 
 
-@pytest.fixture(scope="module")
-def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertPath]:
-    vm = tools.require("victoria-metrics")
-
-    def start_vmalert(
-        stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
-    ) -> VmalertBackend:
-        victoria = VictoriaStack(vm, work / "victoria", targets=targets, rule_files=[side.rules])
-        victoria.alerter.notifier = side.alertmanager.url  # the real Alertmanager, not the stack's stand-in
-        stack.callback(victoria.stop)
-        victoria.start()
-        victoria.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(targets), timeout=120)
-        return VmalertBackend(victoria)
-
-    path = running_alert_path(tmp_path_factory.mktemp("alert-path-vmalert"), start_vmalert, page_group_wait=GROUP_WAIT)
-    with path as running:
-        yield running
+def start_vmalert(
+    binary: str, stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
+) -> VmalertBackend:
+    """vmagent, VictoriaMetrics and vmalert over ``targets``, vmalert sending to the side's Alertmanager."""
+    victoria = VictoriaStack(binary, work / "victoria", targets=targets, rule_files=[side.rules])
+    victoria.alerter.notifier = side.alertmanager.url  # the real Alertmanager, not the stack's stand-in
+    stack.callback(victoria.stop)
+    victoria.start()
+    victoria.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(targets), timeout=120)
+    return VmalertBackend(victoria)
 
 
-def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves_on_vmalert(walk):
-    timings = walk.walk()
+alert_path = alert_path_fixture("victoria-metrics", start_vmalert, page_group_wait=GROUP_WAIT)
+
+
+def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves_on_vmalert(alert_path):
+    timings = alert_path.walk()
     print("\n" + timings.report("vmalert 1.79 + Alertmanager 0.25"))
