@@ -25,6 +25,7 @@ from kvdoctor.dashboard import auth, ids, runbooks
 from kvdoctor.dashboard.pages import fleet, ledger, live
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.dashboard.sources import EXTENSION_KEY, Backend, backend
+from kvdoctor.sources.paths import HEALTHZ_PATH, READYZ_PATH
 
 ASSETS = Path(__file__).with_name("assets")
 PAGES = (live, ledger, fleet)
@@ -61,8 +62,8 @@ def create_app(
     server.extensions[EXTENSION_KEY] = Backend.from_settings(settings)
     auth.install(server, settings.users)
     # Liveness and readiness for the chart's probes: the process serves, the pages are registered.
-    server.add_url_rule("/healthz", "healthz", lambda: {"status": "ok"})
-    server.add_url_rule("/readyz", "readyz", lambda: {"status": "ready"})
+    server.add_url_rule(HEALTHZ_PATH, "healthz", lambda: {"status": "ok"})
+    server.add_url_rule(READYZ_PATH, "readyz", lambda: {"status": "ready"})
     runbooks.install(server)  # /runbooks/<Alert>: the alerts' runbook_url
     app = dash.Dash(
         "kvdoctor.dashboard",

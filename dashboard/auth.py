@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 from flask import Response, request
 
+from kvdoctor.sources.paths import PROBE_PATHS
+
 USERS_ENV = "KVDOCTOR_DASHBOARD_USERS"
 AUTH_FILE_ENV = "KVDOCTOR_DASHBOARD_AUTH_FILE"
 REALM = "kvdoctor"
@@ -65,9 +67,6 @@ def check_authorization(header: str | None, users: Mapping[str, str]) -> bool:
         hmac.compare_digest(password.encode(), b"\0" * max(1, len(password)))
         return False
     return hmac.compare_digest(password.encode(), expected.encode())
-
-
-PROBE_PATHS = ("/healthz", "/readyz")
 
 
 def install(server, users: Mapping[str, str]) -> None:

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from contextvars import ContextVar
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvdoctor.dashboard.auth import users_from_env
 from kvdoctor.sources.environment import ENV_PREFIX as KVDOCTOR_ENV_PREFIX
+from kvdoctor.sources.environment import EnvironmentSource, reading
 from kvdoctor.sources.urls import UrlError, base_url
 
 ENV_PREFIX = KVDOCTOR_ENV_PREFIX + "DASHBOARD_"
@@ -45,18 +45,10 @@ def normalise_base_url(value: str, what: str) -> str:
 FROM_ENVIRONMENT = frozenset(
     {"exporter_url", "prometheus_url", "refresh_seconds", "live_seconds", "request_timeout_seconds"}
 )
-_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("dashboard_environ", default=None)
 
 
-class _Environment(EnvSettingsSource):
-    """pydantic-settings' environment source, over the mapping ``from_env`` was given (else
-    ``os.environ``) and for ``FROM_ENVIRONMENT`` only."""
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        environ = _ENVIRON.get()
-        if environ is None:
-            return super()._load_env_vars()
-        return {key.lower(): value for key, value in environ.items() if value}
+class _Environment(EnvironmentSource):
+    """The environment ``from_env`` was given (else the process's), for ``FROM_ENVIRONMENT`` only."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         if field_name not in FROM_ENVIRONMENT:
@@ -121,13 +113,11 @@ class DashboardSettings(BaseSettings):
         values = {k: v for k, v in overrides.items() if v is not None}
         if "users" not in values:
             values["users"] = users_from_env(os.environ if environ is None else environ)
-        token = _ENVIRON.set(environ)
         try:
-            return cls(**values)
+            with reading(environ):
+                return cls(**values)
         except ValidationError as exc:
             raise ValueError(error_line(exc)) from None
-        finally:
-            _ENVIRON.reset(token)
 
 
 def error_line(exc: ValidationError) -> str:

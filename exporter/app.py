@@ -30,6 +30,7 @@ from kvdoctor.exporter.web_config import load_web_config
 from kvdoctor.exporter.web_guard import GuardMiddleware, WebGuard
 from kvdoctor.signals.collection import Collector
 from kvdoctor.signals.textformat import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
+from kvdoctor.sources.paths import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 
 log = logging.getLogger("kvdoctor.exporter")
 
@@ -74,7 +75,7 @@ class MetricsPage:
         self.pages = pages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/metrics" or scope["method"] not in ("GET", "HEAD"):
+        if scope["type"] != "http" or scope["path"] != METRICS_PATH or scope["method"] not in ("GET", "HEAD"):
             await self.app(scope, receive, send)
             return
         accept = next((value for name, value in scope["headers"] if name == b"accept"), b"")
@@ -207,7 +208,7 @@ def create_app(exporter: Served) -> FastAPI:
 
     # Answered by MetricsPage before routing; the route documents /metrics in the OpenAPI schema.
     @app.get(
-        "/metrics",
+        METRICS_PATH,
         response_class=MetricsResponse,
         summary="Prometheus exposition of the last collection cycle (OpenMetrics when the Accept header asks)",
         responses={
@@ -274,12 +275,12 @@ def create_app(exporter: Served) -> FastAPI:
             }
         )
 
-    @app.get("/healthz", summary="The process is alive", response_model=Health)
+    @app.get(HEALTHZ_PATH, summary="The process is alive", response_model=Health)
     async def healthz() -> dict:
         return {"status": "ok"}
 
     @app.get(
-        "/readyz",
+        READYZ_PATH,
         summary="One collection cycle has completed",
         response_model=None,
         responses={200: {"model": Health}, 503: {"model": Health, "description": "Still starting."}},

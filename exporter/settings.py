@@ -38,6 +38,7 @@ from kvdoctor.exporter.web_config import WebConfigError, load_web_config
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, DIAGNOSIS_WINDOW_SECONDS
 from kvdoctor.sources.environment import ENV_PREFIX
 from kvdoctor.sources.model_files import locate_model, read_config
+from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.sources.urls import split_http_url
 
 # Help groups, in the order `kvdoctor exporter --help` shows them.
@@ -59,7 +60,7 @@ def engine_choices() -> tuple[str, ...]:
     return ("auto", *ADAPTERS)
 
 
-def normalise_url(value: str, default_path: str = "/metrics") -> str:
+def normalise_url(value: str, default_path: str = METRICS_PATH) -> str:
     """``http(s)://host[:port][/path]``; an empty path becomes ``/metrics``. ``UrlError`` (a
     ValueError) if it is not one."""
     parts = split_http_url(value)

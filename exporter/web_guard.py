@@ -37,10 +37,10 @@ from typing import Any
 import bcrypt
 
 from kvdoctor.exporter.web_config import RateLimit, TLSServerConfig, WebConfig, WebConfigError
+from kvdoctor.sources.paths import PROBE_PATHS
 
 log = logging.getLogger("kvdoctor.exporter")
 
-PROBE_PATHS = frozenset({"/healthz", "/readyz"})  # no basic auth (still TLS): Kubernetes probes
 CACHE_SIZE = 256  # distinct Authorization headers remembered (verified or refused)
 _UNAUTHORIZED = b"Unauthorized\n"
 _TOO_MANY = b"Too Many Requests\n"
@@ -248,4 +248,4 @@ class GuardMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["PROBE_PATHS", "BasicAuth", "GuardMiddleware", "ReloadingContext", "TokenBucket", "WebGuard"]
+__all__ = ["BasicAuth", "GuardMiddleware", "ReloadingContext", "TokenBucket", "WebGuard"]

@@ -8,7 +8,9 @@
   like): a shared flag's is ``KVDOCTOR_<FLAG>`` in every verb, the exporter's own are its settings'
   (``exporter/settings.py``: ``KVDOCTOR_<FIELD>``, read and checked there), any other flag of verb
   VERB reads ``KVDOCTOR_<VERB>_<FLAG>``. ``bind`` names each in the flag's help; ``parse`` reads
-  them as the parser's defaults, so a flag on the command line wins. A value the flag would
+  them through pydantic-settings (``sources/environment.py``, as the exporter and the dashboard
+  read theirs) and checks each with its flag's own type, as the parser's defaults, so a flag on
+  the command line wins. A value the flag would
   refuse is an error: one line, exit status 2. An empty variable counts as unset.
 - **Old spellings** (``deprecate``) keep working for one release, hidden from the help but for one
   line at its end, and print one ``DEPRECATED: use X`` line on stderr when used.
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
 from kvdoctor.arguments import boolean
-from kvdoctor.sources.environment import ENV_PREFIX
+from kvdoctor.sources.environment import ENV_PREFIX, read_variables
 
 # Flags no variable stands for: each run's own (a file to write, the output format, a one-off check).
 WITHOUT_VARIABLE = frozenset({"-h", "--help", "-o", "--output", "--json", "--check", "--list-gpus", "--version"})
@@ -329,9 +330,9 @@ def parse(
     stderr: TextIO | None = None,
 ) -> argparse.Namespace:
     """``root.parse_args(argv)`` with the chosen verb's variables as its defaults (a bad value: one
-    line, exit 2) and one DEPRECATED line per old spelling used. The namespace's ``_from_env``
-    maps each destination a variable set to that variable."""
-    env = os.environ if environ is None else environ
+    line, exit 2) and one DEPRECATED line per old spelling used. The variables are read from
+    ``environ`` (None: the process's environment) by pydantic-settings (``read_variables``). The
+    namespace's ``_from_env`` maps each destination a variable set to that variable."""
     err = stderr or sys.stderr
     unknown = unknown_flag(root, argv)
     if unknown:
@@ -340,7 +341,7 @@ def parse(
     verb = chain[0][0] if chain else ""
     from_env: dict[str, str] = {}
     for _, parser in chain:
-        from_env.update(_apply_environment(parser, verb, argv, env, err))
+        from_env.update(_apply_environment(parser, verb, argv, environ, err))
         _warn_deprecated_flags(parser, argv, err)
     args = root.parse_args(argv)
     args._from_env = from_env
@@ -373,9 +374,14 @@ def _variables(parser: argparse.ArgumentParser, verb: str) -> dict[str, list[str
 
 
 def _apply_environment(
-    parser: argparse.ArgumentParser, verb: str, argv: Sequence[str], env: Mapping[str, str], err: TextIO
+    parser: argparse.ArgumentParser,
+    verb: str,
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None,
+    err: TextIO,
 ) -> dict[str, str]:
     names = _variables(parser, verb)
+    env = read_variables((name for spellings in names.values() for name in spellings), environ)
     groups = {id(a): g for g in parser._mutually_exclusive_groups for a in g._group_actions}
     given = {id(a) for a in parser._actions if a.option_strings and given_on_command_line(a, argv)}
     defaults: dict[str, Any] = {}
@@ -385,7 +391,7 @@ def _apply_environment(
         var = variable_of(action)
         if not var:
             continue
-        found = [(n, env[n]) for n in names[var] if env.get(n, "").strip()]
+        found = [(n, env[n]) for n in names[var] if n in env]
         for old, _ in found:
             if old != var:
                 err.write(f"{parser.prog}: DEPRECATED: use {var} (not {old}, which goes in the next release)\n")

@@ -40,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from kvdoctor.signals.records import attributes
 from kvdoctor.signals.textformat import CONTENT_TYPE
+from kvdoctor.sources.paths import METRICS_PATH
 
 from .gpu import gpu_payload
 from .physics import Simulation
@@ -86,7 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         sim = self.server.sim
         path = urlsplit(self.path).path
-        if path == "/metrics":
+        if path == METRICS_PATH:
             self._send(200, render_metrics(sim, self.server.registry), CONTENT_TYPE)
         elif path in ("/health", "/healthz"):
             self._send(200, b"", "text/plain")
@@ -219,7 +220,7 @@ class EngineServer:
 
     @property
     def metrics_url(self) -> str:
-        return self.url + "/metrics"
+        return self.url + METRICS_PATH
 
     def start(self) -> EngineServer:
         self._thread.start()

@@ -19,11 +19,11 @@ from kvdoctor.signals.textparse import ExpositionError, iter_samples
 from kvdoctor.signals.trace import CANONICAL_PREFIX
 from kvdoctor.signals.window import Snapshot, Window, series_key
 from kvdoctor.sources.http import DEFAULT_MAX_BYTES, ApiClient, HttpClient, one_line
+from kvdoctor.sources.paths import METRICS_PATH
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
     "DIAGNOSIS_PATH",
-    "METRICS_PATH",
     "STATUS_PATH",
     "WINDOW_PATH",
     "ExporterClient",
@@ -35,7 +35,6 @@ __all__ = [
 WINDOW_PATH = "/api/v1/window"
 DIAGNOSIS_PATH = "/api/v1/diagnosis"
 STATUS_PATH = "/api/v1/status"
-METRICS_PATH = "/metrics"
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
 

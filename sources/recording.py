@@ -19,7 +19,8 @@ from pathlib import Path
 
 from kvdoctor.signals.collection import SourceError
 from kvdoctor.signals.window import Snapshot, Window
-from kvdoctor.sources.exporter_api import METRICS_PATH, WINDOW_PATH, ExporterClient, NoWindowApi
+from kvdoctor.sources.exporter_api import WINDOW_PATH, ExporterClient, NoWindowApi
+from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.sources.traces import write_raw_captures, write_window
 
 __all__ = ["CHECKPOINT_SECONDS", "ExporterRecorder", "RawRecording", "Recording", "SnapshotRecording"]

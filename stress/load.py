@@ -34,6 +34,7 @@ from urllib.parse import urlunsplit
 import httpx
 
 from kvdoctor.signals.records import attributes
+from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.sources.urls import UrlError, split_http_url
 from kvdoctor.stress.timeline import RequestRecord
 
@@ -78,7 +79,7 @@ def api_root(url: str) -> str:
     except UrlError as exc:
         raise EndpointError(exc.about("--engine-url")) from None
     path = parts.path.rstrip("/")
-    for tail in ("/chat/completions", "/completions", "/models", "/metrics"):
+    for tail in ("/chat/completions", "/completions", "/models", METRICS_PATH):
         if path.endswith(tail):
             path = path[: -len(tail)]
             break

@@ -371,6 +371,19 @@ def test_an_empty_variable_is_unset():
     assert _parse(["diagnose", "--replay", str(TRACE)], {"KVDOCTOR_TIMEOUT": ""}).timeout == 10.0
 
 
+def test_the_variable_and_the_flag_reach_one_setting_from_the_process_environment(monkeypatch, capsys):
+    """``parse`` without a mapping reads the process's environment (through pydantic-settings)."""
+    replay = ["diagnose", "--replay", str(TRACE)]
+    from_flag = _parse([*replay, "--timeout", "3.5"], {}).timeout
+    monkeypatch.setenv("KVDOCTOR_TIMEOUT", "3.5")
+    args = flags.parse(cli.build_parser(), replay, None, stderr=io.StringIO())
+    assert args.timeout == from_flag == 3.5 and args._from_env == {"timeout": "KVDOCTOR_TIMEOUT"}
+    monkeypatch.setenv("KVDOCTOR_TIMEOUT", "soon")
+    assert exit_status(cli.main, replay) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "KVDOCTOR_TIMEOUT='soon'" in err and "--timeout" in err, err
+
+
 # ---------------------------------------------------------------------------------- old spellings
 
 # (verb, the command line before the flag, the old spelling, the new one, the flag's value)

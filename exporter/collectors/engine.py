@@ -47,6 +47,7 @@ from kvdoctor.signals.textparse import ExpositionError, iter_samples_streamed
 from kvdoctor.signals.vocabulary import ENGINE_INFO, Kind, signal_for_series
 from kvdoctor.signals.window import SeriesKey
 from kvdoctor.sources.environment import ENV_PREFIX
+from kvdoctor.sources.paths import METRICS_PATH
 
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
@@ -55,7 +56,6 @@ log = logging.getLogger("kvdoctor.exporter")
 ENDPOINT_RETRY_SECONDS = 60.0  # before asking again an endpoint that answered "not here"
 ENDPOINT_ABSENT = frozenset({"http_401", "http_403", "http_404", "http_405", "http_501"})
 MIN_ENDPOINT_SECONDS = 0.05  # less left of the timeout than this: the endpoint is not asked
-METRICS_PATH = "/metrics"
 
 
 def parse_exposition(

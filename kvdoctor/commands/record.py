@@ -23,6 +23,7 @@ from kvdoctor.signals import collection
 from kvdoctor.signals.collection import SourceError
 from kvdoctor.signals.textparse import ExpositionError, family_names
 from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.sources.recording import ExporterRecorder, RawRecording, Recording, SnapshotRecording
 
 NAME = "record"
@@ -145,7 +146,7 @@ def _record_engine(args: argparse.Namespace, output: Path) -> int:
         raise UsageError(
             f"--engine-url needs an http(s) URL such as http://127.0.0.1:8000/metrics, got {args.engine_url!r}"
         )
-    url = args.engine_url if parts.path not in ("", "/") else args.engine_url.rstrip("/") + "/metrics"
+    url = args.engine_url if parts.path not in ("", "/") else args.engine_url.rstrip("/") + METRICS_PATH
     interval = args.interval or DEFAULT_INTERVAL
     # The exporter's own page fetch: the trace holds what the exporter would have read.
     page = HttpExposition(url, timeout=min(ENGINE_TIMEOUT_SECONDS, max(interval, 0.5)))

@@ -22,6 +22,7 @@ from kvdoctor.errors import SourceUnreadable, UsageError
 from kvdoctor.exporter.inprocess import LocalSignals
 from kvdoctor.output import check_folder_writable
 from kvdoctor.signals.units import MISSING, fmt_ms, fmt_pct
+from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.stress import plan as S
 from kvdoctor.stress.load import EndpointError, LoadRunner, api_root, discover, server_root
 from kvdoctor.stress.signals import ExporterSignals, SignalRecorder, SignalsError
@@ -228,7 +229,7 @@ async def _run(args: argparse.Namespace, settings: S.StressSettings, progress: P
         except SignalsError as exc:
             raise UsageError(str(exc)) from None
     else:  # no exporter given: one runs in this process on the engine's own /metrics
-        signals = LocalSignals(server_root(base) + "/metrics", retention_seconds=planned + 600)
+        signals = LocalSignals(server_root(base) + METRICS_PATH, retention_seconds=planned + 600)
     limits = httpx.Limits(
         max_connections=settings.max_concurrency + 4, max_keepalive_connections=settings.max_concurrency + 4
     )

@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 import yaml
 
 from kvdoctor.dashboard.app import create_app, serve_in_thread
@@ -228,6 +230,57 @@ class Backend(Protocol):
     def query(self, expr: str) -> list[dict[str, Any]]: ...
 
     def alerts(self) -> list[dict[str, Any]]: ...
+
+
+class StartBackend(Protocol):
+    """Starts the rule evaluator (its program at ``binary``) over ``targets`` (``host:port``) and
+    the ``side``'s rules, stopped with ``stack``; returns once it has a verdict from every target."""
+
+    def __call__(
+        self, binary: str, stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
+    ) -> Backend: ...
+
+
+@contextlib.contextmanager
+def running_alert_path(
+    work: Path, binary: str, start_backend: StartBackend, **side_options: Any
+) -> Iterator[AlertPath]:
+    """One demo exporter per slow scenario (each started healthy: the walk turns it), the alerting
+    side, and the backend ``start_backend`` starts over them; all stopped on leaving."""
+    with contextlib.ExitStack() as stack:
+        engines = {
+            s: stack.enter_context(InProcessDemo("healthy", interval=1.0, slo_ms=SLO_MS)) for s in SLOW_SCENARIOS
+        }
+        side = stack.enter_context(AlertingSide(work, next(iter(engines.values())).exporter_url, **side_options))
+        targets = [e.exporter_url.removeprefix("http://") for e in engines.values()]
+        yield AlertPath(engines, start_backend(binary, stack, work, targets, side), side)
+
+
+def alert_path_fixture(tool: str, start_backend: StartBackend, **side_options: Any) -> Any:
+    """The module fixture ``alert_path``: ``running_alert_path`` on the backend ``start_backend``
+    starts with ``tool``'s program."""
+
+    @pytest.fixture(scope="module", name="alert_path")
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertPath]:
+        binary = tools.require(tool)
+        with running_alert_path(
+            tmp_path_factory.mktemp(f"alert-path-{tool}"), binary, start_backend, **side_options
+        ) as path:
+            yield path
+
+    return fixture
+
+
+@dataclass
+class AlertPath:
+    """What the walk runs on: the exporters, the backend evaluating the rules over them, the alerting side."""
+
+    engines: dict[str, InProcessDemo]
+    backend: Backend
+    side: AlertingSide
+
+    def walk(self) -> Timings:
+        return walk_every_slow_scenario(self.engines, self.backend, self.side)
 
 
 @dataclass

@@ -13,15 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
 from kvdoctor.rules import alert_templates, promql, rule_file
-from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
+from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, AlertingSide, alert_path_fixture
 from tests.support import tools
-from tests.support.demo import InProcessDemo
 from tests.support.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.slow]
@@ -40,36 +39,28 @@ def test_amtool_accepts_the_shipped_config_and_the_check_is_real(tmp_path):
     assert bad.returncode != 0 and "pager" in bad.stdout + bad.stderr
 
 
-class Stack:
-    def __init__(self, engines: dict[str, InProcessDemo], prometheus: PrometheusServer, side: AlertingSide):
-        self.engines, self.prometheus, self.side = engines, prometheus, side
+def start_prometheus(
+    binary: str, stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
+) -> PrometheusServer:
+    """Prometheus scraping ``targets`` every second, evaluating the rules, sending to the side's Alertmanager."""
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{side.alertmanager.port}"]}]}]},
+        "scrape_configs": [{"job_name": "kvdoctor", "static_configs": [{"targets": targets}]}],
+    }
+    prometheus = PrometheusServer.configured(binary, work / "prometheus", config, rule_files=[side.rules])
+    stack.callback(prometheus.stop)
+    prometheus.start().wait_for_targets_up(timeout=60)
+    prometheus.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(targets), timeout=120)
+    return prometheus
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    prom = tools.require("prometheus")
-    work = tmp_path_factory.mktemp("alert-path")
-    with contextlib.ExitStack() as stack:
-        engines = {
-            s: stack.enter_context(InProcessDemo("healthy", interval=1.0, slo_ms=SLO_MS)) for s in SLOW_SCENARIOS
-        }
-        side = stack.enter_context(AlertingSide(work, next(iter(engines.values())).exporter_url))
-        targets = [e.exporter_url.removeprefix("http://") for e in engines.values()]
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{side.alertmanager.port}"]}]}]},
-            "scrape_configs": [{"job_name": "kvdoctor", "static_configs": [{"targets": targets}]}],
-        }
-        prometheus = PrometheusServer.configured(prom, work / "prometheus", config, rule_files=[side.rules])
-        stack.callback(prometheus.stop)
-        prometheus.start().wait_for_targets_up(timeout=60)
-        prometheus.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(engines), timeout=120)
-        yield Stack(engines, prometheus, side)
+alert_path = alert_path_fixture("prometheus", start_prometheus)
 
 
 @tools.needs("prometheus", "alertmanager")
-def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves(stack):
-    timings = walk_every_slow_scenario(stack.engines, stack.prometheus, stack.side)
+def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves(alert_path):
+    timings = alert_path.walk()
     print("\n" + timings.report("Prometheus 2.42 + Alertmanager 0.25"))
 
 

@@ -8,15 +8,14 @@ records (``GROUP_WAIT``). Prints the onset-to-notification times (docs/alerting.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvdoctor.rules import promql
-from tests.e2e.alert_path import SLO_MS, SLOW_SCENARIOS, AlertingSide, walk_every_slow_scenario
+from tests.e2e.alert_path import AlertingSide, alert_path_fixture
 from tests.support import tools
-from tests.support.demo import InProcessDemo
 from tests.support.victoria import VictoriaStack
 
 pytestmark = [pytest.mark.slow, tools.needs("victoria-metrics", "alertmanager")]
@@ -44,31 +43,21 @@ class VmalertBackend:
         return self.victoria.alerter.alerts()
 
 
-class Walk:
-    def __init__(self, engines: dict[str, InProcessDemo], backend: VmalertBackend, side: AlertingSide):
-        self.engines, self.backend, self.side = engines, backend, side
+def start_vmalert(
+    binary: str, stack: contextlib.ExitStack, work: Path, targets: list[str], side: AlertingSide
+) -> VmalertBackend:
+    """vmagent, VictoriaMetrics and vmalert over ``targets``, vmalert sending to the side's Alertmanager."""
+    victoria = VictoriaStack(binary, work / "victoria", targets=targets, rule_files=[side.rules])
+    victoria.alerter.notifier = side.alertmanager.url  # the real Alertmanager, not the stack's stand-in
+    stack.callback(victoria.stop)
+    victoria.start()
+    victoria.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(targets), timeout=120)
+    return VmalertBackend(victoria)
 
 
-@pytest.fixture(scope="module")
-def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
-    vm = tools.require("victoria-metrics")
-    work = tmp_path_factory.mktemp("alert-path-vmalert")
-    with contextlib.ExitStack() as stack:
-        engines = {
-            s: stack.enter_context(InProcessDemo("healthy", interval=1.0, slo_ms=SLO_MS)) for s in SLOW_SCENARIOS
-        }
-        side = stack.enter_context(
-            AlertingSide(work, next(iter(engines.values())).exporter_url, page_group_wait=GROUP_WAIT)
-        )
-        targets = [e.exporter_url.removeprefix("http://") for e in engines.values()]
-        victoria = VictoriaStack(vm, work / "victoria", targets=targets, rule_files=[side.rules])
-        victoria.alerter.notifier = side.alertmanager.url  # the real Alertmanager, not the stack's stand-in
-        stack.callback(victoria.stop)
-        victoria.start()
-        victoria.wait_for(promql.VERDICT_RECORD, lambda r: len(r) == len(engines), timeout=120)
-        yield Walk(engines, VmalertBackend(victoria), side)
+alert_path = alert_path_fixture("victoria-metrics", start_vmalert, page_group_wait=GROUP_WAIT)
 
 
-def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves_on_vmalert(walk):
-    timings = walk_every_slow_scenario(walk.engines, walk.backend, walk.side)
+def test_every_slow_scenario_pages_once_naming_its_cause_and_resolves_on_vmalert(alert_path):
+    timings = alert_path.walk()
     print("\n" + timings.report("vmalert 1.79 + Alertmanager 0.25"))
