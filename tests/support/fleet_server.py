@@ -57,7 +57,8 @@ from tests.support.servers import FakeServer, send, send_json, serve_until_kille
 MIX: tuple[tuple[str, int], ...] = (
     ("baseline", 9),  # healthy
     ("idle_stale_kv", 2),  # idle
-    ("thrashing_kv_oscillates_under_preemption", 1),  # kv_thrashing
+    ("data_parallel_ranks", 1),  # kv_thrashing, preempting in every state window (a sparser thrash can alternate
+    # with capacity pressure where scrapes fall between the rule evaluations: docs/DESIGN.md, the tree)
     ("tier_miss_cache_hit_but_slow", 1),  # kv_tier_miss
     ("capacity_pressure_400_waiting", 1),  # kv_capacity_pressure
     ("vllm_max_num_seqs_queue", 1),  # request_queueing
