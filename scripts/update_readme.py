@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kvdoctor import cli, flags
+from kvdoctor import cli, flag_tables
 from kvdoctor.exporter import settings
 from kvdoctor.exporter.collectors import base as collectors
 from kvdoctor.rules.actions import ACTION_BY_ID, FIX, VERDICT_ACTIONS
@@ -58,8 +58,8 @@ def generated_blocks() -> dict[str, Callable[[], str]]:
     parser = cli.build_parser()
     return {
         "verdicts": verdicts_table,
-        "cli-shared-flags": lambda: flags.shared_table(parser),
-        "cli-deprecated": lambda: flags.deprecated_table(parser),
+        "cli-shared-flags": lambda: flag_tables.shared_table(parser),
+        "cli-deprecated": lambda: flag_tables.deprecated_table(parser),
         "exporter-settings": settings.markdown_table,
         "metrics": signals.markdown_table,
         "collectors": collectors.markdown_table,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdoctor import cli, flags
+from kvdoctor import cli, flag_tables, flags
 from kvdoctor.commands import exporter as exporter_command
 from kvdoctor.errors import UsageError
 from tests.support import servers
@@ -74,7 +74,7 @@ BAD = ["not-a-number", "maybe", "ftp://no where", "/nonexistent/kvdoctor-grammar
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    return flags.verb_parsers(cli.build_parser())
+    return flag_tables.verb_parsers(cli.build_parser())
 
 
 def leaves() -> dict[str, argparse.ArgumentParser]:
@@ -466,4 +466,4 @@ def test_a_command_line_loads_only_its_verbs_module():
     assert "kvdoctor.commands.diagnose" in out
     assert not [m for m in out if m.startswith(("fastapi", "kvdoctor.simulator", "kvdoctor.commands.demo"))], out
     everything = cli.build_parser()
-    assert set(flags.verb_parsers(everything)) >= set(cli.VERBS)
+    assert set(flag_tables.verb_parsers(everything)) >= set(cli.VERBS)
