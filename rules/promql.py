@@ -33,6 +33,7 @@ back through the store late: README, "Past one Prometheus".
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -50,6 +51,7 @@ from .thresholds import (
     sized_for_interval,
 )
 from .verdicts import verdict_code
+from .view import Part
 
 SLO_RECORD = "kvdoctor:itl_slo_seconds"  # the SLO each pod is judged by: its own, else the default
 VERDICT_RECORD = "kvdoctor:verdict"  # the tree's answer for each active engine, as its verdict_code
@@ -122,10 +124,29 @@ def prom_context(thresholds: Thresholds) -> PromContext:
 
 
 def record_name(feature: str, thresholds: Thresholds) -> str:
-    """The recording rule of ``feature``, named after the range it reads: ``kvdoctor:kv_usage:15s``."""
+    """The recording rule of ``feature``, named after the range it reads: ``kvdoctor:kv_usage:15s``;
+    where its expression at these thresholds is an earlier feature's, that feature's rule."""
     if not FEATURES[feature].recorded:
         raise ValueError(f"{feature} is computed in Python only: no rule records it")
-    return prom_context(thresholds).record(feature, FEATURES[feature].part)
+    ctx = prom_context(thresholds)
+    return ctx.record(*same_expression_as(thresholds).get(feature, (feature, FEATURES[feature].part)))
+
+
+@functools.lru_cache(maxsize=32)
+def same_expression_as(thresholds: Thresholds) -> dict[str, tuple[str, Part]]:
+    """Recorded features whose expression at these thresholds is an earlier feature's, each with that
+    feature and its part: the window's last third is as short as the state sub-window at slow scrapes,
+    and one rule then records both (a second would read the same series again for the same numbers)."""
+    ctx = prom_context(thresholds)
+    first: dict[str, tuple[str, Part]] = {}
+    out: dict[str, tuple[str, Part]] = {}
+    for name, f in FEATURES.items():
+        if f.promql is None:
+            continue
+        earlier = first.setdefault(f.promql(ctx, thresholds), (name, f.part))
+        if earlier[0] != name:
+            out[name] = earlier
+    return out
 
 
 # Any range ``duration`` writes (``60s``, ``1500ms``): the suffix of a recorded feature's name.
@@ -214,9 +235,10 @@ class Compiler:
         scopes = {FEATURES[n].scope for n in features_of(cond)}
         return GPU if scopes == {GPU} else ENGINE
 
-    def atom(self, cond: Condition) -> str:
+    def atom(self, cond: Condition, left: str | None = None) -> str:
+        """One comparison (``left``: the value compared, where not the feature's record)."""
         if isinstance(cond, Cmp):
-            left = self.feature(cond.feature)
+            left = left or self.feature(cond.feature)
             threshold = prom_number(cond.threshold.value(self.params))
             if _reads_slo(cond.threshold):
                 # the SLO the pod publishes, else the export-time one
@@ -260,6 +282,13 @@ class Compiler:
         if isinstance(cond, Any):
             if not cond.terms:
                 raise ValueError("an empty Any never holds")
+            fallback = _compared_with_fallback(cond)
+            if fallback is not None and self.scope(fallback[0]) == scope:
+                first, second = fallback
+                on = GPU_ON if scope == GPU else ENGINE_ON
+                # `<= +Inf` drops a NaN sample (no number: not present, as in Present) so the fallback applies
+                left = f"({self.feature(first.feature)} <= +Inf or {on} {self.feature(second)})"
+                return self.atom(first, left)
             return " or ".join(f"({self.vector(t, scope)})" for t in cond.terms)
         if isinstance(cond, Not):
             return self.conjunction((cond,), scope)
@@ -342,8 +371,11 @@ class Compiler:
         """The tree's answer for every active engine as its ``verdict_code``: the branches in order
         (a differential branch read from its record, any other inline), each times its verdict's code,
         joined by ``or on(<engine>)``, which keeps the first branch holding for an engine (first match
-        wins); the last branch is every active engine."""
+        wins); the last branch is every active engine, so the branches just before it that give its
+        verdict are left out (they change no answer, and their conditions need no record)."""
         *rest, last = tree.BRANCHES[1:]
+        while rest and rest[-1].verdict == last.verdict:
+            rest.pop()
         keys = ", ".join(ENGINE_KEYS)
         recorded = {b.id for b in tree.DIFFERENTIAL_BRANCHES}
         chain = [
@@ -361,6 +393,25 @@ class Compiler:
             f"and {IDENTITY_ON} {record}" for record in (SOURCE_UP_RECORD, JUDGEABLE_RECORD)
         )
         return f"(\n{joined}\n)\n{among}"
+
+
+def _compared_with_fallback(cond: Any) -> tuple[Cmp, str] | None:
+    """``a op T or (b op T unless a is present)`` as (``a op T``, ``b``): a value compared where it
+    is measured, else its fallback (the ITL p95, else the mean time per token), which PromQL writes
+    as ``(a or b) op T`` (a NaN ``a`` left out), reading each once."""
+    if len(cond.terms) != 2 or not isinstance(cond.terms[0], Cmp) or not isinstance(cond.terms[1], All):
+        return None
+    first, rest = cond.terms[0], cond.terms[1].terms
+    second = next((t for t in rest if isinstance(t, Cmp)), None)
+    if (
+        len(rest) != 2
+        or second is None
+        or Not(Present(first.feature)) not in rest
+        or (second.op, second.threshold) != (first.op, first.threshold)
+        or FEATURES[second.feature].scope != FEATURES[first.feature].scope
+    ):
+        return None
+    return first, second.feature
 
 
 def _reads_slo(param: Param) -> bool:
@@ -383,10 +434,11 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
     the pods' SLO, one per named condition of the tree (1 where it holds), the verdict of every
     active engine, and the sources that are down."""
     ctx = prom_context(thresholds)
+    recorded_elsewhere = same_expression_as(thresholds)
     features: list[Rule] = [
         {"record": ctx.record(name, f.part), "expr": f.promql(ctx, thresholds)}
         for name, f in FEATURES.items()
-        if f.promql is not None
+        if f.promql is not None and name not in recorded_elsewhere
     ]
     inputs: list[Rule] = [{"record": name, "expr": expr} for name, expr in ctx.inputs.items()]
     compiler = Compiler(thresholds, slo_seconds)
@@ -398,5 +450,13 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
         "expr": f"group by ({', '.join(IDENTITY_KEYS)}) "
         f"(count_over_time({SOURCE_UP}[{duration(thresholds.window_seconds)}]) >= {MIN_WINDOW_SAMPLES})",
     }
-    rules = [source_up, judgeable, *inputs, *features, *compiler.condition_rules, *compiler.branch_rules()]
+    readers = [*features, *compiler.condition_rules, *compiler.branch_rules(), verdict]
+    conditions = [r for r in compiler.condition_rules if _read_by(r["record"], readers)]
+    rules = [source_up, judgeable, *inputs, *features, *conditions, *compiler.branch_rules()]
     return [*rules, verdict, source_down]
+
+
+def _read_by(record: str, rules: list[Rule]) -> bool:
+    """Whether any of ``rules`` reads ``record`` (a named condition no rule reads is not recorded)."""
+    name = re.compile(rf"(?<![\w:]){re.escape(record)}(?![\w:])")
+    return any(name.search(r["expr"]) for r in rules)

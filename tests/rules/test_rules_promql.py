@@ -105,8 +105,13 @@ def test_recording_rules_cover_every_recorded_feature_and_named_condition():
             assert not any(r.split(":")[1] == name for r in records), name
             with pytest.raises(ValueError, match="Python only"):
                 promql.record_name(name, t)
+    # a named condition is recorded where another rule reads it (the verdict needs no record of
+    # "ITL under the SLO": healthy is what every active engine is that no slow branch takes)
     for condition in tree.NAMED_CONDITIONS:
-        assert f"kvdoctor:{condition.name}" in records
+        record = f"kvdoctor:{condition.name}"
+        read = any(re.search(rf"{re.escape(record)}(?![\w:])", r["expr"]) for r in _rules() if "record" in r)
+        assert (record in records) == read, record
+    assert "kvdoctor:engine_active" in records and "kvdoctor:itl_fast" not in records
     measured = f"{promql.record_name('itl_p95_seconds', t)} or {promql.record_name('time_per_token_mean_seconds', t)}"
     assert records["kvdoctor:itl_slo_seconds"] == (
         "max by (namespace, pod, instance) (last_over_time(kvdoctor_inter_token_latency_slo_seconds[180s])) "
@@ -117,6 +122,21 @@ def test_recording_rules_cover_every_recorded_feature_and_named_condition():
         "record" if "record" in r else "alert" for r in yaml.safe_load(COMMITTED.read_text())["groups"][0]["rules"]
     ]
     assert kinds == sorted(kinds, key=lambda k: k == "alert")
+
+
+@pytest.mark.parametrize("interval", [1, 5, 15, 60])
+def test_no_two_recording_rules_compute_the_same_expression(interval):
+    """At slow scrapes the window's last third is as short as the state sub-window, and the sparse
+    thrash memory (preemptions over the last third) is the preemption rate itself: one rule records
+    both, and every reader of either asks for that rule."""
+    doc = yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
+    exprs = [r["expr"] for r in doc["groups"][0]["rules"] if "record" in r and "labels" not in r]
+    assert len(exprs) == len(set(exprs))
+    t = promql.rule_thresholds(None, interval)
+    late, recent = (promql.record_name(f, t) for f in ("preemptions_per_minute_late", "preemptions_per_minute"))
+    records = {r["record"] for r in doc["groups"][0]["rules"] if "record" in r}
+    assert late in records and recent in records
+    assert (late == recent) == (promql.prom_context(t).third == promql.prom_context(t).recent)
 
 
 def _ranges(expr: str) -> list[str]:
@@ -150,8 +170,11 @@ def test_alerts_compare_itl_with_each_pods_published_slo():
     pod with an ITL measure (the fallback is the record's, not each comparison's)."""
     records = {r["record"]: r["expr"] for r in _rules() if "record" in r}
     slow = records["kvdoctor:itl_slow"]
-    assert (
-        "kvdoctor:itl_p95_seconds:60s >= on(namespace, pod, instance) group_left() (kvdoctor:itl_slo_seconds)" in slow
+    # the ITL p95 where it is a number, else the mean time per token: each read once
+    assert slow == (
+        "((kvdoctor:itl_p95_seconds:60s <= +Inf or on(namespace, pod, instance, model_name, engine) "
+        "kvdoctor:time_per_token_mean_seconds:180s) "
+        ">= on(namespace, pod, instance) group_left() (kvdoctor:itl_slo_seconds)) * 0 + 1"
     )
     assert "unless on(namespace, pod, instance) kvdoctor:itl_slo_seconds" not in slow
     assert records["kvdoctor:itl_slo_seconds"].endswith(" * 0.1")
@@ -173,8 +196,11 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     keys = "namespace, pod, instance, model_name, engine"
     terms = expr.split("\n)\n")[0].removeprefix("(\n").split(f"\nor on({keys}) ")
     # every branch but idle (the engines it leaves), in order, each times its verdict's code, then
-    # every active engine (the last branch)
-    branches = tree.BRANCHES[1:]
+    # every active engine (the last branch); the branches just before it with its verdict (healthy
+    # under the SLO) would change no answer and are left out
+    *slow, healthy, last = tree.BRANCHES[1:]
+    assert healthy.verdict == last.verdict == "healthy" and slow[-1].verdict != "healthy"
+    branches = [*slow, last]
     assert len(terms) == len(branches)
     for term, b in zip(terms, branches, strict=True):
         assert term.startswith(f"group by ({keys}) (") and term.endswith(f") * {verdict_code(b.verdict)}")

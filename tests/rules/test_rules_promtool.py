@@ -172,3 +172,45 @@ def test_the_slo_page_lists_the_other_causes_present_as_prometheus_renders_it(tm
     test_file.write_text(json.dumps(test))
     result = _promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_a_stalled_itl_histogram_falls_back_to_the_mean_time_per_token(tmp_path):
+    """The latency measure is the ITL p95, else the mean time per token (``tree.ITL_SLOW``). A
+    histogram with no new tokens in the state sub-window gives a NaN p95: not a measure, so the mean
+    decides, as in Python; a p95 that is a number decides even where the mean disagrees."""
+    rules, _ = _rules_for(tmp_path, 1)
+    series = []
+    for pod, per_second in (("stalled", 0), ("fast", 10)):
+        labels = f'namespace="ns", pod="{pod}", model_name="m", engine="vllm", job="a"'
+        bucket = "kvdoctor_inter_token_latency_seconds_bucket"
+        series += [
+            {"series": f'{bucket}{{{labels}, le="{le}"}}', "values": f"0+{per_second}x120"} for le in ("0.05", "+Inf")
+        ]
+        series += [
+            {"series": f"kvdoctor_generation_tokens_total{{{labels}}}", "values": "0+10x120"},
+            {"series": f"kvdoctor_generation_seconds_total{{{labels}}}", "values": "0+5x120"},  # 0.5 s a token
+            {"series": f"kvdoctor_inter_token_latency_slo_seconds{{{labels}}}", "values": "0.1x120"},
+        ]
+    slow = "kvdoctor:itl_slow"
+    stalled = 'namespace="ns", pod="stalled", model_name="m", engine="vllm"'
+    doc = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1s",
+        "tests": [
+            {
+                "interval": "1s",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": slow,
+                        "eval_time": "90s",
+                        "exp_samples": [{"labels": f"{slow}{{{stalled}}}", "value": 1}],
+                    }
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "stalled.test.yaml"
+    test_file.write_text(json.dumps(doc))
+    result = _promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
