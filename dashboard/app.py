@@ -1,7 +1,8 @@
 """The Dash app: ``create_app(exporter_url=..., prometheus_url=...)`` and ``serve_in_thread``.
 
-Pages live in ``kvdoctor.dashboard.pages`` (Live, Ledger, Fleet). Each page module registers
-itself with Dash Pages and its callbacks on the app it is given: ``dash.callback``'s global list
+Pages live in ``kvdoctor.dashboard.pages`` (Live, Ledger, Fleet): each has a ``PATH``, a ``NAME``, a
+``layout`` and ``register(app)``. ``create_app`` registers them with Dash Pages, in the nav's order,
+and each page its callbacks on the app it is given: ``dash.callback``'s global list
 is emptied by the first app that serves a request, so a second app in the same process (tests,
 a demo that restarts its dashboard) would get none.
 """
@@ -77,7 +78,9 @@ def create_app(
         serve_locally=True,
         enable_mcp=False,
     )
-    for page in PAGES:
+    for order, page in enumerate(PAGES):
+        title = f"kvdoctor · {page.NAME}"
+        dash.register_page(page.__name__, path=page.PATH, name=page.NAME, order=order, title=title, layout=page.layout)
         page.register(app)
     app.layout = _shell
     return app

@@ -289,43 +289,62 @@ def test_bad_traces_exit_2_with_one_line(cli, tmp_path, case):
 @pytest.mark.parametrize(
     "args, phrase",
     [
-        (["--replay", "/nonexistent/trace.om"], "cannot read"),
-        (["--replay", "{fill}", "--at", "yesterday"], "RFC 3339"),
-        (["--replay", "{fill}", "--at", "2023-11-14T22:13:22"], "no time zone"),
-        (["--replay", "{fill}", "--at", "1700000000000"], "milliseconds"),
-        (["--replay", "{fill}", "--at", "1600000000"], "no samples in the 60 s before"),
-        (["--replay", "{fill}", "--window", "0"], "--window"),
-        (["--replay", "{fill}", "--slo-ms", "0"], "--slo-ms"),
-        (["--replay", "{fill}", "--gpu", "X100"], "unknown GPU"),
-        (["--replay", "{fill}", "--gpu", "H100 SXM", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
-        (["--replay", "{fill}", "--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
-        (["--replay", "{fill}", "--model", "/nonexistent/config.json"], "no such file"),
-        (["--replay", "{fill}", "--model", "{notjson}"], "not JSON"),
-        (["--replay", "{fill}", "--thresholds", "/nonexistent/t.yaml"], "cannot read thresholds"),
-        (["--replay", "{fill}", "--thresholds", "{badyaml}"], "unknown threshold"),
-        (["--replay", "{fill}", "--engine", "nope"], "unknown engine"),
-        (["--replay", "{fill}", "--selector", '{pod="x"}'], "--selector goes with --prometheus"),
-        (["--exporter", "http://127.0.0.1:9", "--engine", "vllm"], "--engine goes with --replay"),
-        (["--replay", "{fill}", "--exporter", "http://127.0.0.1:9"], "not allowed with"),
-        ([], "one of the arguments"),
-        (["--exporter", "ftp://x"], "http(s) URL"),
-        (["--prometheus", "not a url"], "http(s) URL"),
-        (["--prometheus", "http://127.0.0.1:9", "--selector", 'kvdoctor_x{pod="a"}'], "label matchers only"),
-        (["--prometheus", "http://127.0.0.1:9", "--selector", "{pod=a}"], "bad selector"),
-        (["--prometheus", "http://127.0.0.1:9", "--namespace", " "], "namespace is empty"),
-        (["--prometheus", "http://127.0.0.1:9", "--limit", "-1"], "--limit: must be from 0 up to"),
-        (["--replay", "{fill}", "--namespace", "x"], "--namespace goes with --prometheus"),
-        (["--exporter", "http://127.0.0.1:9", "--limit", "3"], "--limit goes with --prometheus"),
-        (["--replay", "{fill}", "--timeout", "0"], "--timeout"),
+        (["--at", "yesterday"], "RFC 3339"),
+        (["--at", "2023-11-14T22:13:22"], "no time zone"),
+        (["--at", "1700000000000"], "milliseconds"),
+        (["--at", "1600000000"], "no samples in the 60 s before"),
+        (["--window", "0"], "--window"),
+        (["--slo-ms", "0"], "--slo-ms"),
+        (["--gpu", "X100"], "unknown GPU"),
+        (["--gpu", "H100 SXM", "--gpu-peak-bandwidth", "1e12"], "not allowed with"),
+        (["--gpu-peak-bandwidth", "-5"], "--gpu-peak-bandwidth"),
+        (["--model", "/nonexistent/config.json"], "no such file"),
+        (["--model", "{notjson}"], "not JSON"),
+        (["--thresholds", "/nonexistent/t.yaml"], "cannot read thresholds"),
+        (["--thresholds", "{badyaml}"], "unknown threshold"),
+        (["--engine", "nope"], "unknown engine"),
+        (["--selector", '{pod="x"}'], "--selector goes with --prometheus"),
+        (["--exporter", "http://127.0.0.1:9"], "not allowed with"),
+        (["--namespace", "x"], "--namespace goes with --prometheus"),
+        (["--timeout", "0"], "--timeout"),
     ],
 )
-def test_bad_arguments_exit_2_with_one_line(cli, tmp_path, fill_trace, args, phrase):
+def test_bad_arguments_to_a_replay_exit_2_with_one_line(cli, tmp_path, fill_trace, args, phrase):
+    """``diagnose --replay TRACE`` (a good trace) with ``args``; ``{notjson}`` and ``{badyaml}`` name bad files."""
     notjson = tmp_path / "config.json"
     notjson.write_text("{nope")
     badyaml = tmp_path / "t.yaml"
     badyaml.write_text("kv_ceiling: 0.9\n")
-    fills = {"{fill}": str(fill_trace), "{notjson}": str(notjson), "{badyaml}": str(badyaml)}
+    fills = {"{notjson}": str(notjson), "{badyaml}": str(badyaml)}
     args = [fills.get(a, a) for a in args]
+    one_error_line(cli("diagnose", "--replay", fill_trace, *args), phrase)
+
+
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        (["--selector", 'kvdoctor_x{pod="a"}'], "label matchers only"),
+        (["--selector", "{pod=a}"], "bad selector"),
+        (["--namespace", " "], "namespace is empty"),
+        (["--limit", "-1"], "--limit: must be from 0 up to"),
+    ],
+)
+def test_bad_arguments_to_prometheus_exit_2_with_one_line(cli, args, phrase):
+    one_error_line(cli("diagnose", "--prometheus", "http://127.0.0.1:9", *args), phrase)
+
+
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        ([], "one of the arguments"),
+        (["--replay", "/nonexistent/trace.om"], "cannot read"),
+        (["--exporter", "http://127.0.0.1:9", "--engine", "vllm"], "--engine goes with --replay"),
+        (["--exporter", "http://127.0.0.1:9", "--limit", "3"], "--limit goes with --prometheus"),
+        (["--exporter", "ftp://x"], "http(s) URL"),
+        (["--prometheus", "not a url"], "http(s) URL"),
+    ],
+)
+def test_bad_sources_exit_2_with_one_line(cli, args, phrase):
     one_error_line(cli("diagnose", *args), phrase)
 
 

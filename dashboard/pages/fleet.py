@@ -26,9 +26,11 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from kvdoctor.dashboard import components, fleet_view, ids
 from kvdoctor.dashboard.sources import FleetPage, backend, fleet_page, fleet_summary, now
+from kvdoctor.dashboard.wiring import each
 from kvdoctor.rules.fleet import FleetSummary
 from kvdoctor.signals.collection import SourceError
 
+NAME = "Fleet"  # the nav link and the tab title
 PATH = "/fleet"
 RANGES = (("15 min", 900), ("1 h", 3600), ("6 h", 6 * 3600), ("24 h", 24 * 3600), ("7 days", 7 * 24 * 3600))
 DEFAULT_RANGE = 3600
@@ -42,26 +44,17 @@ _FILTERS = {ids.FLEET_NAMESPACE, ids.FLEET_VERDICT, ids.FLEET_SEARCH}
 
 
 def register(app: dash.Dash) -> None:
-    dash.register_page(__name__, path=PATH, name="Fleet", order=2, title="kvdoctor · Fleet", layout=layout)
     app.callback(
         Output(ids.FLEET_STATE, "data"),
         Output(ids.FLEET_STATUS, "children"),
         Output(ids.FLEET_VERDICT, "options"),
-        Output(ids.FLEET_NOTES, "children"),
-        Output(ids.FLEET_TABLE, "children"),
-        Output(ids.FLEET_PAGER, "children"),
-        Output(ids.FLEET_PREV, "disabled"),
-        Output(ids.FLEET_NEXT, "disabled"),
+        *each(Output, "children", ids.FLEET_NOTES, ids.FLEET_TABLE, ids.FLEET_PAGER),
+        *each(Output, "disabled", ids.FLEET_PREV, ids.FLEET_NEXT),
         Output(ids.FLEET_NAMESPACE, "options"),
         Output(ids.FLEET_REFRESH, "disabled"),
         Input(ids.FLEET_REFRESH, "n_intervals"),
-        Input(ids.FLEET_RANGE, "value"),
-        Input(ids.FLEET_END, "value"),
-        Input(ids.FLEET_NAMESPACE, "value"),
-        Input(ids.FLEET_VERDICT, "value"),
-        Input(ids.FLEET_SEARCH, "value"),
-        Input(ids.FLEET_PREV, "n_clicks"),
-        Input(ids.FLEET_NEXT, "n_clicks"),
+        *each(Input, "value", ids.FLEET_RANGE, ids.FLEET_END, ids.FLEET_NAMESPACE, ids.FLEET_VERDICT, ids.FLEET_SEARCH),
+        *each(Input, "n_clicks", ids.FLEET_PREV, ids.FLEET_NEXT),
         State(ids.FLEET_STATE, "data"),
         prevent_initial_call=True,  # the layout carries the first page
     )(update)

@@ -17,12 +17,14 @@ import dash
 from dash import Input, Output, State, dcc, html, no_update
 
 from kvdoctor.dashboard import components, ids, ledger_view
+from kvdoctor.dashboard.wiring import each
 from kvdoctor.ledger.arithmetic import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_HOST_BANDWIDTH
 from kvdoctor.ledger.gpus import GPU_CATALOGUE, GPUS
 from kvdoctor.ledger.model import COMMON_MODELS, KV_CACHE_DTYPES, ModelShape
 from kvdoctor.signals.units import GIB, fmt_bytes_exact, fmt_ms, fmt_number
 from kvdoctor.sources.model_files import load_model_shape
 
+NAME = "Ledger"  # the nav link and the tab title
 PATH = "/ledger"
 UPLOADED = "__uploaded__"
 MAX_UPLOAD_BYTES = 1_000_000
@@ -41,7 +43,6 @@ FORM_INPUTS = (
 
 
 def register(app: dash.Dash) -> None:
-    dash.register_page(__name__, path=PATH, name="Ledger", order=1, title="kvdoctor · Ledger", layout=layout)
     app.callback(
         Output(ids.LEDGER_UPLOADED_SHAPE, "data"),
         Output(ids.LEDGER_UPLOAD_STATUS, "children"),
@@ -53,10 +54,10 @@ def register(app: dash.Dash) -> None:
         prevent_initial_call=True,
     )(read_upload)
     app.callback(
-        *(Output(i, "children") for i in (ids.LEDGER_RESULT, ids.LEDGER_WHAT_IF, ids.LEDGER_OFFLOAD, ids.LEDGER_ERROR)),
+        *each(Output, "children", ids.LEDGER_RESULT, ids.LEDGER_WHAT_IF, ids.LEDGER_OFFLOAD, ids.LEDGER_ERROR),
         Input(ids.LEDGER_MODEL, "value"),
         Input(ids.LEDGER_UPLOADED_SHAPE, "data"),
-        *(Input(i, "value") for i in FORM_INPUTS),
+        *each(Input, "value", *FORM_INPUTS),
     )(compute)
 
 

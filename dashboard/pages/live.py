@@ -38,9 +38,11 @@ from kvdoctor.dashboard.sources import (
     now,
     prometheus_diagnosis,
 )
+from kvdoctor.dashboard.wiring import each
 from kvdoctor.rules.knee import detect_knee
 from kvdoctor.signals.collection import SourceError
 
+NAME = "Live"  # the nav link and the tab title
 PATH = "/"
 GRAPHS = (
     (charts.KV_LATENCY, ids.LIVE_GRAPH_KV_LATENCY),
@@ -55,11 +57,6 @@ EXPORTER_INSTANCE = ""  # the instance picker's value for "the configured export
 # How far behind the clock the newest point may be before the badge says stale.
 STALE_AFTER_REFRESHES = 5
 PROMETHEUS_STALE_SECONDS = 120
-
-
-def register(app: dash.Dash) -> None:
-    dash.register_page(__name__, path=PATH, name="Live", order=0, title="kvdoctor · Live", layout=layout)
-    _register_callbacks(app)
 
 
 # ----------------------------------------------------------------------------------- ranges
@@ -446,32 +443,23 @@ def render_badge(health):
     return components.badge(health)
 
 
-def _register_callbacks(app: dash.Dash) -> None:
+def register(app: dash.Dash) -> None:
     app.callback(
-        Output(ids.LIVE_DATA, "data"),
-        Output(ids.LIVE_CURSOR, "data"),
-        Output(ids.LIVE_DIAGNOSIS, "data"),
-        Output(ids.LIVE_HEALTH, "data"),
+        *each(Output, "data", ids.LIVE_DATA, ids.LIVE_CURSOR, ids.LIVE_DIAGNOSIS, ids.LIVE_HEALTH),
         Output(ids.LIVE_TARGET, "options"),
         Output(ids.LIVE_INTERVAL, "disabled"),
         Input(ids.LIVE_TICK, "data"),
-        Input(ids.LIVE_TARGET, "value"),
-        Input(ids.LIVE_RANGE, "value"),
-        Input(ids.LIVE_INSTANCE, "value"),
-        State(ids.LIVE_HISTORY, "data"),
-        State(ids.LIVE_CURSOR, "data"),
+        *each(Input, "value", ids.LIVE_TARGET, ids.LIVE_RANGE, ids.LIVE_INSTANCE),
+        *each(State, "data", ids.LIVE_HISTORY, ids.LIVE_CURSOR),
     )(fetch)
     # The interval goes through a gate in the browser: a tick before the charts have taken the last
     # fetch's points is skipped. Without it a source slower than the refresh never shows anything:
     # each tick sends a new request and Dash drops the answer of the one before.
     app.clientside_callback(
         ClientsideFunction(namespace="kvdoctor", function_name="gateTick"),
-        Output(ids.LIVE_TICK, "data"),
-        Output(ids.LIVE_GATE, "data"),
+        *each(Output, "data", ids.LIVE_TICK, ids.LIVE_GATE),
         Input(ids.LIVE_INTERVAL, "n_intervals"),
-        State(ids.LIVE_TICK, "data"),
-        State(ids.LIVE_ROUTED, "data"),
-        State(ids.LIVE_GATE, "data"),
+        *each(State, "data", ids.LIVE_TICK, ids.LIVE_ROUTED, ids.LIVE_GATE),
         prevent_initial_call=True,
     )
     # The charts are routed in the browser (assets/kvdoctor.js): a server round trip here could be
