@@ -129,15 +129,17 @@ def test_the_exporter_serves_and_stops_cleanly_on_a_signal(signum, spawn):
 
 # ------------------------------------------------------------------- flags built from the settings
 
-# A value for each kind of setting that every field of that kind accepts.
-SAMPLE = {
+# A value for each setting: text the setting keeps as given, then what it parses or normalises.
+KEPT = {
+    "engine": "vllm",
+    "dcgm_url": "http://127.0.0.1:9400/metrics",
+    "gpu_filter": "all",
+    "host": "0.0.0.0",
+    "pod": "vllm-0",
+    "log_level": "debug",
+}
+PARSED = {
     "engine_url": ("http://127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
-    "engine": ("vllm", "vllm"),
-    "dcgm_url": ("http://127.0.0.1:9400/metrics", "http://127.0.0.1:9400/metrics"),
-    "gpu_filter": ("all", "all"),
-    "host": ("0.0.0.0", "0.0.0.0"),
-    "pod": ("vllm-0", "vllm-0"),
-    "log_level": ("debug", "debug"),
     "scrape_timeout": ("2.5", 2.5),
     "gpu_peak_bandwidth": ("3.35e12", 3.35e12),
     "slo_ms": ("42", 42.0),
@@ -177,7 +179,8 @@ def test_every_flag_sets_its_field(clean_env, tmp_path):
     config.write_text("{}")
     web = tmp_path / "web.yml"
     web.write_text("")
-    values = {**SAMPLE, "model_config_path": (str(config), str(config)), "web_config_file": (str(web), str(web))}
+    kept = {**KEPT, "model_config_path": str(config), "web_config_file": str(web)}
+    values = {**{field: (text, text) for field, text in kept.items()}, **PARSED}
     argv, expected = [], {}
     for option in options():
         if option.is_collectors:

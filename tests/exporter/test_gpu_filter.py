@@ -23,6 +23,7 @@ from kvdoctor.exporter.gpu_filter import (
     select_engine_processes,
 )
 from kvdoctor.signals.collection import SourceError
+from tests.support.errors import one_line_error
 
 U0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
 U1 = "GPU-1f2e3d4c-0000-1111-2222-333344445555"
@@ -72,10 +73,7 @@ def test_parse_gpu_filter_accepts_each_mode(text, expected):
     ],
 )
 def test_parse_gpu_filter_rejects_with_one_clear_line(text, says):
-    with pytest.raises(GpuFilterError) as err:
-        parse_gpu_filter(text)
-    message = str(err.value)
-    assert says in message and "\n" not in message
+    assert says in one_line_error(GpuFilterError, parse_gpu_filter, text)
 
 
 # ---------------------------------------------------------------------------- device lists

@@ -12,6 +12,7 @@ import yaml
 
 from kvdoctor.exporter.web_config import WebConfigError, load_web_config, parse_duration
 from tests.support.certificates import PKI, make_pki
+from tests.support.errors import one_line_error
 
 HASH = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()
 TLS = "tls_server_config: {cert_file: server.crt, key_file: server.key, "  # + the rest of the mapping
@@ -131,11 +132,8 @@ def test_an_empty_file_or_no_tls_setting_means_plain_http(tmp_path):
 )
 def test_a_bad_file_is_one_line_naming_the_file_and_the_key(pki, text, message):
     path = write(pki.folder, text, "bad.yml")
-    with pytest.raises(WebConfigError) as caught:
-        load_web_config(path)
-    assert message in str(caught.value)
-    assert str(caught.value).startswith(f"web config {str(path)!r}: ")
-    assert "\n" not in str(caught.value)
+    said = one_line_error(WebConfigError, load_web_config, path)
+    assert message in said and said.startswith(f"web config {str(path)!r}: ")
 
 
 def test_a_missing_file_is_named(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kvdoctor.ledger import gpus as G
+from tests.support.errors import one_line_error
 
 GIB = 1024**3
 
@@ -87,10 +88,8 @@ def test_names_resolve_exactly(asked, row):
 @pytest.mark.parametrize("name", ["NVIDIA H800", "NVIDIA H100", "V100", "GH200", "NVIDIA A100", "Z80"])
 def test_an_unknown_or_ambiguous_name_is_an_error_naming_the_closest_and_the_flag(name):
     assert G.lookup_gpu(name) is None
-    with pytest.raises(G.UnknownGpuError) as info:
-        G.gpu_spec(name)
-    message = str(info.value)
-    assert f"unknown GPU {name!r}" in message and "--gpu-peak-bandwidth" in message and "\n" not in message
+    message = one_line_error(G.UnknownGpuError, G.gpu_spec, name)
+    assert f"unknown GPU {name!r}" in message and "--gpu-peak-bandwidth" in message
 
 
 def test_the_closest_names_are_the_same_model_first_then_similar_spellings():

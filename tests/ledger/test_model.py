@@ -11,6 +11,7 @@ import pytest
 from kvdoctor.ledger.arithmetic import kv_bytes_per_token, weight_bytes_per_step
 from kvdoctor.ledger.model import BUILTIN_CONFIGS, COMMON_MODELS, ModelShape
 from kvdoctor.sources.model_files import find_in_hf_cache, hf_hub_cache, load_model, load_model_shape
+from tests.support.errors import one_line_error
 from tests.support.models import TINY_CONFIG
 
 CONFIG = TINY_CONFIG
@@ -44,10 +45,8 @@ def test_the_same_shape_from_a_path_bytes_and_a_dict(tmp_path):
 def test_an_unusable_config_is_one_line_naming_the_file(tmp_path, text, phrase):
     path = tmp_path / "config.json"
     path.write_text(text)
-    with pytest.raises(ValueError) as info:
-        load_model_shape(path)
-    message = str(info.value)
-    assert phrase in message and str(path) in message and "\n" not in message
+    message = one_line_error(ValueError, load_model_shape, path)
+    assert phrase in message and str(path) in message
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,15 @@ def test_promtool_check_rules_passes_on_the_committed_file():
     assert "SUCCESS" in result.stdout
 
 
+def _assert_promtool_passes(rules: Path, interval: str, series: list[dict], check: dict, file: Path) -> None:
+    """One promtool unit test of ``rules`` on ``series`` (scraped and evaluated every ``interval``)
+    with ``check`` (a ``promql_expr_test`` or ``alert_rule_test`` entry), written to ``file``."""
+    test = {"interval": interval, "input_series": series, **check}
+    file.write_text(json.dumps({"rule_files": [str(rules)], "evaluation_interval": interval, "tests": [test]}))
+    result = _promtool("test", "rules", str(file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
 def _rules_for(tmp_path: Path, interval: float) -> tuple[Path, Thresholds]:
     path = tmp_path / f"rules-{interval:g}s.yaml"
     path.write_text(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
@@ -107,30 +116,10 @@ def test_an_engine_scraped_by_two_jobs_keeps_one_itl_p95_with_the_same_value(tmp
         ]
 
     engine = 'namespace="ns", model_name="m", engine="vllm"'
-    doc = {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "1s",
-        "tests": [
-            {
-                "interval": "1s",
-                "input_series": buckets("twice", "a") + buckets("twice", "b") + buckets("once", "a"),
-                "promql_expr_test": [
-                    {
-                        "expr": record,
-                        "eval_time": "90s",
-                        "exp_samples": [
-                            {"labels": f'{record}{{{engine}, pod="once"}}', "value": 0.19},
-                            {"labels": f'{record}{{{engine}, pod="twice"}}', "value": 0.19},
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    test_file = tmp_path / "two-jobs.test.yaml"
-    test_file.write_text(json.dumps(doc))
-    result = _promtool("test", "rules", str(test_file))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    series = buckets("twice", "a") + buckets("twice", "b") + buckets("once", "a")
+    samples = [{"labels": f'{record}{{{engine}, pod="{pod}"}}', "value": 0.19} for pod in ("once", "twice")]
+    check = {"promql_expr_test": [{"expr": record, "eval_time": "90s", "exp_samples": samples}]}
+    _assert_promtool_passes(rules, "1s", series, check, tmp_path / "two-jobs.test.yaml")
 
 
 def test_the_slo_page_lists_the_other_causes_present_as_prometheus_renders_it(tmp_path):
@@ -157,21 +146,8 @@ def test_the_slo_page_lists_the_other_causes_present_as_prometheus_renders_it(tm
     ]
     listed = "Also present on p: host_overhead_bound, requests waiting (a consequence of the slowness)"
     expected = [{"exp_labels": engine, "exp_annotations": {"contributing": listed}}]
-    test = {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "15s",
-        "tests": [
-            {
-                "interval": "15s",
-                "input_series": series,
-                "alert_rule_test": [{"eval_time": "30s", "alertname": "Page", "exp_alerts": expected}],
-            }
-        ],
-    }
-    test_file = tmp_path / "page.test.yaml"
-    test_file.write_text(json.dumps(test))
-    result = _promtool("test", "rules", str(test_file))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    check = {"alert_rule_test": [{"eval_time": "30s", "alertname": "Page", "exp_alerts": expected}]}
+    _assert_promtool_passes(rules, "15s", series, check, tmp_path / "page.test.yaml")
 
 
 def test_a_stalled_itl_histogram_falls_back_to_the_mean_time_per_token(tmp_path):
@@ -193,24 +169,6 @@ def test_a_stalled_itl_histogram_falls_back_to_the_mean_time_per_token(tmp_path)
         ]
     slow = "kvdoctor:itl_slow"
     stalled = 'namespace="ns", pod="stalled", model_name="m", engine="vllm"'
-    doc = {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "1s",
-        "tests": [
-            {
-                "interval": "1s",
-                "input_series": series,
-                "promql_expr_test": [
-                    {
-                        "expr": slow,
-                        "eval_time": "90s",
-                        "exp_samples": [{"labels": f"{slow}{{{stalled}}}", "value": 1}],
-                    }
-                ],
-            }
-        ],
-    }
-    test_file = tmp_path / "stalled.test.yaml"
-    test_file.write_text(json.dumps(doc))
-    result = _promtool("test", "rules", str(test_file))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    samples = [{"labels": f"{slow}{{{stalled}}}", "value": 1}]
+    check = {"promql_expr_test": [{"expr": slow, "eval_time": "90s", "exp_samples": samples}]}
+    _assert_promtool_passes(rules, "1s", series, check, tmp_path / "stalled.test.yaml")

@@ -6,6 +6,7 @@ import pytest
 
 from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.sources.thresholds_file import load_thresholds
+from tests.support.errors import one_line_error
 
 
 def test_yaml_overrides_only_what_it_names(tmp_path):
@@ -36,10 +37,7 @@ def test_empty_yaml_gives_the_defaults(tmp_path):
 def test_bad_files_are_rejected_with_one_clear_line(tmp_path, text, message):
     path = tmp_path / "t.yaml"
     path.write_text(text)
-    with pytest.raises(ValueError) as err:
-        load_thresholds(path)
-    assert message in str(err.value)
-    assert "\n" not in str(err.value)
+    assert message in one_line_error(ValueError, load_thresholds, path)
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
