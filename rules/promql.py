@@ -451,7 +451,7 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
         f"(count_over_time({SOURCE_UP}[{duration(thresholds.window_seconds)}]) >= {MIN_WINDOW_SAMPLES})",
     }
     readers = [*features, *compiler.condition_rules, *compiler.branch_rules(), verdict]
-    conditions = [r for r in compiler.condition_rules if _read_by(r["record"], readers)]
+    conditions = [r for r in compiler.condition_rules if _read_by(str(r["record"]), readers)]
     rules = [source_up, judgeable, *inputs, *features, *conditions, *compiler.branch_rules()]
     return [*rules, verdict, source_down]
 
@@ -459,4 +459,4 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
 def _read_by(record: str, rules: list[Rule]) -> bool:
     """Whether any of ``rules`` reads ``record`` (a named condition no rule reads is not recorded)."""
     name = re.compile(rf"(?<![\w:]){re.escape(record)}(?![\w:])")
-    return any(name.search(r["expr"]) for r in rules)
+    return any(name.search(str(r["expr"])) for r in rules)
