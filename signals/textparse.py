@@ -327,7 +327,7 @@ def _walk_region(
     """
     try:
         if names is not None:
-            names.update(_names(text, pos, n, False))
+            names.update(_names(text, pos, n))
         walk = _walk(text, pos, n, wanted, wanted_prefixes, False, checked_one)
         while True:
             try:
@@ -440,45 +440,28 @@ def family_names(text: str) -> set[str]:
     Sample lines are not parsed beyond their name (the first one is, to refuse non-expositions).
     """
     _check_text(text)
-    return set(_names(text, 0, len(text), is_openmetrics(text)))
+    # The walk that wants no sample checks every line as a filtered parse does, and yields nothing.
+    for _ in _walk(text, 0, len(text), frozenset(), None, is_openmetrics(text), False):
+        pass
+    return set(_names(text, 0, len(text)))
 
 
-def _names(text: str, pos: int, n: int, openmetrics: bool) -> Iterator[str]:
-    """The names of ``family_names`` in the lines of ``text[pos:n]``."""
-    find = text.find
-    checked_one = False
-    while pos < n:
-        nl = find("\n", pos, n)
-        if nl == -1:
-            nl = n
-        end = nl - 1 if nl > pos and text[nl - 1] == "\r" else nl
-        while pos < end and (text[pos] == " " or text[pos] == "\t"):
-            pos += 1
-        if pos < end:
-            c = text[pos]
-            if c == "#":
-                if text.startswith(("# TYPE ", "# HELP "), pos):
-                    parts = text[pos + 7 : end].split(None, 1)
-                    if parts:
-                        yield _unescape(parts[0][1:-1]) if parts[0][0] == '"' else parts[0]
-                elif openmetrics and end - pos == 5 and text.startswith("# EOF", pos):
-                    return
-            elif c in _NAME_START and checked_one:
-                brace = find("{", pos, end)
-                space = find(" ", pos, end if brace == -1 else brace)
-                if space == -1 and brace == -1:
-                    space = find("\t", pos, end)
-                name_end = space if space != -1 else brace
-                if name_end == -1:
-                    raise _error(text, pos, end, "a sample line needs a value")
-                yield text[pos:name_end]
-            elif c in _NAME_START or c == "{":
-                try:
-                    for sample in iter_samples(text[pos:end], openmetrics=openmetrics):
-                        yield sample[0]
-                except ExpositionError as exc:  # numbered from this line: renumber from the text's start
-                    raise ExpositionError(exc.detail, text.count("\n", 0, pos) + 1) from None
-                checked_one = True
-            else:
-                raise _error(text, pos, end, "not an exposition line")
-        pos = nl + 1
+# What a line gives ``family_names``: a family declared by # TYPE or # HELP (group 1 quoted, else
+# group 2), a sample's name (group 3), or a sample's quoted name ({"name", ...}: group 4).
+_NAME_OF_LINE_RE = re.compile(
+    r'^[ \t]*(?:# (?:TYPE|HELP) [ \t]*(?:"((?:[^"\\\n]|\\.)*)"|([^ \t\r\n]+))'
+    r"|([a-zA-Z_:][^ \t\r\n{]*)"
+    r'|\{[ \t]*"((?:[^"\\\n]|\\.)*)")',
+    re.MULTILINE,
+)
+
+
+def _names(text: str, pos: int, n: int) -> Iterator[str]:
+    """The names of ``family_names`` in the lines of ``text[pos:n]`` (``pos`` at a line start),
+    which a walk of the same lines checks."""
+    for m in _NAME_OF_LINE_RE.finditer(text, pos, n):
+        quoted_family, family, sample, quoted_sample = m.groups()
+        if quoted_family is not None or quoted_sample is not None:
+            yield _unescape(quoted_family if quoted_family is not None else quoted_sample)
+        else:
+            yield family or sample

@@ -203,6 +203,34 @@ def test_family_names_has_declared_families_and_sample_names():
     assert family_names(OPENMETRICS) >= {"req", "req_total", "lat", "lat_bucket"}
 
 
+def _declared_and_sampled(text: str) -> set[str]:
+    """``family_names`` the long way: the second word of every # TYPE/# HELP line, and the name of
+    every sample the full parse returns."""
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith(("# TYPE ", "# HELP "))}
+    return declared | {name for name, *_ in iter_samples(text)}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *(p.read_text() for p in VLLM_FIXTURES[:5]),
+        OPENMETRICS,
+        '# HELP a x\r\n# TYPE a counter\r\na_total{x="1"} 1\r\n  b 2\n\tc{y="}"} 3\n',
+        '# TYPE "dotted.name" gauge\n{"dotted.name", x="1"} 1\nplain 2\n',
+    ],
+    ids=[*(p.stem for p in VLLM_FIXTURES[:5]), "openmetrics", "crlf-and-indent", "quoted-names"],
+)
+def test_family_names_are_the_declared_names_and_the_sample_names(text):
+    assert family_names(text) == {n.strip('"') for n in _declared_and_sampled(text)}
+
+
+def test_family_names_collected_while_streaming_are_those_of_the_whole_text():
+    text = VLLM_FIXTURES[0].read_text()
+    names: set[str] = set()
+    list(textparse.iter_samples_streamed((text[i : i + 977] for i in range(0, len(text), 977)), WANTED, names=names))
+    assert names == family_names(text)
+
+
 def test_selective_parse_does_not_copy_the_text():
     """Memory while parsing a 1.5 MB page selectively stays a small fraction of the page."""
     text = "".join(p.read_text() for p in VLLM_FIXTURES[:30])
