@@ -13,7 +13,6 @@ from kvdoctor.exporter.settings import (
     error_line,
     load_settings,
     markdown_table,
-    normalise_url,
     option_for,
     options,
 )
@@ -66,19 +65,6 @@ def test_model_config_comes_from_kvdoctor_model_config(monkeypatch, tmp_path):
     path.write_text(json.dumps({"num_hidden_layers": 2}))
     monkeypatch.setenv("KVDOCTOR_MODEL_CONFIG", str(path))
     assert ExporterSettings().model_config_path == str(path)
-
-
-@pytest.mark.parametrize(
-    "url, normalised",
-    [
-        ("http://127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
-        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/metrics"),
-        ("https://engine:8443/prometheus/metrics", "https://engine:8443/prometheus/metrics"),
-        (" http://[::1]:9000/metrics ", "http://[::1]:9000/metrics"),
-    ],
-)
-def test_urls_are_normalised(url, normalised):
-    assert normalise_url(url) == normalised
 
 
 @pytest.mark.parametrize("url", ["localhost:8000", "ftp://x/metrics", "http://", "http://host:port/", "not a url"])

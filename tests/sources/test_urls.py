@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvdoctor.exporter.settings import normalise_url
 from kvdoctor.sources.urls import UrlError, base_url, split_http_url
+from kvdoctor.stress.load import api_root
 from tests.support.errors import one_line_error
 
 
@@ -45,3 +47,19 @@ def test_host_and_port_alone_mean_http_only_where_allowed():
     with pytest.raises(UrlError, match="needs an http"):
         split_http_url("h:8000")
     assert split_http_url("http://h/metrics?x=1").query == "x=1"  # a query is kept unless refused
+
+
+@pytest.mark.parametrize(
+    "given, scraped, api",
+    [
+        ("http://h:8000", "http://h:8000/metrics", "http://h:8000/v1"),
+        ("http://h:8000/", "http://h:8000/metrics", "http://h:8000/v1"),
+        (" http://[::1]:9000/metrics ", "http://[::1]:9000/metrics", "http://[::1]:9000/v1"),
+        ("https://engine:8443/serve/metrics", "https://engine:8443/serve/metrics", "https://engine:8443/serve/v1"),
+    ],
+)
+def test_one_engine_url_serves_the_exporter_and_stress(given, scraped, api):
+    """What a user gives ``--engine-url``, the server or its /metrics: the exporter scrapes its
+    /metrics, and ``kvdoctor stress`` sends requests to the OpenAI API beside it."""
+    assert normalise_url(given) == scraped
+    assert api_root(given) == api

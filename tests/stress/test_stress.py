@@ -301,14 +301,13 @@ def test_step_summaries_count_requests_tokens_and_the_exporter_signals():
 @pytest.mark.parametrize(
     "url, expected",
     [
-        ("http://h:8000", "http://h:8000/v1"),
-        ("http://h:8000/", "http://h:8000/v1"),
         ("http://h:8000/v1", "http://h:8000/v1"),
         ("http://h:8000/v1/completions", "http://h:8000/v1"),
         ("https://gw.example/llm/v1/chat/completions", "https://gw.example/llm/v1"),
     ],
 )
-def test_api_root_accepts_the_server_its_v1_or_an_endpoint(url, expected):
+def test_api_root_accepts_the_api_root_or_one_of_its_endpoints(url, expected):
+    """Beside the engine URL the exporter takes (tests/sources/test_urls.py)."""
     assert api_root(url) == expected
 
 
