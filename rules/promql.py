@@ -289,7 +289,7 @@ class Compiler:
                 # `<= +Inf` drops a NaN sample (no number: not present, as in Present) so the fallback applies
                 left = f"({self.feature(first.feature)} <= +Inf or {on} {self.feature(second)})"
                 return self.atom(first, left)
-            return " or ".join(f"({self.vector(t, scope)})" for t in cond.terms)
+            return " or ".join(f"({v})" for v in _absorbed(tuple(self.vector(t, scope) for t in cond.terms)))
         if isinstance(cond, Not):
             return self.conjunction((cond,), scope)
         if isinstance(cond, All):
@@ -455,6 +455,19 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
     conditions = [r for r in compiler.condition_rules if _read_by(str(r["record"]), readers)]
     rules = [source_up, judgeable, *inputs, *features, *conditions, *compiler.branch_rules()]
     return [*rules, verdict, source_down]
+
+
+def _absorbed(terms: tuple[str, ...]) -> tuple[str, ...]:
+    """The terms of an ``or`` less those that are another term narrowed (``(A) and B``, ``(A) unless
+    C``): ``A or (A and B)`` is ``A``. It arises where two features compile to one record (the late
+    preemption rate at 5 s scrapes and slower is the preemption rate)."""
+    narrowed = {
+        j
+        for j, term in enumerate(terms)
+        for i, other in enumerate(terms)
+        if i != j and term.startswith((f"({other})\n  and ", f"({other})\n  unless "))
+    }
+    return tuple(t for j, t in enumerate(terms) if j not in narrowed)
 
 
 def _read_by(record: str, rules: list[Rule]) -> bool:

@@ -139,6 +139,25 @@ def test_no_two_recording_rules_compute_the_same_expression(interval):
     assert (late == recent) == (promql.prom_context(t).third == promql.prom_context(t).recent)
 
 
+@pytest.mark.parametrize("interval", [1, 5, 15, 60])
+def test_an_or_reads_no_term_that_another_term_narrows(interval):
+    """Where the late preemption rate is the preemption rate, "preempting, or preempting late with a
+    full pool" is "preempting": the record reads the rate once. Where they differ, both arms stay."""
+    t = promql.rule_thresholds(None, interval)
+    doc = yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
+    (expr,) = [r["expr"] for r in doc["groups"][0]["rules"] if r.get("record") == "kvdoctor:preempting"]
+    late, recent = (promql.record_name(f, t) for f in ("preemptions_per_minute_late", "preemptions_per_minute"))
+    assert expr.count(recent) + (expr.count(late) if late != recent else 0) == (1 if late == recent else 2)
+    assert ("kv_usage" in expr) == (late != recent)
+
+
+def test_absorption_drops_only_a_narrowed_copy_of_another_term():
+    assert promql._absorbed(("a >= 1", "(a >= 1)\n  and on(pod) (b >= 0.9)")) == ("a >= 1",)
+    assert promql._absorbed(("(a >= 1)\n  unless on(pod) c", "a >= 1")) == ("a >= 1",)
+    kept = ("a >= 1", "(a >= 10)\n  and on(pod) b", "(a >= 1) * 2")
+    assert promql._absorbed(kept) == kept
+
+
 def _ranges(expr: str) -> list[str]:
     """The range selectors of an expression (``[60s]``), offsets left out."""
     return re.findall(r"\[(\d+m?s)\]", expr)
