@@ -132,11 +132,18 @@ def test_stress_stopped_by_a_signal_writes_its_report(demo, tmp_path, sig):
     d = demo("healthy", in_process=True)
     out = tmp_path / "report"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KVDOCTOR_")}
-    proc = subprocess.Popen(
-        [KVDOCTOR, "stress", "--engine-url", d.engine_url, "--exporter", d.exporter_url, "--step-seconds", "60",
-         "--prompt-tokens", "200", "--max-tokens", "50", "-o", str(out), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True,
-    )  # fmt: skip
+    # A run started from a shell prompt: a job a script starts in the background inherits SIGINT
+    # ignored (and exec keeps it ignored), which the run must respect, so the test makes sure the
+    # run it starts does not inherit that from however the test suite itself was started.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [KVDOCTOR, "stress", "--engine-url", d.engine_url, "--exporter", d.exporter_url, "--step-seconds", "60",
+             "--prompt-tokens", "200", "--max-tokens", "50", "-o", str(out), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         deadline = time.monotonic() + 90
         seen = ""
