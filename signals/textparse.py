@@ -439,11 +439,10 @@ def family_names(text: str) -> set[str]:
 
     Sample lines are not parsed beyond their name (the first one is, to refuse non-expositions).
     """
-    _check_text(text)
-    # The walk that wants no sample checks every line as a filtered parse does, and yields nothing.
-    for _ in _walk(text, 0, len(text), frozenset(), None, is_openmetrics(text), False):
+    names: set[str] = set()
+    for _ in iter_samples_streamed((text,), frozenset(), names=names):  # wants no sample: checks the lines
         pass
-    return set(_names(text, 0, len(text)))
+    return names
 
 
 # What a line gives ``family_names``: a family declared by # TYPE or # HELP (group 1 quoted, else
