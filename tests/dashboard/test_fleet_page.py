@@ -64,8 +64,14 @@ def rig(tmp_path_factory):
         client = PrometheusClient(prometheus.url, timeout=10)
 
         def recorded() -> bool:
+            # The verdicts are the exporters' own gauges, there from the first scrape; ITL p95 is a
+            # recorded rate that needs two scrapes in its window, so wait for it too.
             rows = read_fleet(client).rows
-            return len(rows) == ENGINES and all(math.isfinite(r.kv_usage) for r in rows)
+            return (
+                len(rows) == ENGINES
+                and all(math.isfinite(r.kv_usage) for r in rows)
+                and all(math.isfinite(r.itl_p95_seconds) for r in rows if r.slow)
+            )
 
         tools.wait_until(recorded, timeout=90, interval=1.0, what="every pod's recorded features")
         dashboard = serve_in_thread(create_app(prometheus_url=prometheus.url, environ={}), "127.0.0.1", 0)
