@@ -86,7 +86,8 @@ def exporter_down_expr(interval: float) -> str:
     seen = duration(interval * 20)
     keys = ", ".join(IDENTITY_KEYS)
     held = f'ALERTS{{alertname="{EXPORTER_DOWN_ALERT}"}}'
-    known = f"max by ({keys}, job) (max_over_time({BUILD_INFO}[{seen}]) or {held})"
+    # any sample will do (build info is always 1), and the last is the cheapest to read
+    known = f"max by ({keys}, job) (last_over_time({BUILD_INFO}[{seen}]) or {held})"
     gone = f"(up == 1 unless on(instance, job) {BUILD_INFO})"
     return f"(up == 0 or {gone})\n* on(instance, job) group_left(namespace, pod) {known}"
 

@@ -190,13 +190,18 @@ class Compiler:
     built per pod (``vector(cond, GPU)``) and joined to the engine with ``and/unless on(pod)``.
     """
 
-    def __init__(self, thresholds: Thresholds, slo_seconds: float):
+    def __init__(self, thresholds: Thresholds, slo_seconds: float, inline: frozenset[str] = frozenset()):
+        """``inline``: named conditions written into the rules that read them instead of recorded."""
         self.thresholds = thresholds
         self.params = tree.parameters(thresholds, slo_seconds)
         self._universe: str | None = None
         self._recorded: set[str] = set()
         self.condition_rules: list[Rule] = [{"record": SLO_RECORD, "expr": self.slo_rule()}]
+        if tree.ACTIVE.name in inline:
+            raise ValueError("the active engines are every verdict's universe: they stay recorded")
         for named in tree.NAMED_CONDITIONS:
+            if named.name in inline:
+                continue
             expr = self.vector(named.condition, self.scope(named))
             # recorded as 1 where the condition holds
             self.condition_rules.append({"record": condition_name(named.name), "expr": f"({expr}) * 0 + 1"})
@@ -432,7 +437,7 @@ def _compared_with_slo() -> list[str]:
 def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS) -> list[Rule]:
     """The shared inputs (each raw family several features read, read once), one rule per recorded feature
     (one for features with the same expression), the pods' SLO, one per named condition of the tree
-    that another rule reads (1 where it holds), the verdict of every active engine, and the sources
+    that two or more rules read (1 where it holds; one reader has it written in), the verdict of every active engine, and the sources
     that are down."""
     ctx = prom_context(thresholds)
     recorded_elsewhere = same_expression_as(thresholds)
@@ -443,6 +448,9 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
     ]
     inputs: list[Rule] = [{"record": name, "expr": expr} for name, expr in ctx.inputs.items()]
     compiler = Compiler(thresholds, slo_seconds)
+    read_once = _conditions_read_once(compiler, features)
+    if read_once:
+        compiler = Compiler(thresholds, slo_seconds, inline=read_once)
     verdict: Rule = {"record": VERDICT_RECORD, "expr": compiler.verdict_rule()}
     source_up: Rule = {"record": SOURCE_UP_RECORD, "expr": SOURCE_UP}
     source_down: Rule = {"record": SOURCE_DOWN_RECORD, "expr": f"{SOURCE_UP_RECORD} == 0"}
@@ -452,7 +460,7 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
         f"(count_over_time({SOURCE_UP}[{duration(thresholds.window_seconds)}]) >= {MIN_WINDOW_SAMPLES})",
     }
     readers = [*features, *compiler.condition_rules, *compiler.branch_rules(), verdict]
-    conditions = [r for r in compiler.condition_rules if _read_by(str(r["record"]), readers)]
+    conditions = [r for r in compiler.condition_rules if _readers(str(r["record"]), readers)]
     rules = [source_up, judgeable, *inputs, *features, *conditions, *compiler.branch_rules()]
     return [*rules, verdict, source_down]
 
@@ -470,7 +478,21 @@ def _absorbed(terms: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(t for j, t in enumerate(terms) if j not in narrowed)
 
 
-def _read_by(record: str, rules: list[Rule]) -> bool:
-    """Whether any of ``rules`` reads ``record`` (a named condition no rule reads is not recorded)."""
+def _readers(record: str, rules: list[Rule]) -> int:
+    """How many of ``rules`` read ``record`` (a named condition no rule reads is not recorded)."""
     name = re.compile(rf"(?<![\w:]){re.escape(record)}(?![\w:])")
-    return any(name.search(str(r["expr"])) for r in rules)
+    return sum(1 for r in rules if name.search(str(r["expr"])))
+
+
+def _conditions_read_once(compiler: Compiler, features: list[Rule]) -> frozenset[str]:
+    """The named conditions (the active engines aside) that exactly one rule reads. Such a condition
+    is written into its reader instead: the reader computes the same vector either way, and a record
+    costs one more rule evaluation each cycle and a series per engine where it holds, in Prometheus
+    and on the network, for a name nothing else asks for."""
+    readers = [*features, *compiler.condition_rules, *compiler.branch_rules()]
+    readers.append({"record": VERDICT_RECORD, "expr": compiler.verdict_rule()})
+    return frozenset(
+        named.name
+        for named in tree.NAMED_CONDITIONS
+        if named is not tree.ACTIVE and _readers(condition_name(named.name), readers) == 1
+    )

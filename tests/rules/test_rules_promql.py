@@ -142,13 +142,50 @@ def test_no_two_recording_rules_compute_the_same_expression(interval):
 @pytest.mark.parametrize("interval", [1, 5, 15, 60])
 def test_an_or_reads_no_term_that_another_term_narrows(interval):
     """Where the late preemption rate is the preemption rate, "preempting, or preempting late with a
-    full pool" is "preempting": the record reads the rate once. Where they differ, both arms stay."""
+    full pool" is "preempting": the thrashing branch (its one reader) reads the rate once. Where they
+    differ, both arms stay."""
     t = promql.rule_thresholds(None, interval)
     doc = yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
-    (expr,) = [r["expr"] for r in doc["groups"][0]["rules"] if r.get("record") == "kvdoctor:preempting"]
+    (expr,) = [
+        r["expr"]
+        for r in doc["groups"][0]["rules"]
+        if r.get("record") == promql.BRANCH_RECORD and r["labels"]["branch"] == "thrashing_preemptions"
+    ]
     late, recent = (promql.record_name(f, t) for f in ("preemptions_per_minute_late", "preemptions_per_minute"))
     assert expr.count(recent) + (expr.count(late) if late != recent else 0) == (1 if late == recent else 2)
     assert ("kv_usage" in expr) == (late != recent)
+
+
+@pytest.mark.parametrize("interval", [1, 5, 15, 60])
+def test_a_named_condition_is_recorded_only_where_two_rules_read_it(interval):
+    """A condition one rule reads is written into that rule: a record of it would cost a rule and a
+    series per engine for nothing. The active engines stay recorded (every verdict's universe)."""
+    rules = [r for r in yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))["groups"][0]["rules"]]
+    records = {r["record"] for r in rules if "record" in r}
+    for condition in tree.NAMED_CONDITIONS:
+        record = promql.condition_name(condition.name)
+        readers = sum(1 for r in rules if re.search(rf"{re.escape(record)}(?![\w:])", r["expr"]))
+        if record in records:
+            assert readers >= 2 or condition is tree.ACTIVE, (record, readers)
+        else:
+            assert readers == 0, record
+    assert {"kvdoctor:engine_active", "kvdoctor:itl_slow", "kvdoctor:engine_slow"} <= records
+    # the bandwidth branch reads its condition inline: DRAM bandwidth high and the SMs not clearly above it
+    (bandwidth,) = [r["expr"] for r in rules if r.get("labels", {}).get("branch") == "bandwidth_high"]
+    assert "kvdoctor:gpu_bandwidth_high" not in records and "unless on(namespace, pod, instance) (kvdoctor:sm_active_ratio" in bandwidth
+
+
+def test_inlining_a_condition_leaves_the_verdict_the_same_expression_of_the_features():
+    """The verdict compiled with a condition inlined is the one compiled with it recorded, the record's
+    name replaced by the condition (so no verdict can change by it)."""
+    t = promql.rule_thresholds(None, None)
+    recorded, inlined = promql.Compiler(t, 0.1), promql.Compiler(t, 0.1, inline=frozenset({"queue_delays"}))
+    (rule,) = [r for r in recorded.condition_rules if r["record"] == "kvdoctor:queue_delays"]
+    body = str(rule["expr"]).removesuffix(" * 0 + 1")
+    assert inlined.verdict_rule() == recorded.verdict_rule().replace("(kvdoctor:queue_delays)", body)
+    assert not any(r["record"] == "kvdoctor:queue_delays" for r in inlined.condition_rules)
+    with pytest.raises(ValueError, match="universe"):
+        promql.Compiler(t, 0.1, inline=frozenset({tree.ACTIVE.name}))
 
 
 def test_absorption_drops_only_a_narrowed_copy_of_another_term():
