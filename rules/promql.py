@@ -437,7 +437,7 @@ def _compared_with_slo() -> list[str]:
 def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS) -> list[Rule]:
     """The shared inputs (each raw family several features read, read once), one rule per recorded feature
     (one for features with the same expression), the pods' SLO, one per named condition of the tree
-    that two or more rules read (1 where it holds; one reader has it written in), the verdict of every active engine, and the sources
+    that two or more rules or the verdict read (1 where it holds; a lone branch reader has it written in), the verdict of every active engine, and the sources
     that are down."""
     ctx = prom_context(thresholds)
     recorded_elsewhere = same_expression_as(thresholds)
@@ -485,14 +485,18 @@ def _readers(record: str, rules: list[Rule]) -> int:
 
 
 def _conditions_read_once(compiler: Compiler, features: list[Rule]) -> frozenset[str]:
-    """The named conditions (the active engines aside) that exactly one rule reads. Such a condition
-    is written into its reader instead: the reader computes the same vector either way, and a record
-    costs one more rule evaluation each cycle and a series per engine where it holds, in Prometheus
-    and on the network, for a name nothing else asks for."""
+    """The named conditions (the active engines aside) that exactly one rule reads, where that rule
+    is not the verdict. Such a condition is written into its reader instead: the reader computes the
+    same vector either way, and a record costs one more rule evaluation each cycle and a series per
+    engine where it holds, for a name nothing else asks for. The verdict keeps reading records:
+    measured at 1,000 engines (docs/benchmarks.md), a condition written into its chain of ``or``
+    cost it more than the condition's own record did."""
+    verdict = compiler.verdict_rule()
     readers = [*features, *compiler.condition_rules, *compiler.branch_rules()]
-    readers.append({"record": VERDICT_RECORD, "expr": compiler.verdict_rule()})
     return frozenset(
         named.name
         for named in tree.NAMED_CONDITIONS
-        if named is not tree.ACTIVE and _readers(condition_name(named.name), readers) == 1
+        if named is not tree.ACTIVE
+        and _readers(condition_name(named.name), readers) == 1
+        and not _readers(condition_name(named.name), [{"expr": verdict}])
     )

@@ -157,19 +157,21 @@ def test_an_or_reads_no_term_that_another_term_narrows(interval):
 
 
 @pytest.mark.parametrize("interval", [1, 5, 15, 60])
-def test_a_named_condition_is_recorded_only_where_two_rules_read_it(interval):
-    """A condition one rule reads is written into that rule: a record of it would cost a rule and a
-    series per engine for nothing. The active engines stay recorded (every verdict's universe)."""
+def test_a_named_condition_is_recorded_only_where_two_rules_or_the_verdict_read_it(interval):
+    """A condition one branch reads is written into that branch: a record of it would cost a rule and
+    a series per engine for nothing. The active engines stay recorded (every verdict's universe), and
+    so do the conditions the verdict reads (written into the verdict, they cost it more)."""
     rules = [r for r in yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))["groups"][0]["rules"]]
     records = {r["record"] for r in rules if "record" in r}
     for condition in tree.NAMED_CONDITIONS:
         record = promql.condition_name(condition.name)
-        readers = sum(1 for r in rules if re.search(rf"{re.escape(record)}(?![\w:])", r["expr"]))
+        readers = [r.get("record") for r in rules if re.search(rf"{re.escape(record)}(?![\w:])", r["expr"])]
         if record in records:
-            assert readers >= 2 or condition is tree.ACTIVE, (record, readers)
+            assert len(readers) >= 2 or condition is tree.ACTIVE or readers == [promql.VERDICT_RECORD], record
         else:
-            assert readers == 0, record
-    assert {"kvdoctor:engine_active", "kvdoctor:itl_slow", "kvdoctor:engine_slow"} <= records
+            assert readers == [], record
+    assert {"kvdoctor:engine_active", "kvdoctor:itl_slow", "kvdoctor:engine_slow", "kvdoctor:queue_delays"} <= records
+    assert not {"kvdoctor:preempting", "kvdoctor:gpu_counters_precise"} & records
     # the bandwidth branch reads its condition inline: DRAM bandwidth high and the SMs not clearly above it
     (bandwidth,) = [r["expr"] for r in rules if r.get("labels", {}).get("branch") == "bandwidth_high"]
     assert "kvdoctor:gpu_bandwidth_high" not in records and "unless on(namespace, pod, instance) (kvdoctor:sm_active_ratio" in bandwidth
