@@ -437,8 +437,8 @@ def _compared_with_slo() -> list[str]:
 def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS) -> list[Rule]:
     """The shared inputs (each raw family several features read, read once), one rule per recorded feature
     (one for features with the same expression), the pods' SLO, one per named condition of the tree
-    that two or more rules or the verdict read (1 where it holds; a lone branch reader has it written in), the verdict of every active engine, and the sources
-    that are down."""
+    that two or more rules or the verdict read (1 where it holds; a lone branch reader has it written
+    in), the verdict of every active engine, and the sources that are down."""
     ctx = prom_context(thresholds)
     recorded_elsewhere = same_expression_as(thresholds)
     features: list[Rule] = [

@@ -161,7 +161,7 @@ def test_a_named_condition_is_recorded_only_where_two_rules_or_the_verdict_read_
     """A condition one branch reads is written into that branch: a record of it would cost a rule and
     a series per engine for nothing. The active engines stay recorded (every verdict's universe), and
     so do the conditions the verdict reads (written into the verdict, they cost it more)."""
-    rules = [r for r in yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))["groups"][0]["rules"]]
+    rules = yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))["groups"][0]["rules"]
     records = {r["record"] for r in rules if "record" in r}
     for condition in tree.NAMED_CONDITIONS:
         record = promql.condition_name(condition.name)
@@ -174,7 +174,8 @@ def test_a_named_condition_is_recorded_only_where_two_rules_or_the_verdict_read_
     assert not {"kvdoctor:preempting", "kvdoctor:gpu_counters_precise"} & records
     # the bandwidth branch reads its condition inline: DRAM bandwidth high and the SMs not clearly above it
     (bandwidth,) = [r["expr"] for r in rules if r.get("labels", {}).get("branch") == "bandwidth_high"]
-    assert "kvdoctor:gpu_bandwidth_high" not in records and "unless on(namespace, pod, instance) (kvdoctor:sm_active_ratio" in bandwidth
+    assert "kvdoctor:gpu_bandwidth_high" not in records
+    assert "unless on(namespace, pod, instance) (kvdoctor:sm_active_ratio" in bandwidth
 
 
 def test_inlining_a_condition_leaves_the_verdict_the_same_expression_of_the_features():
