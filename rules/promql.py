@@ -1,7 +1,8 @@
 """The decision tree compiled to Prometheus recording rules, and the names and durations they use.
 
-``rules/alert_rules.py`` adds the alerting rules (one per verdict, a source down, the exporter down),
-``rules/rule_file.py`` assembles the groups and writes the file.
+``rules/recording_rules.py`` puts the records in the group's order (and writes a condition one
+branch reads into that branch), ``rules/alert_rules.py`` adds the alerting rules (one per verdict,
+a source down, the exporter down), ``rules/rule_file.py`` assembles the groups and writes the file.
 
 Everything is generated from ``rules/tree.py`` (its features and conditions) and ``rules/thresholds.py``,
 as one group evaluated in order, each rule reading what the ones before it recorded:
@@ -37,7 +38,7 @@ import functools
 import math
 import re
 
-from kvdoctor.signals.vocabulary import ITL_SLO, SOURCE_UP
+from kvdoctor.signals.vocabulary import ITL_SLO
 
 from . import tree
 from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, features_of
@@ -45,8 +46,6 @@ from .feature_promql import ENGINE_KEYS, GPU_KEYS, IDENTITY_KEYS, PromContext, p
 from .features import ENGINE, FEATURES, GPU
 from .thresholds import (
     DEFAULT_SCRAPE_INTERVAL_SECONDS,
-    DEFAULT_SLO_SECONDS,
-    MIN_WINDOW_SAMPLES,
     Thresholds,
     sized_for_interval,
 )
@@ -434,37 +433,6 @@ def _compared_with_slo() -> list[str]:
     return out
 
 
-def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SECONDS) -> list[Rule]:
-    """The shared inputs (each raw family several features read, read once), one rule per recorded feature
-    (one for features with the same expression), the pods' SLO, one per named condition of the tree
-    that two or more rules or the verdict read (1 where it holds; a lone branch reader has it written
-    in), the verdict of every active engine, and the sources that are down."""
-    ctx = prom_context(thresholds)
-    recorded_elsewhere = same_expression_as(thresholds)
-    features: list[Rule] = [
-        {"record": ctx.record(name, f.part), "expr": f.promql(ctx, thresholds)}
-        for name, f in FEATURES.items()
-        if f.promql is not None and name not in recorded_elsewhere
-    ]
-    inputs: list[Rule] = [{"record": name, "expr": expr} for name, expr in ctx.inputs.items()]
-    compiler = Compiler(thresholds, slo_seconds)
-    read_once = _conditions_read_once(compiler, features)
-    if read_once:
-        compiler = Compiler(thresholds, slo_seconds, inline=read_once)
-    verdict: Rule = {"record": VERDICT_RECORD, "expr": compiler.verdict_rule()}
-    source_up: Rule = {"record": SOURCE_UP_RECORD, "expr": SOURCE_UP}
-    source_down: Rule = {"record": SOURCE_DOWN_RECORD, "expr": f"{SOURCE_UP_RECORD} == 0"}
-    judgeable: Rule = {
-        "record": JUDGEABLE_RECORD,
-        "expr": f"group by ({', '.join(IDENTITY_KEYS)}) "
-        f"(count_over_time({SOURCE_UP}[{duration(thresholds.window_seconds)}]) >= {MIN_WINDOW_SAMPLES})",
-    }
-    readers = [*features, *compiler.condition_rules, *compiler.branch_rules(), verdict]
-    conditions = [r for r in compiler.condition_rules if _readers(str(r["record"]), readers)]
-    rules = [source_up, judgeable, *inputs, *features, *conditions, *compiler.branch_rules()]
-    return [*rules, verdict, source_down]
-
-
 def _absorbed(terms: tuple[str, ...]) -> tuple[str, ...]:
     """The terms of an ``or`` less those that are another term narrowed (``(A) and B``, ``(A) unless
     C``): ``A or (A and B)`` is ``A``. It arises where two features compile to one record (the late
@@ -476,27 +444,3 @@ def _absorbed(terms: tuple[str, ...]) -> tuple[str, ...]:
         if i != j and term.startswith((f"({other})\n  and ", f"({other})\n  unless "))
     }
     return tuple(t for j, t in enumerate(terms) if j not in narrowed)
-
-
-def _readers(record: str, rules: list[Rule]) -> int:
-    """How many of ``rules`` read ``record`` (a named condition no rule reads is not recorded)."""
-    name = re.compile(rf"(?<![\w:]){re.escape(record)}(?![\w:])")
-    return sum(1 for r in rules if name.search(str(r["expr"])))
-
-
-def _conditions_read_once(compiler: Compiler, features: list[Rule]) -> frozenset[str]:
-    """The named conditions (the active engines aside) that exactly one rule reads, where that rule
-    is not the verdict. Such a condition is written into its reader instead: the reader computes the
-    same vector either way, and a record costs one more rule evaluation each cycle and a series per
-    engine where it holds, for a name nothing else asks for. The verdict keeps reading records:
-    measured at 1,000 engines (docs/benchmarks.md), a condition written into its chain of ``or``
-    cost it more than the condition's own record did."""
-    verdict = compiler.verdict_rule()
-    readers = [*features, *compiler.condition_rules, *compiler.branch_rules()]
-    return frozenset(
-        named.name
-        for named in tree.NAMED_CONDITIONS
-        if named is not tree.ACTIVE
-        and _readers(condition_name(named.name), readers) == 1
-        and not _readers(condition_name(named.name), [{"expr": verdict}])
-    )

@@ -12,7 +12,8 @@ from kvdoctor.signals.vocabulary import ITL_SLO
 from . import slo_alerts
 from .alert_rules import alert_annotations, alert_rules, contributing_annotation
 from .alert_specs import VERDICT_ALERT
-from .promql import Rule, duration, recording_rules, rule_thresholds
+from .promql import Rule, duration, rule_thresholds
+from .recording_rules import recording_rules
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
 from .verdicts import verdict_code
 
