@@ -88,8 +88,10 @@ def exporter_down_expr(interval: float) -> str:
     held = f'ALERTS{{alertname="{EXPORTER_DOWN_ALERT}"}}'
     # any sample will do (build info is always 1), and the last is the cheapest to read
     known = f"max by ({keys}, job) (last_over_time({BUILD_INFO}[{seen}]) or {held})"
-    gone = f"(up == 1 unless on(instance, job) {BUILD_INFO})"
-    return f"(up == 0 or {gone})\n* on(instance, job) group_left(namespace, pod) {known}"
+    # a target without the exporter's series now: down (0; a failed scrape makes its series stale),
+    # or up (1) but answering without them; ``up`` read once
+    gone = f"(up unless on(instance, job) {BUILD_INFO})"
+    return f"{gone}\n* on(instance, job) group_left(namespace, pod) {known}"
 
 
 def alert_rules(

@@ -141,8 +141,9 @@ def slow_tier_fraction_promql(c: PromContext, t: Thresholds) -> str:
     total = _total_hits_promql(c)
     tiers, slow = _tier_sum(c, by_tier, TIER_ALL), _tier_sum(c, by_tier, TIER_SLOW)
     transfers = c.record("kv_to_gpu_bytes_per_second", "recent")
-    zero = f"({total} * 0 and on({k}) {tiers}) or on({k}) ({total} * 0 unless on({k}) {transfers})"
-    return f"({slow} or on({k}) {zero}) / on({k}) {total}"
+    # 0 wherever the hits are not unknown: unless KV moves in while no tier is counted
+    zero = f"{total} * 0 unless on({k}) ({transfers} unless on({k}) {tiers})"
+    return f"({slow} or on({k}) ({zero})) / on({k}) {total}"
 
 
 def gpu_busy_promql(c: PromContext, t: Thresholds) -> str:

@@ -38,7 +38,7 @@ import functools
 import math
 import re
 
-from kvdoctor.signals.vocabulary import ITL_SLO
+from kvdoctor.signals.vocabulary import ITL_SLO, SOURCE_UP
 
 from . import tree
 from .conditions import All, Any, Cmp, CmpFeatures, Condition, Named, Not, Param, Present, atoms, features_of
@@ -72,10 +72,10 @@ def quote(value: str) -> str:
 ENGINE_ON = "on(" + ", ".join(ENGINE_KEYS) + ")"
 GPU_ON = "on(" + ", ".join(GPU_KEYS) + ")"
 IDENTITY_ON = "on(" + ", ".join(IDENTITY_KEYS) + ")"
-# The exporter's own series, published every cycle by every collector, recorded once: where it is
-# absent (the exporter's target down, its series stale), the engine has no verdict rather than an
-# old one, and the sources that are down are read from it.
-SOURCE_UP_RECORD = "kvdoctor:source_up"
+# The exporter's own series (kvdoctor_source_up), published every cycle by every collector: where it
+# is absent (the exporter's target down, its series stale), the engine has no verdict rather than an
+# old one. The verdict reads it as it is, at the instant, for its presence only: a record copying it
+# cost a series per source written every cycle, more than the read (docs/benchmarks.md).
 # The exporters whose window holds enough scrapes to judge (diagnosis.MIN_WINDOW_SAMPLES): a window of
 # one or two has no verdict (Python's ``unknown``), never a guess.
 JUDGEABLE_RECORD = "kvdoctor:judgeable"
@@ -394,7 +394,7 @@ class Compiler:
         # scrape, and an engine with some of them gone must read as no verdict, never as healthy
         # ... whose window holds enough scrapes to judge (fewer: no verdict, as Python's unknown)
         among = f"and {ENGINE_ON} {self.universe}\n" + "\n".join(
-            f"and {IDENTITY_ON} {record}" for record in (SOURCE_UP_RECORD, JUDGEABLE_RECORD)
+            f"and {IDENTITY_ON} {record}" for record in (SOURCE_UP, JUDGEABLE_RECORD)
         )
         return f"(\n{joined}\n)\n{among}"
 

@@ -1,7 +1,7 @@
-"""The recording rules of the tree's group, in the order Prometheus evaluates them: the exporter's
-own series and whether its window can be judged, the shared inputs, the features, the named
-conditions some rule reads, the differential's branches, the verdict, and the sources that are down.
-The PromQL of each comes from ``rules/promql.py``; ``rules/rule_file.py`` adds the alerts."""
+"""The recording rules of the tree's group, in the order Prometheus evaluates them: whether the
+exporter's window can be judged, the shared inputs, the features, the named conditions some rule
+reads, the differential's branches, the verdict, and the sources that are down. The PromQL of each
+comes from ``rules/promql.py``; ``rules/rule_file.py`` adds the alerts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from .features import FEATURES
 from .promql import (
     JUDGEABLE_RECORD,
     SOURCE_DOWN_RECORD,
-    SOURCE_UP_RECORD,
     VERDICT_RECORD,
     Compiler,
     Rule,
@@ -46,8 +45,7 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
     if read_once:
         compiler = Compiler(thresholds, slo_seconds, inline=read_once)
     verdict: Rule = {"record": VERDICT_RECORD, "expr": compiler.verdict_rule()}
-    source_up: Rule = {"record": SOURCE_UP_RECORD, "expr": SOURCE_UP}
-    source_down: Rule = {"record": SOURCE_DOWN_RECORD, "expr": f"{SOURCE_UP_RECORD} == 0"}
+    source_down: Rule = {"record": SOURCE_DOWN_RECORD, "expr": f"{SOURCE_UP} == 0"}
     judgeable: Rule = {
         "record": JUDGEABLE_RECORD,
         "expr": f"group by ({', '.join(IDENTITY_KEYS)}) "
@@ -56,7 +54,7 @@ def recording_rules(thresholds: Thresholds, slo_seconds: float = DEFAULT_SLO_SEC
     branches = compiler.branch_rules()
     readers = _exprs([*features, *compiler.condition_rules, *branches, verdict])
     conditions = [r for r in compiler.condition_rules if _readers(str(r["record"]), readers)]
-    return [source_up, judgeable, *inputs, *features, *conditions, *branches, verdict, source_down]
+    return [judgeable, *inputs, *features, *conditions, *branches, verdict, source_down]
 
 
 def _exprs(rules: Iterable[Rule]) -> list[str]:

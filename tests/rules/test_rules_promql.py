@@ -270,12 +270,13 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     assert recorded == [b.id for b in tree.DIFFERENTIAL_BRANCHES] + [promql.QUEUE_CONSEQUENCE_BRANCH]
     for term, b in zip(terms, branches, strict=True):
         assert (f'kvdoctor:branch{{branch="{b.id}"}}' in term) == (b in tree.DIFFERENTIAL_BRANCHES), term
-    # ... among the active engines whose exporter is scraped now (its own series, not stale)
+    # ... among the active engines whose exporter is scraped now (its own series, read at the
+    # instant for its presence: no copy recorded), whose window holds 3 scrapes or more
     assert expr.endswith(
-        f"and on({keys}) kvdoctor:engine_active\nand on(namespace, pod, instance) kvdoctor:source_up\n"
-        "and on(namespace, pod, instance) kvdoctor:judgeable"  # a window of 3 scrapes or more
+        f"and on({keys}) kvdoctor:engine_active\nand on(namespace, pod, instance) kvdoctor_source_up\n"
+        "and on(namespace, pod, instance) kvdoctor:judgeable"
     )
-    assert "kvdoctor_" not in expr
+    assert _RAW.findall(expr) == ["kvdoctor_source_up"] and not _ranges(expr)
 
 
 @pytest.mark.parametrize("name", sorted(alert_specs.VERDICT_ALERT_NAMES))
@@ -297,8 +298,9 @@ _COMPUTES = re.compile(r"\b(rate|increase|irate|delta|\w+_over_time|histogram_qu
 
 @pytest.mark.parametrize("interval", [1, 5, 15, 30, 60, 120])
 def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
-    """Each raw series the rules need is read by exactly one rule, a recording rule; an alert reads
-    only records and computes no rate, quantile or range of its own."""
+    """Each raw series the rules need is read by one recording rule (a few by two statistics, the
+    exporter's own also at the instant); an alert reads only records and computes no rate, quantile
+    or range of its own."""
     doc = yaml.safe_load(rule_file.render_rules_yaml(scrape_interval_seconds=interval))
     readers: dict[str, list[str]] = {}
     for rule in doc["groups"][0]["rules"]:
@@ -314,12 +316,12 @@ def test_every_raw_series_is_read_once_by_one_recording_rule(interval):
     shared = {name: rules for name, rules in readers.items() if len(rules) > 1}
     # four series of one per engine (or per source) are read twice, by two statistics: the queue by its
     # median and its growth, KV usage by its high quantile and its floor, the preemptions over the state
-    # sub-window and the window, the exporter's own series by the live record and the count that says
-    # a window can be judged
+    # sub-window and the window; the exporter's own series over the window by the count that says a
+    # window can be judged, and at the instant by the verdict (is it scraped now?) and the sources down
     twice = {
         "kvdoctor_requests_waiting": ["kvdoctor:queue_growth_per_minute", "kvdoctor:requests_waiting"],
         "kvdoctor_kv_cache_usage_ratio": ["kvdoctor:kv_usage", "kvdoctor:kv_usage_floor"],
-        "kvdoctor_source_up": [promql.JUDGEABLE_RECORD, promql.SOURCE_UP_RECORD],
+        "kvdoctor_source_up": sorted([promql.JUDGEABLE_RECORD, promql.SOURCE_DOWN_RECORD, promql.VERDICT_RECORD]),
         "kvdoctor_preemptions_total": ["kvdoctor:preemptions_per_minute", "kvdoctor:preemptions_per_minute_late"],
     }
     for name, records in twice.items():
