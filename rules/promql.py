@@ -72,10 +72,6 @@ def quote(value: str) -> str:
 ENGINE_ON = "on(" + ", ".join(ENGINE_KEYS) + ")"
 GPU_ON = "on(" + ", ".join(GPU_KEYS) + ")"
 IDENTITY_ON = "on(" + ", ".join(IDENTITY_KEYS) + ")"
-# The exporter's own series (kvdoctor_source_up), published every cycle by every collector: where it
-# is absent (the exporter's target down, its series stale), the engine has no verdict rather than an
-# old one. The verdict reads it as it is, at the instant, for its presence only: a record copying it
-# cost a series per source written every cycle, more than the read (docs/benchmarks.md).
 # The exporters whose window holds enough scrapes to judge (diagnosis.MIN_WINDOW_SAMPLES): a window of
 # one or two has no verdict (Python's ``unknown``), never a guess.
 JUDGEABLE_RECORD = "kvdoctor:judgeable"
@@ -392,9 +388,11 @@ class Compiler:
         joined = f"\nor {ENGINE_ON} ".join(chain)
         # ... and only while the exporter is scraped: its records over a window outlive its last
         # scrape, and an engine with some of them gone must read as no verdict, never as healthy
+        # (its own kvdoctor_source_up, present now: read as it is, since a record copying it cost a
+        # series per source written every cycle, more than the read; docs/benchmarks.md)
         # ... whose window holds enough scrapes to judge (fewer: no verdict, as Python's unknown)
         among = f"and {ENGINE_ON} {self.universe}\n" + "\n".join(
-            f"and {IDENTITY_ON} {record}" for record in (SOURCE_UP, JUDGEABLE_RECORD)
+            f"and {IDENTITY_ON} {series}" for series in (SOURCE_UP, JUDGEABLE_RECORD)
         )
         return f"(\n{joined}\n)\n{among}"
 
