@@ -5,6 +5,7 @@ fleet's plan. bench/bench_fleet.py runs them and prints the figures."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import statistics
 import sys
@@ -157,6 +158,23 @@ def _per_evaluation(samples: list[Sample], group: str, value: Callable[[Sample],
 def evaluation_times(samples: list[Sample], group: str) -> list[float]:
     """Each distinct evaluation of ``group`` seen in ``samples``: its duration in seconds."""
     return _per_evaluation(samples, group, lambda s: s.evaluations[group][1])
+
+
+def ratio_interval(
+    ours: list[float], floor: list[float], level: float = 0.9, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A bootstrap ``level`` interval of median(ours) / median(floor): each group's evaluations
+    resampled on their own (their evaluations are not paired: the groups run at different offsets).
+    Single evaluations swing 1.5x in slow spells, so a ratio near the target needs its spread."""
+    if not ours or not floor:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(ours, k=len(ours))) / statistics.median(rng.choices(floor, k=len(floor)))
+        for _ in range(resamples)
+    )
+    tail = (1.0 - level) / 2
+    return ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
 
 
 def alerting_times(samples: list[Sample], group: str) -> list[float]:
