@@ -13,27 +13,22 @@ from __future__ import annotations
 from kvdoctor.signals.vocabulary import BUILD_INFO
 
 from . import alert_templates
-from .alert_specs import ALERTS, EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, VERDICT_ALERT, AlertSpec, fill
+from .alert_specs import ALERTS, EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT, AlertSpec, fill
 from .feature_promql import ENGINE_KEYS, IDENTITY_KEYS
 from .promql import BRANCH_RECORD, ENGINE_ON, SOURCE_DOWN_RECORD, VERDICT_RECORD, Rule, duration, record_name
 from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS, DEFAULT_SLO_SECONDS, Thresholds
-from .verdicts import verdict_code
 
 
 def contributing_annotation() -> str:
     """The ``contributing`` annotation of an engine's SLO page: the causes whose own branch holds for
-    the engine (the differential: the branch records) other than its verdict (``kvdoctor:verdict``'s code
-    turned back into its name), and the queue as the slowness's consequence. One query, made when the
-    page fires; the cause alerts carry none (their templates are expanded at every evaluation, for
-    every engine with the cause)."""
+    the engine (the differential: the branch records) other than its verdict (``kvdoctor:verdict``'s
+    ``verdict`` label), and the queue as the slowness's consequence. One query, made when the page
+    fires; the cause alerts carry none (their templates are expanded at every evaluation, for every
+    engine with the cause)."""
     matchers = ",".join(f"{k}=%q" for k in ENGINE_KEYS)
     values = " ".join(alert_templates.label(k) for k in ENGINE_KEYS)
-    named = " or ".join(
-        f'label_replace({VERDICT_RECORD}{{%s}} == {verdict_code(v)}, \\"verdict\\", \\"{v}\\", \\"\\", \\"\\")'
-        for v in VERDICT_ALERT
-    )
-    query = f'printf "group by (verdict) ({BRANCH_RECORD}{{%s}} unless on(verdict) ({named}))"' + " $engine" * (
-        1 + len(VERDICT_ALERT)
+    query = (
+        f'printf "group by (verdict) ({BRANCH_RECORD}{{%s}} unless on(verdict) {VERDICT_RECORD}{{%s}})" $engine $engine'
     )
     who = alert_templates.engine()
     return (
@@ -114,9 +109,12 @@ def alert_rules(
         else:
             value = record_name(spec.value_feature, thresholds)
             # $value is the alert's headline number, NaN where the engine does not export it. The
-            # verdict filters first: each join then holds the few pods with this verdict, not the fleet
-            is_verdict = f"{VERDICT_RECORD} == {verdict_code(spec.verdict)}"
-            expr = f"(\n  {value}\n  and {ENGINE_ON} {is_verdict}\n)\nor {ENGINE_ON} ({is_verdict}) * NaN"
+            # verdict is read by its label: the index gives the few engines with it, not the fleet
+            is_verdict = f'{VERDICT_RECORD}{{verdict="{spec.verdict}"}}'
+            expr = (
+                f"(\n  {value}\n  and {ENGINE_ON} {is_verdict}\n)\n"
+                f"or {ENGINE_ON} group without (verdict) ({is_verdict}) * NaN"
+            )
         words = {
             k: _words(spec, text, thresholds, slo_seconds, scrape_interval_seconds)
             for k, text in (("summary", spec.summary), ("description", spec.description))

@@ -21,8 +21,9 @@ as one group evaluated in order, each rule reading what the ones before it recor
 - each named sub-condition of the tree (``engine_active``, ``itl_slow``, ...) becomes
   ``kvdoctor:<name>``, 1 where it holds;
 - ``kvdoctor:verdict`` is the tree's answer for each active engine, its value the verdict's
-  ``verdict_code``: each branch once, the first that holds wins (the tree's precedence); the
-  branches the differential lists are also recorded (``kvdoctor:branch``), the others read inline;
+  ``verdict_code`` and its ``verdict`` label the verdict's name: each branch once, the first that
+  holds wins (the tree's precedence); the branches the differential lists are also recorded
+  (``kvdoctor:branch``), the others read inline;
 - GPU conditions join the engine on ``pod`` (and ``namespace``).
 
 Every range holds at least ``MIN_SAMPLES_PER_RANGE`` scrapes: the thresholds are sized for the
@@ -53,7 +54,7 @@ from .verdicts import verdict_code
 from .view import Part
 
 SLO_RECORD = "kvdoctor:itl_slo_seconds"  # the SLO each pod is judged by: its own, else the default
-VERDICT_RECORD = "kvdoctor:verdict"  # the tree's answer for each active engine, as its verdict_code
+VERDICT_RECORD = "kvdoctor:verdict"  # the tree's answer for each active engine: verdict_code, verdict label
 BRANCH_RECORD = "kvdoctor:branch"  # 1 per engine and branch whose own condition holds (the differential)
 QUEUE_CONSEQUENCE_BRANCH = "queue_consequence"  # the queue beside a slow verdict, in BRANCH_RECORD
 SOURCE_DOWN_RECORD = "kvdoctor:source_down"  # the sources whose last collection failed
@@ -368,23 +369,24 @@ class Compiler:
         return out
 
     def verdict_rule(self) -> str:
-        """The tree's answer for every active engine as its ``verdict_code``: the branches in order
-        (a differential branch read from its record, any other inline), each times its verdict's code,
-        joined by ``or on(<engine>)``, which keeps the first branch holding for an engine (first match
-        wins); the last branch is every active engine, so the branches just before it that give its
-        verdict are left out (they change no answer, and their conditions need no record)."""
+        """The tree's answer for every active engine as its ``verdict_code``, its name in the
+        ``verdict`` label: the branches in order (a differential branch read from its record, any
+        other inline), each named and times its verdict's code, joined by ``or on(<engine>)``, which
+        keeps the first branch holding for an engine (first match wins); the last branch is every
+        active engine, so the branches just before it that give its verdict are left out (they change
+        no answer, and their conditions need no record)."""
         *rest, last = tree.BRANCHES[1:]
         while rest and rest[-1].verdict == last.verdict:
             rest.pop()
-        keys = ", ".join(ENGINE_KEYS)
         recorded = {b.id for b in tree.DIFFERENTIAL_BRANCHES}
         chain = [
-            f"group by ({keys}) ("
-            + (f'{BRANCH_RECORD}{{branch="{b.id}"}}' if b.id in recorded else self.vector(b.condition, ENGINE))
-            + f") * {verdict_code(b.verdict)}"
+            _named_verdict(
+                f'{BRANCH_RECORD}{{branch="{b.id}"}}' if b.id in recorded else self.vector(b.condition, ENGINE),
+                b.verdict,
+            )
             for b in rest
         ]
-        chain.append(f"group by ({keys}) ({self.universe}) * {verdict_code(last.verdict)}")
+        chain.append(_named_verdict(self.universe, last.verdict))
         joined = f"\nor {ENGINE_ON} ".join(chain)
         # ... and only while the exporter is scraped: its records over a window outlive its last
         # scrape, and an engine with some of them gone must read as no verdict, never as healthy
@@ -395,6 +397,14 @@ class Compiler:
             f"and {IDENTITY_ON} {series}" for series in (SOURCE_UP, JUDGEABLE_RECORD)
         )
         return f"(\n{joined}\n)\n{among}"
+
+
+def _named_verdict(vector: str, verdict: str) -> str:
+    """One engine per series of ``vector``, labelled ``verdict`` and valued its ``verdict_code``: an
+    alert reads its verdict's engines through the index (``kvdoctor:verdict{verdict="..."}``), not
+    the whole fleet's verdicts (docs/benchmarks.md)."""
+    keys = ", ".join(ENGINE_KEYS)
+    return f'label_replace(group by ({keys}) ({vector}), "verdict", "{verdict}", "", "") * {verdict_code(verdict)}'
 
 
 def _compared_with_fallback(cond: Any) -> tuple[Cmp, str] | None:

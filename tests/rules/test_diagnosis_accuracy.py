@@ -275,12 +275,16 @@ def test_promtool_reports_are_read_case_by_case():
   FAILED:
     expr: "label_replace(kvdoctor:verdict or on() vector(0), \\"case\\", \\"3\\", \\"\\", \\"\\")", time: 2m,
         exp: nil
-        got: {{__name__="kvdoctor:verdict", case="3", engine="vllm", pod="p"}} {code}E+00
+        got: {{__name__="kvdoctor:verdict", case="3", pod="p", verdict="memory_bandwidth_bound"}} {code}E+00
     expr: "label_replace(kvdoctor:verdict or on() vector(0), \\"case\\", \\"4\\", \\"\\", \\"\\")", time: 1m30s,
         exp: nil
         got: {{case="4"}} 0E+00
+    expr: "label_replace(kvdoctor:verdict or on() vector(0), \\"case\\", \\"5\\", \\"\\", \\"\\")", time: 1m,
+        exp: nil
+        got: {{__name__="kvdoctor:verdict", case="5", engine="vllm", pod="p", verdict="healthy"}} {code}E+00
 """
     got = parse_promtool(report)
     assert got[3] == {120.0: "memory_bandwidth_bound"}
     assert got[4] == {90.0: "idle"}  # no verdict sample: an inactive engine
+    assert got[5] == {60.0: f"healthy labelled, code {code}"}  # a label and a code that disagree: wrong
     assert math.isclose(min(got[4]), 90.0)

@@ -254,16 +254,20 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
     expr = next(r["expr"] for r in _rules() if r.get("record") == promql.VERDICT_RECORD)
     keys = "namespace, pod, instance, model_name, engine"
     terms = expr.split("\n)\n")[0].removeprefix("(\n").split(f"\nor on({keys}) ")
-    # every branch but idle (the engines it leaves), in order, each times its verdict's code, then
-    # every active engine (the last branch); the branches just before it with its verdict (healthy
-    # under the SLO) would change no answer and are left out
+    # every branch but idle (the engines it leaves), in order, each labelled with its verdict and
+    # times its code, then every active engine (the last branch); the branches just before it with
+    # its verdict (healthy under the SLO) would change no answer and are left out
     *slow, healthy, last = tree.BRANCHES[1:]
     assert healthy.verdict == last.verdict == "healthy" and slow[-1].verdict != "healthy"
     branches = [*slow, last]
     assert len(terms) == len(branches)
     for term, b in zip(terms, branches, strict=True):
-        assert term.startswith(f"group by ({keys}) (") and term.endswith(f") * {verdict_code(b.verdict)}")
-    assert terms[-1] == f"group by ({keys}) (kvdoctor:engine_active) * {verdict_code('healthy')}"
+        assert term.startswith(f"label_replace(group by ({keys}) (")
+        assert term.endswith(f'), "verdict", "{b.verdict}", "", "") * {verdict_code(b.verdict)}'), term
+    assert terms[-1] == (
+        f'label_replace(group by ({keys}) (kvdoctor:engine_active), "verdict", "healthy", "", "") '
+        f"* {verdict_code('healthy')}"
+    )
     # the branches the differential lists are read from their records, each 1 per engine where the
     # branch's own condition holds; the others (fallbacks, the queue's own verdict) inline
     recorded = [r["labels"]["branch"] for r in _rules() if r.get("record") == promql.BRANCH_RECORD]
@@ -283,12 +287,13 @@ def test_the_verdict_record_takes_the_first_branch_that_holds_among_active_engin
 def test_each_verdict_alert_reads_the_verdict_record(name):
     spec = alert_specs.ALERT_BY_NAME[name]
     expr = _alerts()[name]["expr"]
-    is_verdict = f"kvdoctor:verdict == {verdict_code(spec.verdict)}"
+    is_verdict = f'kvdoctor:verdict{{verdict="{spec.verdict}"}}'
     value = promql.record_name(spec.value_feature, promql.rule_thresholds(None, None))
-    # the value where the engine has it, else NaN; both sides filtered by the verdict first
+    # the value where the engine has it, else NaN (with the value's labels: no verdict label); both
+    # sides read the verdict's engines through its label, not the fleet's verdicts
     assert expr == (
         f"(\n  {value}\n  and on(namespace, pod, instance, model_name, engine) {is_verdict}\n)\n"
-        f"or on(namespace, pod, instance, model_name, engine) ({is_verdict}) * NaN"
+        f"or on(namespace, pod, instance, model_name, engine) group without (verdict) ({is_verdict}) * NaN"
     )
 
 

@@ -138,7 +138,10 @@ def test_the_slo_page_lists_the_other_causes_present_as_prometheus_renders_it(tm
     branches = {"sm_high": "compute_bound", "gpu_idle": "host_overhead_bound", "queue_consequence": "request_queueing"}
     series = [
         {"series": f"page{{{inner}}}", "values": "1x4"},
-        {"series": f"{promql.VERDICT_RECORD}{{{inner}}}", "values": f"{verdict_code('compute_bound')}x4"},
+        {
+            "series": f'{promql.VERDICT_RECORD}{{{inner},verdict="compute_bound"}}',
+            "values": f"{verdict_code('compute_bound')}x4",
+        },
         *(
             {"series": f'{promql.BRANCH_RECORD}{{{inner},branch="{b}",verdict="{v}"}}', "values": "1x4"}
             for b, v in branches.items()

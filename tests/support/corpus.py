@@ -828,6 +828,9 @@ def parse_promtool(output: str) -> dict[int, dict[float, str]]:
             code = round(float(value))
             if code:
                 verdict = _CODE_TO_VERDICT.get(code, f"code {code}")
+                named = re.search(r'verdict="([^"]*)"', labels)
+                if named and named.group(1) != verdict:  # the label and the code must name one verdict
+                    verdict = f"{named.group(1)} labelled, code {code}"
         if index is not None:
             out[index][_prom_seconds(when)] = verdict
     return out
