@@ -1,5 +1,5 @@
-"""The alerting rules: one alert per verdict (its headline feature where ``kvdoctor:verdict`` is its
-code, so exactly one verdict alert fires for an engine at a time, and no alert computes a rate or
+"""The alerting rules: one alert per verdict (its headline feature where ``kvdoctor:verdict`` names
+it, so exactly one verdict alert fires for an engine at a time, and no alert computes a rate or
 quantile itself), a source down, the exporter down; and the ``contributing`` annotation the SLO
 pages carry (``rule_file`` adds it to ``slo_alerts``' rules).
 
