@@ -3,7 +3,8 @@
 Every cycle (``settings.interval``) the runtime asks every collector for samples, isolated
 (``isolation.py``: a hung or failing source costs that source only), merges them within
 ``max_series`` with the ``pod`` label (``series_budget.py``), records each source's outcome and
-adds the self metrics (``accounting.py``), adds the decode-step floor, stores the snapshot in the
+adds the self metrics (``accounting.py``), adds the decode-step floor and the SLO counters
+(``slo_counters.py``), stores the snapshot in the
 ring store, diagnoses the last window (``live_diagnosis.py``) and renders the whole exposition
 once into bytes. ``metrics_bytes()`` hands out those bytes, so ``/metrics`` never waits on a source.
 """
@@ -26,6 +27,7 @@ from kvdoctor.exporter.live_diagnosis import (
     decode_floor,
 )
 from kvdoctor.exporter.series_budget import SeriesMerger
+from kvdoctor.exporter.slo_counters import SloCounters, slo_counts
 from kvdoctor.exporter.store import RingStore
 from kvdoctor.ledger.model import ModelShape
 from kvdoctor.rules.thresholds import DIAGNOSIS_WINDOW_SECONDS
@@ -84,6 +86,8 @@ class Exporter:
             except ValueError as exc:
                 log.warning("decode-step floor disabled: %s", exc)
         self.published = PublishedContext(settings, self.model_shape)  # the SLO, model and GPU it diagnoses with
+        published = self.published.context
+        self._slo_counters = SloCounters(slo_counts(published.slo_seconds, published.ttft_slo_seconds))
 
         self.cycles = 0
         self.last_cycle_seconds = 0.0
@@ -184,6 +188,7 @@ class Exporter:
                 samples[key(S.DECODE_STEP_FLOOR, ())] = floor
         self.published.update(samples)
         samples.update(self.published.series(key))
+        samples.update(self._slo_counters.samples(samples))
 
         snapshot = Snapshot(ts, samples)
         dropped = self.store.append(snapshot)
@@ -207,4 +212,5 @@ class Exporter:
         counters, the floor and the verdicts."""
         n = len(self.collectors)
         verdicts = len(self._live.verdicts) if self._live is not None else 0
-        return 2 * n + self.accounting.error_series + 2 * n + 1 + verdicts + 2  # + the SLO and context info
+        slo = self._slo_counters.series
+        return 2 * n + self.accounting.error_series + 2 * n + 1 + verdicts + 2 + slo  # + the SLO, context info, SLO counters

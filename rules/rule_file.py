@@ -1,5 +1,5 @@
 """The rule file: the tree's group (its records, ``promql``, then its alerts, ``alert_rules``) and the
-latency SLO's burn-rate group (``slo_alerts``), as data and as the YAML ``kvdoctor rules export``
+latency SLO's burn-rate groups (``slo_alerts``), as data and as the YAML ``kvdoctor rules export``
 writes (the committed copy is ``rules/alerts.yaml``; the Helm chart ships it and its 30s, 1m and 2m
 siblings)."""
 
@@ -29,13 +29,14 @@ def rule_groups(
     dashboard_base_url: str | None = None,
 ) -> dict[str, list[Rule]]:
     """The rule file as data: ``{"groups": [...]}`` (wrap ``groups`` in a PrometheusRule's spec).
-    ``thresholds`` as compiled (see ``rule_thresholds``). Two groups: the tree (records, causes) and
-    the latency SLO's burn-rate alerts (``slo_alerts``), which read the tree's verdict."""
+    ``thresholds`` as compiled (see ``rule_thresholds``). Three groups: the tree (records, causes) and
+    the latency SLO's two burn-rate groups (``slo_alerts``: the pages at the rules' interval, the
+    tickets at a longer one), which read the tree's verdict."""
     t = thresholds or Thresholds()
     rules = recording_rules(t, slo_seconds) + alert_rules(
         t, slo_seconds, runbook_base_url, scrape_interval_seconds, dashboard_base_url
     )
-    slo_rules = slo_alerts.burn_rate_rules(
+    slo_groups = slo_alerts.burn_rate_groups(
         scrape_interval_seconds,
         window_seconds=t.window_seconds,
         annotate=lambda spec, summary, description: {
@@ -44,7 +45,7 @@ def rule_groups(
         },
         verdict_codes={v: verdict_code(v) for v in VERDICT_ALERT},
     )
-    return {"groups": [{"name": GROUP_NAME, "rules": rules}, {"name": slo_alerts.GROUP_NAME, "rules": slo_rules}]}
+    return {"groups": [{"name": GROUP_NAME, "rules": rules}, *slo_groups]}
 
 
 class _LiteralDumper(yaml.SafeDumper):

@@ -32,6 +32,7 @@ __all__ = [
     "histogram_quantile",
     "increase",
     "increase_complete",
+    "observations_over",
     "quantile_of_complete",
     "quantile_of_sorted",
     "quantile_over_time",
@@ -448,3 +449,31 @@ def theil_sen_slope(x: np.ndarray, y: np.ndarray, max_points: int = 200) -> floa
     if not valid.any():
         return math.nan
     return float(np.median((y[j] - y[i])[valid] / dx[valid]))
+
+
+def observations_over(threshold: float, upper_bounds: list[float], counts: list[float]) -> float:
+    """How many observations of one histogram (cumulative ``counts`` per ``le`` bound, +Inf among
+    them) were over ``threshold``, reading the bucket that holds it as ``histogram_quantile``
+    interpolates: linearly, from 0 for the first bucket. So the share over the threshold is over a
+    fraction f exactly where the histogram's (1 - f) quantile is over it: the SLO burn rates count
+    with this what the quantile compared. A threshold at or past the highest finite bound counts
+    nothing (the quantile never exceeds that bound). NaN without a +Inf bucket.
+
+    With the buckets and the threshold fixed, the result is a counter: every term grows with the
+    buckets (``exporter/slo_counters.py`` publishes it)."""
+    pairs = sorted((b, c) for b, c in zip(upper_bounds, counts, strict=True) if c == c and b == b)
+    if not pairs or not math.isinf(pairs[-1][0]):
+        return math.nan
+    cum = list(accumulate((c for _, c in pairs), max))
+    total = cum[-1]
+    lower_bound, lower_count = 0.0, 0.0
+    for (bound, _), count in zip(pairs, cum, strict=True):
+        if math.isinf(bound):
+            return 0.0  # the threshold is past every finite bound
+        if bound >= threshold:
+            if bound <= lower_bound:  # a first bucket at or below 0: nothing to interpolate
+                return total - count
+            share = (threshold - lower_bound) / (bound - lower_bound)
+            return total - (lower_count + (count - lower_count) * max(0.0, share))
+        lower_bound, lower_count = bound, count
+    return 0.0

@@ -80,6 +80,10 @@ GENERATION_SECONDS = "kvdoctor_generation_seconds_total"
 PROMPT_TOKENS = "kvdoctor_prompt_tokens_total"
 ITL_SLO = "kvdoctor_inter_token_latency_slo_seconds"
 TTFT_SLO = "kvdoctor_time_to_first_token_slo_seconds"
+TOKENS_OVER_ITL_SLO = "kvdoctor_tokens_over_itl_slo_total"
+REQUESTS_OVER_TTFT_SLO = "kvdoctor_requests_over_ttft_slo_total"
+# Engine series the exporter counts itself from the engine's histograms (exporter/slo_counters.py).
+SLO_COUNTERS = (TOKENS_OVER_ITL_SLO, REQUESTS_OVER_TTFT_SLO)
 CONTEXT_INFO = "kvdoctor_context_info"
 ENGINE_INFO = "kvdoctor_engine_info"
 
@@ -296,6 +300,23 @@ SIGNALS: dict[str, Signal] = {
             "the TTFT burn-rate alerts read it per pod.",
             (),
             source="kvdoctor exporter --ttft-slo-ms",
+        ),
+        _engine(
+            TOKENS_OVER_ITL_SLO,
+            Kind.COUNTER,
+            "tokens",
+            "Output tokens whose inter-token latency was over this exporter's ITL SLO, counted since it started "
+            "from the engine's ITL histogram (the bucket holding the SLO in proportion, as histogram_quantile "
+            "interpolates); over the histogram's _count it is the SLO's error ratio, which the burn-rate alerts read.",
+            source="kvdoctor exporter: kvdoctor_inter_token_latency_seconds and --slo-ms",
+        ),
+        _engine(
+            REQUESTS_OVER_TTFT_SLO,
+            Kind.COUNTER,
+            "requests",
+            "Requests whose time to first token was over this exporter's TTFT SLO, counted since it started from "
+            "the engine's TTFT histogram as the ITL one is; published only where a TTFT SLO is set.",
+            source="kvdoctor exporter: kvdoctor_time_to_first_token_seconds and --ttft-slo-ms",
         ),
         Signal(
             CONTEXT_INFO,
