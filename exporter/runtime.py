@@ -213,4 +213,6 @@ class Exporter:
         n = len(self.collectors)
         verdicts = len(self._live.verdicts) if self._live is not None else 0
         slo = self._slo_counters.series
-        return 2 * n + self.accounting.error_series + 2 * n + 1 + verdicts + 2 + slo  # + the SLO, context info, SLO counters
+        return (
+            2 * n + self.accounting.error_series + 2 * n + 1 + verdicts + 2 + slo
+        )  # + the SLO, context info, SLO counters

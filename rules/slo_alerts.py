@@ -113,9 +113,7 @@ class Objective:
 ITL = Objective("itl", "ITL", INTER_TOKEN_LATENCY, TOKENS_OVER_ITL_SLO, SLO_RECORD, "tokens")
 # Only for the pods whose exporter publishes a TTFT SLO (``--ttft-slo-ms``): no default, since a time
 # to first token depends on the prompt lengths the service accepts, which kvdoctor cannot know.
-TTFT = Objective(
-    "ttft", "TTFT", TIME_TO_FIRST_TOKEN, REQUESTS_OVER_TTFT_SLO, "kvdoctor:ttft_slo_seconds", "requests"
-)
+TTFT = Objective("ttft", "TTFT", TIME_TO_FIRST_TOKEN, REQUESTS_OVER_TTFT_SLO, "kvdoctor:ttft_slo_seconds", "requests")
 OBJECTIVES = (ITL, TTFT)
 
 
@@ -141,13 +139,18 @@ class Burn:
 
 
 _CAUSE = "{cause}"
-_FAST_SUMMARY = "{obj} SLO burning fast on {engine}: {value} of {counts} over the {slo} SLO in the last {short}. Cause: {cause_short}"
+_FAST_SUMMARY = (
+    "{obj} SLO burning fast on {engine}: {value} of {counts} over the {slo} SLO in the last {short}. "
+    "Cause: {cause_short}"
+)
 _FAST_DESCRIPTION = (
     "{value} of the {counts} of {engine}{model} took longer than its {obj} SLO of {slo} in the last {short}, "
     "and more than {pct} in the last {long}: the error budget, 5% of {counts} over the SLO, burns at least "
     "{factor}x faster than it accrues. Cause, kvdoctor's verdict now: " + _CAUSE
 )
-_SLOW_SUMMARY = "{obj} SLO burning on {engine}: {value} of {counts} over the {slo} SLO in the last {short}. Cause: {cause_short}"
+_SLOW_SUMMARY = (
+    "{obj} SLO burning on {engine}: {value} of {counts} over the {slo} SLO in the last {short}. Cause: {cause_short}"
+)
 _SLOW_DESCRIPTION = (
     "{value} of the {counts} of {engine}{model} took longer than its {obj} SLO of {slo} in the last {short}, "
     "and more than {pct} in the last {long}: the error budget, 5% of {counts} over the SLO, is spent at least "
@@ -197,7 +200,8 @@ def describe(interval: float) -> str:
         parts.append(f"{b.spec.name} {b.factor:g}x over {duration(long)} and {duration(short)}")
     return (
         f"latency SLOs: error budget {ERROR_BUDGET:.0%} of tokens over each pod's ITL SLO, and of requests over "
-        "its TTFT SLO where it publishes one; " + "; ".join(parts)
+        "its TTFT SLO where it publishes one; "
+        + "; ".join(parts)
         + f"; the slow burns evaluated every {duration(slow_group_interval(interval))}"
     )
 

@@ -190,9 +190,7 @@ def kv_transfers(to_gpu: str, from_gpu: str, tier: str) -> tuple[MetricMap, Metr
 ENGINE_SIGNALS = tuple(
     name
     for name, signal in SIGNALS.items()
-    if signal.labels[: len(S.ENGINE_LABELS)] == S.ENGINE_LABELS
-    and name != S.ENGINE_INFO
-    and name not in S.SLO_COUNTERS
+    if signal.labels[: len(S.ENGINE_LABELS)] == S.ENGINE_LABELS and name != S.ENGINE_INFO and name not in S.SLO_COUNTERS
 )
 # What a KV tier beside the engine (LMCache, Dynamo KVBM) may provide.
 TIER_SIGNALS = (S.PREFIX_CACHE_HITS_BY_TIER, S.KV_TRANSFER_BYTES)

@@ -3,6 +3,7 @@ the restricted Pod Security Standard, and refused values."""
 
 from __future__ import annotations
 
+import json
 import tarfile
 
 import kubernetes_validate
@@ -211,6 +212,11 @@ def rendered_groups(helm, scenario: str) -> list[dict]:
     return helm.render(scenario).one("PrometheusRule")["spec"]["groups"]
 
 
+def rendered_groups_with(helm, value: str) -> list[dict]:
+    """The default scenario's rule groups with ``value`` (a ``--set``) on top."""
+    return helm.render("default", "--set", value).one("PrometheusRule")["spec"]["groups"]
+
+
 def test_chart_reads_rules_alerts_yaml_through_a_symlink(chart):
     link = chart.path / "files" / "alerts.yaml"
     assert (CHART_DIR / "files" / "alerts.yaml").is_symlink(), "the chart must not hold a copy of the rules"
@@ -237,6 +243,28 @@ def test_rules_carry_exactly_the_overrides_asked_for(helm, chart):
     for name, rule in by_name.items():
         notes = {k: v for k, v in rule["annotations"].items() if k not in ("runbook_url", "dashboard")}
         assert rule["expr"] == original[name]["expr"] and notes == original[name]["annotations"]
+
+
+def test_group_intervals_set_only_the_groups_named(helm, chart):
+    """The SLO groups' sharding knob: a group named gets that interval, the others keep the file's."""
+    alerts = yaml.safe_load(chart.alerts_file.read_text())
+    groups = {
+        g["name"]: g
+        for g in rendered_groups_with(helm, "monitoring.prometheusRule.groupIntervals.kvdoctor-slo=30s")
+    }
+    shipped = {g["name"]: g for g in alerts["groups"]}
+    assert set(groups) == set(shipped)
+    assert groups["kvdoctor-slo"]["interval"] == "30s"
+    assert groups["kvdoctor-slo-slow"]["interval"] == shipped["kvdoctor-slo-slow"]["interval"] == "60s"
+    assert "interval" not in groups["kvdoctor"]
+    assert {k: v for k, v in groups["kvdoctor-slo"].items() if k != "interval"} == shipped["kvdoctor-slo"]
+
+
+def test_the_schema_names_every_group_the_rule_file_has(chart):
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    rule = schema["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]
+    alerts = yaml.safe_load(chart.alerts_file.read_text())
+    assert set(rule["groupIntervals"]["properties"]) == {g["name"] for g in alerts["groups"]}
 
 
 def test_prometheus_rule_is_not_rendered_when_disabled(helm):

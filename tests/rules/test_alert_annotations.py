@@ -75,7 +75,9 @@ def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
     code = float(verdicts.verdict_code("kv_thrashing"))
     text = alert_templates.render(page["annotations"]["description"], _labels("p", KUBERNETES), 0.4, _query(code))
     assert "KV cache thrashing" in text and "First action: now: route traffic away" in text
-    assert text.startswith("40% of the tokens of vllm-7f9c (meta-llama/Llama-2-7b-chat-hf) took longer than its ITL SLO")
+    assert text.startswith(
+        "40% of the tokens of vllm-7f9c (meta-llama/Llama-2-7b-chat-hf) took longer than its ITL SLO"
+    )
     assert "its ITL SLO of 15ms in the last 5 minutes, and more than 10% in the last 1 hour" in text
     assert "Confidence: lower" in text  # the exporter's own verdict is not in this fake store
     summary = alert_templates.render(page["annotations"]["summary"], _labels("p", KUBERNETES), 0.4, _query(None))
@@ -143,7 +145,9 @@ def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_va
     assert "burning" in burning and "Cause: KV cache thrashing" in burning, burning
     assert burning.startswith(f"{slo} SLO burning") and f": {above:.1%}".replace(".0%", "%") in burning, burning
     assert recovered.startswith(f"{slo} SLO recovered on vllm-7f9c: {at:.0%} of {counts} over the 15ms SLO"), recovered
-    description = alert_templates.render(rule["annotations"]["description"], _labels(name, KUBERNETES), at, _query(code))
+    description = alert_templates.render(
+        rule["annotations"]["description"], _labels(name, KUBERNETES), at, _query(code)
+    )
     engine = "vllm-7f9c (meta-llama/Llama-2-7b-chat-hf)"
     assert description.startswith(f"The {counts} of {engine} are back within its {slo} SLO of 15ms")
     assert "ALERTS" not in rule["expr"]  # the recovering evaluation reads the data, not what the rule engine wrote

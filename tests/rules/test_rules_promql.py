@@ -209,9 +209,7 @@ def test_every_range_holds_four_scrapes_and_names_say_their_range(interval, seco
     doc = yaml.safe_load(rule_file.render_rules_yaml(t, scrape_interval_seconds=seconds))
     rules = [r for g in doc["groups"] for r in g["rules"]]
     inputs = {
-        r["record"]
-        for r in rules
-        if r.get("record", "").count(":") == 2 and r["record"].split(":")[1] not in FEATURES
+        r["record"] for r in rules if r.get("record", "").count(":") == 2 and r["record"].split(":")[1] not in FEATURES
     }
     for rule in rules:
         for rng in _ranges(rule["expr"]):
