@@ -63,7 +63,7 @@ def _answers_tls(host: str, port: int, timeout: float) -> bool | None:
     """Whether the port completes a TLS handshake, or refuses it with a TLS alert (it wants a client
     certificate, say); None when the port could not be reached. Nothing is verified: the question
     is only which protocol the port speaks."""
-    context = ssl.create_default_context()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store to load: nothing is verified
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     try:
@@ -86,7 +86,7 @@ def _answers_http(host: str, port: int, timeout: float) -> bool | None:
     The port itself is asked: no proxy from the environment."""
     try:
         url = httpx.URL(scheme=HTTP, host=host, port=port, path="/")
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
+        with httpx.Client(timeout=timeout, trust_env=False, verify=False) as client:  # plain HTTP: no TLS
             client.head(url, headers={"User-Agent": "kvdoctor"})
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL):
         return None
