@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Extra arguments for the demo, e.g. make demo ARGS="--scenario kv_thrashing"
 ARGS ?=
 
-.PHONY: help setup dev test-deps demo demo-check lint test test-fast bench bench-quick bench-fleet bench-diagnosis
+.PHONY: help setup dev test-deps demo demo-check lint generate check-generated test test-fast bench bench-quick bench-fleet bench-diagnosis
 
 help:
 	@echo "make setup      create .venv with kvdoctor (editable)"
@@ -17,6 +17,8 @@ help:
 	@echo "make demo       .venv with the [dashboard] extra, then 'kvdoctor demo' (simulated engine + GPU, exporter, dashboard)"
 	@echo "make demo-check the same, bounded: waits for a verdict and the three pages, exits 0 or 1 naming what did not come up"
 	@echo "make test-deps  install promtool/prometheus, helm, chromium, vLLM CPU + tiny model (scripts/install-test-deps.sh)"
+	@echo "make generate   regenerate every committed generated file (rule files, chart copies, Grafana JSON, doc tables, chart schema)"
+	@echo "make check-generated  make generate, then fail naming it if the checkout changed (CI, on a clean clone)"
 	@echo "make lint       ruff, ruff format --check, import-linter layers, mypy --strict (scripts/lint.sh)"
 	@echo "make test       test-deps, lint, then the whole test suite (what CI runs)"
 	@echo "make test-fast  lint, then the fast tests only (-m 'not slow and not needs_tools'); needs no test-deps"
@@ -62,6 +64,32 @@ endef
 
 lint: $(VENV)/.kvdoctor-dev
 	bash scripts/lint.sh
+
+# Every committed generated file, from its one source (the tests that check each one say which):
+# the rule file and the chart's copies per scrape interval (15 s is rules/alerts.yaml itself, through
+# the chart's symlink), the Grafana dashboard (the chart links to it), the tables of the README and
+# docs/ (scripts/update_readme.py) and the chart schema's alert list (scripts/update_chart_schema.py,
+# which reads the rules, so it runs after them).
+CHART_INTERVALS := 30s 1m 2m
+KVDOCTOR := $(VENV)/bin/kvdoctor
+generate: $(VENV)/.kvdoctor-setup
+	$(KVDOCTOR) rules export -o rules/alerts.yaml
+	for interval in $(CHART_INTERVALS); do \
+	  $(KVDOCTOR) rules export --scrape-interval $$interval -o helm/kvdoctor/files/alerts-$$interval.yaml || exit 1; \
+	done
+	$(KVDOCTOR) grafana export -o grafana/kvdoctor-dashboard.json
+	$(PY) scripts/update_readme.py
+	$(PY) scripts/update_chart_schema.py
+
+# On a clean checkout (CI runs it on its clone): `make generate` must change nothing, else a
+# committed generated file is stale and this fails naming the command and the files.
+check-generated: generate
+	@git rev-parse --git-dir >/dev/null 2>&1 || { echo "check-generated: not a git checkout, nothing to compare with" >&2; exit 1; }
+	@stale="$$(git status --porcelain)" || exit 1; \
+	if [ -n "$$stale" ]; then \
+	  printf 'check-generated: `make generate` changed the checkout: commit what it wrote\n%s\n' "$$stale" >&2; \
+	  git --no-pager diff --stat >&2; exit 1; \
+	fi; echo "check-generated: every generated file is current"
 
 test: test-deps lint
 	$(call run_pytest,-rs --durations=15)

@@ -1,21 +1,22 @@
 """Whether a server speaks what its URL says: ``https://`` against a plain-HTTP server (and the
 reverse) is told within a second, before any request waits for its timeout.
 
-An HTTPS client's first bytes (a TLS ClientHello) sent to a plain-HTTP server get no answer the
-client understands: it waits for its whole timeout, then says "did not answer". So, before the
-command's first request, one short look at the port: the bytes the server sends back to the
-opening its URL's scheme makes (TLS records start 0x16 or 0x15; HTTP answers with ``HTTP/``), and,
-where they are not what the scheme expects, to the other opening. Nothing is decided where the
-port does not answer at all (the command's own request then says what is wrong).
+An HTTPS client's handshake sent to a plain-HTTP server gets no answer the client understands: it
+may wait for its whole timeout, then say "did not answer". So, before the command's first request,
+one short look at the port with the stock clients: the scheme its URL names first (a TLS handshake
+with the ``ssl`` module, or an HTTP ``HEAD /`` with httpx), then, where the port does not answer
+in it, the other one. Nothing is decided where the port does not answer at all (the command's own
+request then says what is wrong).
 """
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
 import time
 from urllib.parse import urlsplit
+
+import httpx
 
 from kvdoctor.errors import UsageError
 
@@ -50,49 +51,45 @@ def speaks(host: str, port: int, first: str = TLS, budget: float = PROBE_SECONDS
         left = deadline - time.monotonic()
         if left <= 0:
             return None
-        reply = _first_bytes(host, port, _tls_hello(host) if attempt == TLS else _http_request(host), left / 2)
-        if reply is None:
+        answered = _answers_tls(host, port, left / 2) if attempt == TLS else _answers_http(host, port, left / 2)
+        if answered is None:
             return None  # refused or unreachable: the command's own request says so
-        if reply.startswith(b"HTTP/"):
-            return HTTP
-        if reply[:1] in (b"\x15", b"\x16"):  # a TLS alert or handshake record
-            return TLS
+        if answered:
+            return attempt
     return None
 
 
-def _first_bytes(host: str, port: int, opening: bytes, timeout: float) -> bytes | None:
-    """The server's first bytes (at most 5) after ``opening``; b"" when it said nothing in time or
-    closed; None when the port could not be reached."""
+def _answers_tls(host: str, port: int, timeout: float) -> bool | None:
+    """Whether the port completes a TLS handshake, or refuses it with a TLS alert (it wants a client
+    certificate, say); None when the port could not be reached. Nothing is verified: the question
+    is only which protocol the port speaks."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store to load: nothing is verified
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
     try:
         conn = socket.create_connection((host, port), timeout=timeout)
-    except OSError:
+    except (OSError, UnicodeError):
         return None
     try:
-        conn.sendall(opening)
-        data = b""
-        while len(data) < 5:
-            chunk = conn.recv(5 - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data
-    except OSError:  # timed out, or reset
-        return b""
+        with context.wrap_socket(conn, server_hostname=host):
+            return True
+    except ssl.SSLError as error:  # an alert is TLS; bytes that are no TLS record (HTTP/...) are not
+        return "ALERT" in (error.reason or "")
+    except OSError:  # silence within the timeout, a reset, a close
+        return False
     finally:
         conn.close()
 
 
-def _tls_hello(host: str) -> bytes:
-    """The bytes a TLS client opens with (its ClientHello), made without sending them."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
-    with contextlib.suppress(ssl.SSLWantReadError):  # it waits for the server's answer: not sent
-        tls.do_handshake()
-    return outgoing.read()
-
-
-def _http_request(host: str) -> bytes:
-    return f"HEAD / HTTP/1.0\r\nHost: {host}\r\nUser-Agent: kvdoctor\r\n\r\n".encode("ascii", "replace")
+def _answers_http(host: str, port: int, timeout: float) -> bool | None:
+    """Whether the port answers ``HEAD /`` in HTTP (any status); None when it could not be reached.
+    The port itself is asked: no proxy from the environment."""
+    try:
+        url = httpx.URL(scheme=HTTP, host=host, port=port, path="/")
+        with httpx.Client(timeout=timeout, trust_env=False, verify=False) as client:  # plain HTTP: no TLS
+            client.head(url, headers={"User-Agent": "kvdoctor"})
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL):
+        return None
+    except httpx.HTTPError:  # silence within the timeout, a close, bytes that are no HTTP answer
+        return False
+    return True

@@ -1,4 +1,4 @@
-"""Units and number formats for people: bytes, durations, percentages, rates, Prometheus' humanize.
+"""Units and number formats for people: bytes, durations, percentages, rates.
 
 Every number kvdoctor prints for a person goes through here, so the headlines, the CLI, the
 dashboard and the stress report write a quantity the same way. The options reproduce each
@@ -121,44 +121,6 @@ def fmt_in_unit(value: float | None, unit: str, missing: str = "-") -> str:
 def round_significant(value: float, digits: int = 3) -> float:
     """``value`` rounded to ``digits`` significant digits (a non-finite one as it is)."""
     return float(f"{value:.{digits}g}") if math.isfinite(value) else value
-
-
-# ------------------------------------------------------------------- Prometheus' templates
-
-
-def humanize(value: float) -> str:
-    """Prometheus' ``humanize`` template function: ``1.5k``, ``25m``."""
-    v = float(value)
-    if v == 0 or math.isnan(v) or math.isinf(v):
-        return go_g4(v)
-    prefix = ""
-    if abs(v) >= 1:
-        for p in ("k", "M", "G", "T", "P", "E", "Z", "Y"):
-            if abs(v) < 1000:
-                break
-            prefix = p
-            v /= 1000
-    else:
-        for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
-            if abs(v) >= 1:
-                break
-            prefix = p
-            v *= 1000
-    return go_g4(v) + prefix
-
-
-def humanize_percentage(value: float) -> str:
-    """Prometheus' ``humanizePercentage``."""
-    return go_g4(float(value) * 100) + "%"
-
-
-def go_g4(v: float) -> str:
-    """Go's ``fmt.Sprintf("%.4g", v)``."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return f"{v:.4g}"
 
 
 def plural(count: float, noun: str, plural_form: str | None = None) -> str:

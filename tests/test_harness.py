@@ -1,15 +1,16 @@
 """The test harness itself (tests/support): tool lookup and the needs_tools marker, the fake HTTP
-server, the process runner, the Prometheus fixture, the install script."""
+server, the process runner, the Prometheus fixture, the install script, the annotation template oracle."""
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 
 import httpx
 import pytest
 
-from tests.support import tools
+from tests.support import go_templates, tools
 from tests.support.processes import Process, ProcessError, run
 from tests.support.servers import first_then, respond, stream
 from tests.support.tools import requires_prometheus
@@ -163,3 +164,30 @@ def test_prometheus_server_scrapes_a_target_and_evaluates_rule_files(prometheus_
     assert prom.wait_for_value('harness_probe_value{kind="real"}', lambda v: v == 42) == 42
     assert prom.wait_for_value("harness:probe_doubled", lambda v: v > 0) == 84
     assert prom.wait_for_alert("HarnessProbeHigh")["labels"]["severity"] == "info"
+
+
+# ------------------------------------------------------------ the annotation template oracle
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (0.1234, "123.4m"),
+        (1.5e9, "1.5G"),
+        (0, "0"),
+        (math.nan, "NaN"),
+        (3.0, "3"),
+        (1234567, "1.235M"),
+    ],
+)
+def test_the_template_oracles_humanize_matches_prometheus(value, text):
+    assert go_templates.humanize(value) == text
+
+
+def test_the_template_oracle_renders_what_it_knows_and_refuses_the_rest():
+    out = go_templates.render(
+        "{{ $labels.pod }}: {{ $value | humanizePercentage }} ({{ $labels.none }})", {"pod": "vllm-0"}, 0.953
+    )
+    assert out == "vllm-0: 95.3% ()"
+    with pytest.raises(ValueError, match="not supported"):
+        go_templates.render("{{ $value | title }}", {}, 1.0)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_templates, promql, rule_file
+from kvdoctor.rules import promql, rule_file
 from tests.e2e.alert_path import PAGE, SHIPPED, SLO_MS, AlertingSide, alert_path_fixture
-from tests.support import tools
+from tests.support import go_templates, tools
 from tests.support.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.slow]
@@ -87,7 +87,7 @@ def test_the_chat_template_says_resolved_with_the_recovered_value_or_what_it_was
     def slo(expr: str) -> list:
         return [({}, SLO_MS / 1000)] if expr.startswith(promql.SLO_RECORD) else []
 
-    recovered = alert_templates.render(page["annotations"]["summary"], labels, 0.024, slo)
+    recovered = go_templates.render(page["annotations"]["summary"], labels, 0.024, slo)
     thrashing = "KV cache thrashing on gpu-box:9745: 382.9 preempted requests per minute"
     data = {
         "receiver": "page",

@@ -22,12 +22,13 @@ import json
 import math
 from pathlib import Path
 
-from kvdoctor.rules import alert_rules, alert_specs, alert_templates, promql
+from kvdoctor.rules import alert_rules, alert_specs, promql
 from kvdoctor.rules.alert_specs import EXPORTER_DOWN_ALERT, SOURCE_DOWN_ALERT
 from kvdoctor.rules.context import Context
 from kvdoctor.rules.diagnosis import Diagnosis, diagnose
 from kvdoctor.rules.feature_promql import ENGINE_KEYS
 from kvdoctor.rules.thresholds import DEFAULT_SLO_SECONDS, Thresholds
+from tests.support import go_templates
 from tests.support.scenarios import Scenario
 
 EVALUATION_INTERVAL = "30s"
@@ -43,7 +44,7 @@ def _annotations(
     rules: dict[str, dict], spec: alert_specs.AlertSpec, labels: dict[str, str], value: float
 ) -> dict[str, str]:
     """What Prometheus renders (the cause alerts' words make no query)."""
-    return {k: alert_templates.render(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
+    return {k: go_templates.render(v, labels, value) for k, v in rules[spec.name]["annotations"].items()}
 
 
 def expected_alerts(scenario: Scenario, diagnosis: Diagnosis, rules: dict[str, dict]) -> dict[str, list[dict]]:

@@ -12,6 +12,7 @@ import yaml
 
 from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file, verdicts
 from kvdoctor.rules.slo_alerts import BURNS, OBJECTIVES, SLO_ALERT_NAMES
+from tests.support import go_templates
 
 KUBERNETES = {"namespace": "serving", "pod": "vllm-7f9c", "instance": "10.1.2.3:9745", "job": "kvdoctor"}
 STATIC = {"instance": "gpu-box-2:9745", "job": "kvdoctor"}  # a static config / docker-compose
@@ -48,7 +49,7 @@ def test_every_annotation_renders_to_words_people_read(target, verdict):
     code = float(verdicts.verdict_code(verdict)) if verdict else None
     for name, rule in _alerts().items():
         for key, text in rule["annotations"].items():
-            out = alert_templates.render(text, _labels(name, target), 0.1842, _query(code))
+            out = go_templates.render(text, _labels(name, target), 0.1842, _query(code))
             where = f"{name}.{key} ({'pod' if 'pod' in target else 'no pod'}, verdict {verdict})"
             assert out.strip(), where
             assert "{{" not in out and "}}" not in out and "$labels" not in out, (where, out)
@@ -61,26 +62,26 @@ def test_every_annotation_renders_to_words_people_read(target, verdict):
 def test_values_are_in_units_people_read_and_cause_alerts_make_no_query():
     alerts = _alerts()
     bw = alerts["DecodeMemoryBandwidthBound"]["annotations"]["summary"]
-    out = alert_templates.render(bw, _labels("x", STATIC), 0.1842, _query(None))
+    out = go_templates.render(bw, _labels("x", STATIC), 0.1842, _query(None))
     assert out == "Decode is HBM-bandwidth bound on gpu-box-2:9745: ITL p95 184.2ms, over its SLO"
     # expanded at every evaluation for every engine with the cause: a query each would cost the fleet
     for name in alert_specs.VERDICT_ALERT_NAMES:
         assert all("query" not in text for text in alerts[name]["annotations"].values()), name
     kv = alerts["KVCacheCapacityPressure"]["annotations"]["summary"]
-    assert alert_templates.render(kv, _labels("x", KUBERNETES), 0.973).endswith(": 97.3% used")
+    assert go_templates.render(kv, _labels("x", KUBERNETES), 0.973).endswith(": 97.3% used")
 
 
 def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
     page = _alerts()["KvdoctorLatencySLOFastBurn"]
     code = float(verdicts.verdict_code("kv_thrashing"))
-    text = alert_templates.render(page["annotations"]["description"], _labels("p", KUBERNETES), 0.4, _query(code))
+    text = go_templates.render(page["annotations"]["description"], _labels("p", KUBERNETES), 0.4, _query(code))
     assert "KV cache thrashing" in text and "First action: now: route traffic away" in text
     assert text.startswith(
         "40% of the tokens of vllm-7f9c (meta-llama/Llama-2-7b-chat-hf) took longer than its ITL SLO"
     )
     assert "its ITL SLO of 15ms in the last 5 minutes, and more than 10% in the last 1 hour" in text
     assert "Confidence: lower" in text  # the exporter's own verdict is not in this fake store
-    summary = alert_templates.render(page["annotations"]["summary"], _labels("p", KUBERNETES), 0.4, _query(None))
+    summary = go_templates.render(page["annotations"]["summary"], _labels("p", KUBERNETES), 0.4, _query(None))
     assert summary.endswith("Cause: unknown")  # no verdict: said, not left empty
     assert page["labels"] == {"severity": "critical", "slo": "itl"}
     asked: list[str] = []
@@ -89,7 +90,7 @@ def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
         asked.append(expr)
         return [({"verdict": "request_queueing"}, 1.0), ({"verdict": "compute_bound"}, 1.0)]
 
-    also = alert_templates.render(page["annotations"]["contributing"], _labels("p", KUBERNETES), 0.04, differential)
+    also = go_templates.render(page["annotations"]["contributing"], _labels("p", KUBERNETES), 0.04, differential)
     assert also == "Also present on vllm-7f9c: compute_bound, requests waiting (a consequence of the slowness)"
     assert 'kvdoctor:branch{namespace="serving",pod="vllm-7f9c",' in asked[0]
     assert 'kvdoctor:verdict{namespace="serving",pod="vllm-7f9c",' in asked[0] and "unless on(verdict)" in asked[0]
@@ -98,9 +99,9 @@ def test_the_slo_page_names_the_cause_its_first_action_and_confidence():
 
 def test_the_engine_is_named_by_pod_else_instance_else_job():
     t = alert_templates.engine()
-    assert alert_templates.render(t, KUBERNETES, math.nan) == "vllm-7f9c"
-    assert alert_templates.render(t, STATIC, math.nan) == "gpu-box-2:9745"
-    assert alert_templates.render(t, {"job": "kvdoctor"}, math.nan) == "kvdoctor"
+    assert go_templates.render(t, KUBERNETES, math.nan) == "vllm-7f9c"
+    assert go_templates.render(t, STATIC, math.nan) == "gpu-box-2:9745"
+    assert go_templates.render(t, {"job": "kvdoctor"}, math.nan) == "kvdoctor"
 
 
 def test_runbook_links_are_absolute_or_absent_and_the_dashboard_link_is_the_pods():
@@ -109,7 +110,7 @@ def test_runbook_links_are_absolute_or_absent_and_the_dashboard_link_is_the_pods
     linked = _alerts(runbook_base_url=base, dashboard_base_url="https://kvdoctor.example.com")
     for name, rule in linked.items():
         assert rule["annotations"]["runbook_url"] == f"{base}/{name}.md"
-        link = alert_templates.render(rule["annotations"]["dashboard"], KUBERNETES, 0.0)
+        link = go_templates.render(rule["annotations"]["dashboard"], KUBERNETES, 0.0)
         assert link == "https://kvdoctor.example.com/?pod=vllm-7f9c"
     assert set(SLO_ALERT_NAMES) <= set(linked)
 
@@ -139,13 +140,13 @@ def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_va
     code = float(verdicts.verdict_code("kv_thrashing"))
     above, at = burn.fraction * 1.5, burn.fraction
     burning, recovered = (
-        alert_templates.render(rule["annotations"]["summary"], _labels(name, KUBERNETES), v, _query(code))
+        go_templates.render(rule["annotations"]["summary"], _labels(name, KUBERNETES), v, _query(code))
         for v in (above, at)
     )
     assert "burning" in burning and "Cause: KV cache thrashing" in burning, burning
     assert burning.startswith(f"{slo} SLO burning") and f": {above:.1%}".replace(".0%", "%") in burning, burning
     assert recovered.startswith(f"{slo} SLO recovered on vllm-7f9c: {at:.0%} of {counts} over the 15ms SLO"), recovered
-    description = alert_templates.render(
+    description = go_templates.render(
         rule["annotations"]["description"], _labels(name, KUBERNETES), at, _query(code)
     )
     engine = "vllm-7f9c (meta-llama/Llama-2-7b-chat-hf)"

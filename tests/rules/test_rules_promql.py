@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kvdoctor.rules import alert_specs, alert_templates, promql, rule_file, tree
+from kvdoctor.rules import alert_specs, promql, rule_file, tree
 from kvdoctor.rules.conditions import features_of
 from kvdoctor.rules.features import FEATURES
 from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
 from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.rules.verdicts import SLOW_VERDICTS, verdict_code
-from kvdoctor.signals import units
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "rules" / "alerts.yaml"
@@ -393,30 +391,6 @@ def test_durations_render_as_promql():
     assert promql.duration(100 / 3) == "33333ms"
     with pytest.raises(ValueError):
         promql.duration(0)
-
-
-@pytest.mark.parametrize(
-    "value, text",
-    [
-        (0.1234, "123.4m"),
-        (1.5e9, "1.5G"),
-        (0, "0"),
-        (math.nan, "NaN"),
-        (3.0, "3"),
-        (1234567, "1.235M"),
-    ],
-)
-def test_humanize_matches_prometheus(value, text):
-    assert units.humanize(value) == text
-
-
-def test_render_template():
-    out = alert_templates.render(
-        "{{ $labels.pod }}: {{ $value | humanizePercentage }} ({{ $labels.none }})", {"pod": "vllm-0"}, 0.953
-    )
-    assert out == "vllm-0: 95.3% ()"
-    with pytest.raises(ValueError, match="not supported"):
-        alert_templates.render("{{ $value | title }}", {}, 1.0)
 
 
 CHART_FILES = ROOT / "helm" / "kvdoctor" / "files"
