@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from kvdoctor.exporter.live_diagnosis import default_diagnose_hook
 from kvdoctor.exporter.runtime import Exporter
 from kvdoctor.exporter.settings import ExporterSettings, collector_registry, option_for
+from kvdoctor.ledger.model import ModelShape
 from kvdoctor.signals.collection import Collector, NotApplicable, SourceError
 from kvdoctor.sources.model_files import load_model
 
@@ -73,14 +74,42 @@ def build_exporter(
     Raises ConfigError when the model config cannot be used.
     """
     shape = None
+    missing = ""
     if settings.model_config_path:
         try:
             shape = load_model(settings.model_config_path)
         except ValueError as exc:
             raise ConfigError(f"{option_for('model_config_path').where}: {exc}") from None
+    else:
+        shape, missing = served_model_shape(getattr(settings, "served_model", None))
+        if missing:
+            log.warning("%s", missing)
     collectors = build_collectors(settings) if include_registry else []
     extra = list(extra_collectors)
     extra_names = {c.name for c in extra}
     collectors = [c for c in collectors if c.name not in extra_names] + extra  # an explicit collector wins
     hook = default_diagnose_hook(settings, shape) if diagnose_hook is DEFAULT_DIAGNOSIS else diagnose_hook
-    return Exporter(settings, collectors, diagnose_hook=hook, clock=clock, model_shape=shape)
+    exporter = Exporter(settings, collectors, diagnose_hook=hook, clock=clock, model_shape=shape)
+    exporter.published.missing = missing
+    return exporter
+
+
+MODEL_FIX = (
+    "give --model (KVDOCTOR_MODEL; the chart's sidecar.model or engine.model) a config.json, a model folder, "
+    "a Hugging Face id in the cache (the chart mounts the engine's model volume) or a built-in name"
+)
+
+
+def served_model_shape(name: str | None) -> tuple[ModelShape | None, str]:
+    """(the shape of the model the engine serves, "") or (None, one line saying what is missing and
+    the flag or chart value that supplies it): the decode-step floor and the actions' predicted
+    effects need the model's shape."""
+    if not name or not name.strip():
+        return None, f"model unknown: no decode-step floor and no predicted effects; {MODEL_FIX}"
+    try:
+        return load_model(name), ""
+    except ValueError as exc:
+        return (
+            None,
+            f"model {name.strip()!r} not found ({exc}): no decode-step floor and no predicted effects; {MODEL_FIX}",
+        )

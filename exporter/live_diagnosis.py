@@ -82,6 +82,7 @@ class PublishedContext:
 
     def __init__(self, settings: Any, model_shape: ModelShape | None = None):
         self.context = settings_context(settings, model_shape)
+        self.missing = ""  # what the exporter could not find, with the flag that supplies it
 
     def update(self, samples: Mapping[SeriesKey, float]) -> None:
         """Take the GPU's name and peak bandwidth from a cycle's samples, where the settings say nothing."""
@@ -101,7 +102,10 @@ class PublishedContext:
         return [(key(name, labels_of(labels)), value) for name, labels, value in published_samples(self.context)]
 
     def to_json(self) -> dict[str, Any]:
-        return context_to_json(self.context)
+        payload = context_to_json(self.context)
+        if self.missing:
+            payload["missing"] = self.missing
+        return payload
 
 
 def decode_floor(

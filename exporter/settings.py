@@ -149,6 +149,15 @@ class ExporterSettings(BaseSettings):
         deprecated=("--model-config",),
         validation_alias=AliasChoices("kvdoctor_model", "kvdoctor_model_config", "kvdoctor_model_config_path"),
     )
+    served_model: str | None = setting(
+        None,
+        "the model the engine serves, by name (the chart passes engine.model): looked up like --model, "
+        "but one it cannot find (not yet in the Hugging Face cache, not built in) is said at start and in "
+        "the context instead of refusing to start; --model wins",
+        flag="--served-model",
+        metavar="NAME",
+        group=CONTEXT,
+    )
     gpu_peak_bandwidth: float | None = setting(
         None,
         "peak DRAM bandwidth of one GPU in bytes/s (default: from NVML or the GPU catalogue)",

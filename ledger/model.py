@@ -186,7 +186,8 @@ def derived_max_model_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
     length, key = min(found)
     how = f"{key}={length:,}"
     rope = cfg.get("rope_scaling")
-    if isinstance(rope, Mapping):
+    if isinstance(rope, Mapping) and "gemma3" not in str(cfg.get("model_type") or ""):
+        # Gemma 3's positions already include its linear scaling: vLLM does not apply it again
         kind = str(rope.get("rope_type") or rope.get("type") or "")
         factor = rope.get("factor")
         if kind not in ROPE_TYPES_NOT_SCALING_THE_LENGTH and isinstance(factor, (int, float)) and factor > 0:
@@ -303,13 +304,34 @@ def _attention_parameters(cfg: Mapping[str, Any], shape: ModelShape) -> int:
     return q + kv + heads * v * h
 
 
-# ------------------------------------------------------------------------ built-in shapes
+# ------------------------------------------------------------------------ the built-in catalogue
+#
+# The popular open models, each from its published config.json on the Hugging Face hub (the
+# ``source`` repository; https://huggingface.co/<source>/blob/main/config.json): only the fields the
+# ledger reads. What the KV bytes per token come from, per family:
+# - GQA (Llama 3, Qwen, Mistral, Gemma, Phi, gpt-oss): 2 (K and V) x layers x num_key_value_heads x
+#   head_dim x bytes per element; head_dim is the config's where it gives one (Qwen3, Gemma,
+#   gpt-oss), else hidden_size / num_attention_heads.
+# - MLA (DeepSeek V3 and R1): one compressed latent per layer, not K and V: layers x (kv_lora_rank
+#   + qk_rope_head_dim) x bytes per element = 61 x (512 + 64) x 2 = 70,272 bytes in bf16.
+# - Sliding-window layers (Gemma 2 and 3, gpt-oss) are counted as full layers: the bytes a token
+#   occupies where the context fits the window, and an upper bound beyond it.
 
 
 def _llama(
-    layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, positions: int
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    inter: int,
+    vocab: int,
+    positions: int,
+    *,
+    head_dim: int | None = None,
+    tied: bool = False,
 ) -> dict[str, Any]:
-    return {
+    """The fields of a decoder-only config.json, in the names Llama's and most others' use."""
+    config: dict[str, Any] = {
         "max_position_embeddings": positions,
         "num_hidden_layers": layers,
         "hidden_size": hidden,
@@ -317,31 +339,32 @@ def _llama(
         "num_key_value_heads": kv_heads,
         "intermediate_size": inter,
         "vocab_size": vocab,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
+    }
+    if head_dim is not None:
+        config["head_dim"] = head_dim
+    return config
+
+
+def _llama3_rope(factor: float) -> dict[str, Any]:
+    return {"rope_type": "llama3", "factor": factor, "original_max_position_embeddings": 8192}
+
+
+def _qwen3_moe(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, moe_inter: int) -> dict[str, Any]:
+    return {
+        **_llama(layers, hidden, heads, kv_heads, inter, 151936, 40960, head_dim=128),
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": moe_inter,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
     }
 
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
-
-# The shape fields of the models' published config.json files (Hugging Face hub), for the
-# dashboard's picker, the demo and ``--model NAME``.
-BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
-    # Llama 3.1's rope_scaling (rope_type llama3) does not lengthen its 131,072 positions
-    "Llama-3.1-8B": {**_llama(32, 4096, 32, 8, 14336, 128256, 131072), "rope_scaling": _LLAMA3_ROPE},
-    "Llama-3.1-70B": {**_llama(80, 8192, 64, 8, 28672, 128256, 131072), "rope_scaling": _LLAMA3_ROPE},
-    "Llama-2-7B": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
-    "Mistral-7B": _llama(32, 4096, 32, 8, 14336, 32768, 32768),
-    # Qwen/Qwen2.5-7B-Instruct: 32,768 positions (131,072 only with the YaRN rope_scaling added)
-    "Qwen2.5-7B": _llama(28, 3584, 28, 4, 18944, 152064, 32768),
-    # mistralai/Mixtral-8x7B-v0.1: 8 experts, 2 active per token
-    "Mixtral-8x7B": {
-        **_llama(32, 4096, 32, 8, 14336, 32000, 32768),
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-    },
-    # deepseek-ai/DeepSeek-V3: MLA, 256 routed experts (8 active) + 1 shared, FP8 weights
-    "DeepSeek-V3": {
+def _deepseek_v3() -> dict[str, Any]:
+    """DeepSeek-V3's and R1's config: MLA, 256 routed experts (8 active) + 1 shared, FP8 weights."""
+    return {
         **_llama(61, 7168, 128, 128, 18432, 129280, 163840),
         "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
         "moe_intermediate_size": 2048,
@@ -356,32 +379,215 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
-    },
-}
+    }
+
+
+def _gpt_oss(layers: int, experts: int) -> dict[str, Any]:
+    """openai/gpt-oss: 64 query and 8 KV heads of 64, 4 experts a token, MXFP4 expert weights (the
+    attention and embeddings stay bf16, so the weight bytes read a little low), YaRN to 131,072."""
+    return {
+        **_llama(layers, 2880, 64, 8, 2880, 201088, 131072, head_dim=64),
+        "num_local_experts": experts,
+        "num_experts_per_tok": 4,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+        "sliding_window": 128,
+        "quantization_config": {"quant_method": "mxfp4"},
+    }
+
+
+@dataclass(frozen=True)
+class CatalogueModel:
+    """One built-in model: its name, the Hugging Face repository whose config.json it copies
+    (``source``), the repository names that mean it (its base model's; the fine-tunes that
+    VARIANT_SUFFIXES name share its shape) and the config's fields."""
+
+    name: str
+    source: str  # org/name on the Hugging Face hub
+    config: Mapping[str, Any]
+    repos: tuple[str, ...] = ()  # more names under the same organisation (the name itself always counts)
+
+    @property
+    def owner(self) -> str:
+        return self.source.partition("/")[0]
+
+    @property
+    def url(self) -> str:
+        return f"https://huggingface.co/{self.source}"
+
+
+def _m(name: str, source: str, config: Mapping[str, Any], *repos: str) -> CatalogueModel:
+    return CatalogueModel(name=name, source=source, config=config, repos=repos)
+
+
+MODEL_CATALOGUE: tuple[CatalogueModel, ...] = (
+    # Llama 3, 3.1, 3.2, 3.3 (meta-llama); 3.1's llama3 rope scaling does not lengthen its 131,072
+    _m("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", _llama(32, 4096, 32, 8, 14336, 128256, 8192), "Meta-Llama-3-8B"),
+    _m("Llama-3-70B", "meta-llama/Meta-Llama-3-70B", _llama(80, 8192, 64, 8, 28672, 128256, 8192), "Meta-Llama-3-70B"),
+    _m(
+        "Llama-3.1-8B",
+        "meta-llama/Llama-3.1-8B",
+        {**_llama(32, 4096, 32, 8, 14336, 128256, 131072), "rope_scaling": _llama3_rope(8.0)},
+        "Meta-Llama-3.1-8B",
+    ),
+    _m(
+        "Llama-3.1-70B",
+        "meta-llama/Llama-3.1-70B",
+        {**_llama(80, 8192, 64, 8, 28672, 128256, 131072), "rope_scaling": _llama3_rope(8.0)},
+        "Meta-Llama-3.1-70B",
+    ),
+    _m(
+        "Llama-3.1-405B",
+        "meta-llama/Llama-3.1-405B",
+        {**_llama(126, 16384, 128, 8, 53248, 128256, 131072), "rope_scaling": _llama3_rope(8.0)},
+        "Meta-Llama-3.1-405B",
+    ),
+    _m(
+        "Llama-3.2-1B",
+        "meta-llama/Llama-3.2-1B",
+        {**_llama(16, 2048, 32, 8, 8192, 128256, 131072, head_dim=64, tied=True), "rope_scaling": _llama3_rope(32.0)},
+    ),
+    _m(
+        "Llama-3.2-3B",
+        "meta-llama/Llama-3.2-3B",
+        {**_llama(28, 3072, 24, 8, 8192, 128256, 131072, head_dim=128, tied=True), "rope_scaling": _llama3_rope(32.0)},
+    ),
+    _m(
+        "Llama-3.3-70B",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        {**_llama(80, 8192, 64, 8, 28672, 128256, 131072), "rope_scaling": _llama3_rope(8.0)},
+    ),
+    _m("Llama-2-7B", "meta-llama/Llama-2-7b-hf", _llama(32, 4096, 32, 32, 11008, 32000, 4096), "Llama-2-7b-hf"),
+    # Qwen2.5 (the -Instruct configs: 32,768 positions; 131,072 only with the YaRN rope_scaling added)
+    _m("Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct", _llama(28, 3584, 28, 4, 18944, 152064, 32768)),
+    _m("Qwen2.5-14B", "Qwen/Qwen2.5-14B-Instruct", _llama(48, 5120, 40, 8, 13824, 152064, 32768)),
+    _m("Qwen2.5-32B", "Qwen/Qwen2.5-32B-Instruct", _llama(64, 5120, 40, 8, 27648, 152064, 32768)),
+    _m("Qwen2.5-72B", "Qwen/Qwen2.5-72B-Instruct", _llama(80, 8192, 64, 8, 29568, 152064, 32768)),
+    # Qwen3 dense: head_dim 128 whatever hidden_size / heads is; 40,960 positions
+    _m("Qwen3-0.6B", "Qwen/Qwen3-0.6B", _llama(28, 1024, 16, 8, 3072, 151936, 40960, head_dim=128, tied=True)),
+    _m("Qwen3-1.7B", "Qwen/Qwen3-1.7B", _llama(28, 2048, 16, 8, 6144, 151936, 40960, head_dim=128, tied=True)),
+    _m("Qwen3-4B", "Qwen/Qwen3-4B", _llama(36, 2560, 32, 8, 9728, 151936, 40960, head_dim=128, tied=True)),
+    _m("Qwen3-8B", "Qwen/Qwen3-8B", _llama(36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128)),
+    _m("Qwen3-14B", "Qwen/Qwen3-14B", _llama(40, 5120, 40, 8, 17408, 151936, 40960, head_dim=128)),
+    _m("Qwen3-32B", "Qwen/Qwen3-32B", _llama(64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128)),
+    # Qwen3 MoE: 128 experts, 8 active, in every layer; the 2507 updates read 262,144 positions
+    _m("Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B", _qwen3_moe(48, 2048, 32, 4, 6144, 768)),
+    _m(
+        "Qwen3-30B-A3B-2507",
+        "Qwen/Qwen3-30B-A3B-Instruct-2507",
+        {**_qwen3_moe(48, 2048, 32, 4, 6144, 768), "max_position_embeddings": 262144},
+        "Qwen3-30B-A3B-Instruct-2507",
+        "Qwen3-30B-A3B-Thinking-2507",
+    ),
+    _m("Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B", _qwen3_moe(94, 4096, 64, 4, 12288, 1536)),
+    _m(
+        "Qwen3-235B-A22B-2507",
+        "Qwen/Qwen3-235B-A22B-Instruct-2507",
+        {**_qwen3_moe(94, 4096, 64, 4, 12288, 1536), "max_position_embeddings": 262144},
+        "Qwen3-235B-A22B-Instruct-2507",
+        "Qwen3-235B-A22B-Thinking-2507",
+    ),
+    # Mistral and Mixtral (mistralai)
+    _m("Mistral-7B", "mistralai/Mistral-7B-v0.3", _llama(32, 4096, 32, 8, 14336, 32768, 32768)),
+    _m(
+        "Mistral-Nemo",
+        "mistralai/Mistral-Nemo-Instruct-2407",
+        _llama(40, 5120, 32, 8, 14336, 131072, 1024000, head_dim=128),
+        "Mistral-Nemo-Base-2407",
+    ),
+    _m(
+        "Mistral-Small-24B",
+        "mistralai/Mistral-Small-24B-Instruct-2501",
+        _llama(40, 5120, 32, 8, 32768, 131072, 32768, head_dim=128),
+        "Mistral-Small-24B-Base-2501",
+    ),
+    _m(
+        "Mixtral-8x7B",
+        "mistralai/Mixtral-8x7B-v0.1",
+        {**_llama(32, 4096, 32, 8, 14336, 32000, 32768), "num_local_experts": 8, "num_experts_per_tok": 2},
+    ),
+    _m(
+        "Mixtral-8x22B",
+        "mistralai/Mixtral-8x22B-v0.1",
+        {**_llama(56, 6144, 48, 8, 16384, 32000, 65536), "num_local_experts": 8, "num_experts_per_tok": 2},
+    ),
+    # Gemma 2 and 3 (google): head_dim 256 (128 for the 27Bs), embeddings tied. Gemma 3's 131,072
+    # positions already include its linear rope scaling (vLLM does not apply it again), so the
+    # scaling is left out here; 4B and up nest these fields in a text_config.
+    _m("gemma-2-2b", "google/gemma-2-2b", _llama(26, 2304, 8, 4, 9216, 256000, 8192, head_dim=256, tied=True)),
+    _m("gemma-2-9b", "google/gemma-2-9b", _llama(42, 3584, 16, 8, 14336, 256000, 8192, head_dim=256, tied=True)),
+    _m("gemma-2-27b", "google/gemma-2-27b", _llama(46, 4608, 32, 16, 36864, 256000, 8192, head_dim=128, tied=True)),
+    _m(
+        "gemma-3-1b",
+        "google/gemma-3-1b-pt",
+        _llama(26, 1152, 4, 1, 6912, 262144, 32768, head_dim=256, tied=True),
+        "gemma-3-1b-pt",
+    ),
+    _m(
+        "gemma-3-4b",
+        "google/gemma-3-4b-pt",
+        _llama(34, 2560, 8, 4, 10240, 262208, 131072, head_dim=256, tied=True),
+        "gemma-3-4b-pt",
+    ),
+    _m(
+        "gemma-3-12b",
+        "google/gemma-3-12b-pt",
+        _llama(48, 3840, 16, 8, 15360, 262208, 131072, head_dim=256, tied=True),
+        "gemma-3-12b-pt",
+    ),
+    _m(
+        "gemma-3-27b",
+        "google/gemma-3-27b-pt",
+        _llama(62, 5376, 32, 16, 21504, 262208, 131072, head_dim=128, tied=True),
+        "gemma-3-27b-pt",
+    ),
+    # DeepSeek V3 and R1 (deepseek-ai): the same MLA shape; V3.1 and the dated updates keep it
+    _m(
+        "DeepSeek-V3",
+        "deepseek-ai/DeepSeek-V3",
+        _deepseek_v3(),
+        "DeepSeek-V3-Base",
+        "DeepSeek-V3.1",
+        "DeepSeek-V3.1-Base",
+    ),
+    _m("DeepSeek-R1", "deepseek-ai/DeepSeek-R1", _deepseek_v3(), "DeepSeek-R1-Zero"),
+    # Phi-3 and phi-4 (microsoft); the 128k Phi-3s' longrope scaling does not lengthen 131,072
+    _m("Phi-3-mini-4k", "microsoft/Phi-3-mini-4k-instruct", _llama(32, 3072, 32, 32, 8192, 32064, 4096)),
+    _m("Phi-3-mini-128k", "microsoft/Phi-3-mini-128k-instruct", _llama(32, 3072, 32, 32, 8192, 32064, 131072)),
+    _m("Phi-3-medium-4k", "microsoft/Phi-3-medium-4k-instruct", _llama(40, 5120, 40, 10, 17920, 32064, 4096)),
+    _m("Phi-3-medium-128k", "microsoft/Phi-3-medium-128k-instruct", _llama(40, 5120, 40, 10, 17920, 32064, 131072)),
+    _m("Phi-3.5-mini", "microsoft/Phi-3.5-mini-instruct", _llama(32, 3072, 32, 32, 8192, 32064, 131072)),
+    _m(
+        "Phi-3.5-MoE",
+        "microsoft/Phi-3.5-MoE-instruct",
+        {**_llama(32, 4096, 32, 8, 6400, 32064, 131072), "num_local_experts": 16, "num_experts_per_tok": 2},
+    ),
+    _m("phi-4", "microsoft/phi-4", _llama(40, 5120, 40, 10, 17920, 100352, 16384)),
+    # gpt-oss (openai)
+    _m("gpt-oss-20b", "openai/gpt-oss-20b", _gpt_oss(24, 32)),
+    _m("gpt-oss-120b", "openai/gpt-oss-120b", _gpt_oss(36, 128)),
+)
+
+BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {m.name: dict(m.config) for m in MODEL_CATALOGUE}
 COMMON_MODELS: dict[str, ModelShape] = {
-    name: replace(ModelShape.from_hf_config(cfg, name=name), source="built-in shape")
-    for name, cfg in BUILTIN_CONFIGS.items()
+    m.name: replace(
+        ModelShape.from_hf_config(m.config, name=m.name),
+        source=f"built-in shape, from {m.source}'s config.json ({m.url})",
+    )
+    for m in MODEL_CATALOGUE
 }
+_BY_NAME: dict[str, CatalogueModel] = {m.name: m for m in MODEL_CATALOGUE}
+
+# Fine-tunes published beside a base model with its shape: chat and instruction tunes, reasoning
+# tunes, pretrained ("-pt") checkpoints.
+VARIANT_SUFFIXES = ("-chat-hf", "-Instruct", "-Thinking", "-chat", "-it", "-pt", "-hf")
+# A version or a date: Mistral-7B-Instruct-v0.2, Mixtral-8x7B-v0.1, DeepSeek-V3-0324, -2507
+_VERSION = re.compile(r"-(v\d+(\.\d+)*|\d{4})$", re.I)
 
 
-# Each built-in shape's Hugging Face organisation and repository names (the base model's; the
-# variants VARIANT_SUFFIXES name share its shape).
-BUILTIN_REPOS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "Llama-3.1-8B": ("meta-llama", ("Llama-3.1-8B", "Meta-Llama-3.1-8B")),
-    "Llama-3.1-70B": ("meta-llama", ("Llama-3.1-70B", "Meta-Llama-3.1-70B")),
-    "Llama-2-7B": ("meta-llama", ("Llama-2-7b", "Llama-2-7b-hf")),
-    "Mistral-7B": ("mistralai", ("Mistral-7B",)),
-    "Qwen2.5-7B": ("Qwen", ("Qwen2.5-7B",)),
-    "Mixtral-8x7B": ("mistralai", ("Mixtral-8x7B",)),
-    "DeepSeek-V3": ("deepseek-ai", ("DeepSeek-V3", "DeepSeek-V3-Base")),
-}
-# Fine-tunes published beside a base model with its shape: chat and instruction tunes.
-VARIANT_SUFFIXES = ("-chat-hf", "-Instruct", "-chat", "-it", "-hf")
-_VERSION = re.compile(r"-v\d+(\.\d+)*$", re.I)  # Mistral-7B-Instruct-v0.2, Mixtral-8x7B-v0.1
-
-
-def _base_name(name: str) -> tuple[str, str]:
-    """(``name`` less its variant and version suffixes, the variant suffix it had, "" if none)."""
+def _base_names(name: str) -> list[tuple[str, str]]:
+    """``name`` less one more variant or version suffix at each step, each with the first variant
+    suffix taken off ("" if none yet): ``DeepSeek-V3-0324`` -> ``DeepSeek-V3`` -> ``DeepSeek``."""
+    steps: list[tuple[str, str]] = []
     base, variant = name, ""
     while True:
         stripped = _VERSION.sub("", base)
@@ -390,41 +596,68 @@ def _base_name(name: str) -> tuple[str, str]:
                 variant = variant or suffix
                 stripped = stripped[: -len(suffix)]
                 break
-        if stripped == base:
-            return base, variant
+        if stripped == base or not stripped:
+            return steps
         base = stripped
+        steps.append((base, variant))
+
+
+def _names(model: CatalogueModel) -> set[str]:
+    """The repository names (lower case) that mean ``model`` exactly."""
+    return {model.name.lower(), model.source.partition("/")[2].lower()} | {r.lower() for r in model.repos}
+
+
+def _catalogue_match(repo: str) -> tuple[CatalogueModel, bool] | None:
+    """(the entry a repository name means, whether exactly) or None: an exact name first, then
+    its base less a variant or version suffix."""
+    wanted = repo.lower()
+    for model in MODEL_CATALOGUE:
+        if wanted in _names(model):
+            return model, True
+    for base, _variant in _base_names(repo):
+        for model in MODEL_CATALOGUE:
+            if base.lower() in _names(model):
+                return model, False
+    return None
 
 
 def builtin_model(spec: str) -> ModelShape | None:
     """A built-in shape by name (case-insensitive, dashes optional: ``Llama-3.1-8B``, ``llama3.1-8b``)
-    or by Hugging Face id (``meta-llama/Llama-3.1-8B``), a known variant of it included
-    (``meta-llama/Llama-3.1-8B-Instruct``, ``meta-llama/Llama-2-7b-chat-hf``: the shape says so in
-    its ``note``). None when it names none; ``ValueError`` for a built-in name under another
-    organisation (``foo/Llama-3.1-8B`` is not Meta's model)."""
+    or by Hugging Face id with or without its organisation (``meta-llama/Llama-3.1-8B``,
+    ``Qwen3-8B``), a known variant of it included (``meta-llama/Llama-3.1-8B-Instruct``,
+    ``meta-llama/Llama-2-7b-chat-hf``: the shape says so in its ``note``). None when it names none;
+    ``ValueError`` for a built-in name under another organisation (``foo/Llama-3.1-8B`` is not
+    Meta's model)."""
     text = spec.strip()
     org, _, repo = text.rpartition("/")
-    wanted = repo.lower()
     if not org:
+        wanted = repo.lower()
         for name, shape in COMMON_MODELS.items():
             if wanted in (name.lower(), name.lower().replace("-", "")):
                 return shape
-    base, variant = _base_name(repo)
-    for name, (owner, repos) in BUILTIN_REPOS.items():
-        names = {r.lower() for r in repos} | {name.lower()}
-        if repo.lower() not in names and base.lower() not in names:
-            continue
-        if org and org.lower() != owner.lower():
-            raise ValueError(
-                f"unknown model {text!r}: not in the local Hugging Face cache, and the built-in {name} shape "
-                f"is {owner}'s ({owner}/{repos[0]}), not {org}'s; give the model's config.json or folder"
-            )
-        shape = COMMON_MODELS[name]
-        if repo.lower() in names:
-            return shape
-        return replace(
-            shape,
-            name=text,
-            note=f"{text} is a{'n' if variant[1:2].lower() in 'aeiou' else ''} {variant} variant of {name}: "
-            f"the built-in {name} shape (the same layers, heads and weights)",
+    found = _catalogue_match(repo)
+    if found is None:
+        return None
+    model, exact = found
+    if org and org.lower() != model.owner.lower():
+        raise ValueError(
+            f"unknown model {text!r}: not in the local Hugging Face cache, and the built-in {model.name} shape "
+            f"is {model.owner}'s ({model.source}), not {org}'s; give the model's config.json or folder"
         )
-    return None
+    shape = COMMON_MODELS[model.name]
+    if exact:
+        return shape
+    variant = next((v for base, v in _base_names(repo) if base.lower() in _names(model)), "")
+    article = "an" if variant.lstrip("-")[:1].lower() in "aeiou" else "a"
+    kind = f"{article} {variant} variant" if variant else "a later version"
+    return replace(
+        shape,
+        name=text,
+        note=f"{text} is {kind} of {model.name}: the built-in {model.name} shape (the same layers, heads and weights)",
+    )
+
+
+def catalogue_source(name: str) -> str:
+    """The Hugging Face repository a built-in shape's fields come from ("" for another name)."""
+    model = _BY_NAME.get(name)
+    return model.source if model else ""

@@ -219,7 +219,7 @@ def ledger(*args: object) -> Ran:
         ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
         ("meta-llama/Llama-2-7b-chat-hf", "Llama-2-7B"),
         ("mistralai/Mistral-7B-Instruct-v0.2", "Mistral-7B"),
-        ("Qwen/Qwen2.5-7B-Instruct", "Qwen2.5-7B"),
+        ("google/gemma-2-9b-it", "gemma-2-9b"),
     ],
 )
 def test_a_variant_of_a_builtin_model_takes_its_shape_and_says_so(tmp_path, model, builtin):

@@ -137,6 +137,7 @@ KEPT = {
     "host": "0.0.0.0",
     "pod": "vllm-0",
     "log_level": "debug",
+    "served_model": "Qwen/Qwen3-8B",
 }
 PARSED = {
     "engine_url": ("http://127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),

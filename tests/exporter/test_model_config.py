@@ -76,3 +76,43 @@ def test_the_exporters_floor_reads_the_experts_its_running_batch_touches():
 
     assert floor(1) == weight_bytes_per_step(mixtral, 1) / 1e12
     assert floor(64) == weight_bytes_per_step(mixtral, 64) / 1e12 > 3 * floor(1)
+
+
+# ------------------------------------------------------------------- the served model (the chart's)
+
+
+def built(**settings):
+    return assembly.build_exporter(ExporterSettings(**settings), diagnose_hook=None, include_registry=False)
+
+
+def test_the_served_model_resolves_from_the_catalogue_offline(hf_cache):
+    exporter = built(served_model="Qwen/Qwen3-8B")
+    assert exporter.model_shape is COMMON_MODELS["Qwen3-8B"]
+    assert "missing" not in exporter.context() and exporter.context()["model"]["name"] == "Qwen3-8B"
+    assert "https://huggingface.co/Qwen/Qwen3-8B" in exporter.context()["model"]["source"]
+
+
+def test_the_served_model_resolves_from_the_mounted_hugging_face_cache(hf_cache):
+    snapshot = hf_cache / "models--acme--tiny-chat" / "snapshots" / "r1"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(TINY_CONFIG))
+    shape = built(served_model="acme/tiny-chat").model_shape
+    assert shape.name == "acme/tiny-chat" and shape.num_layers == TINY_CONFIG["num_hidden_layers"]
+
+
+def test_a_served_model_not_found_starts_anyway_and_says_what_supplies_it(hf_cache, caplog):
+    exporter = built(served_model="acme/still-downloading")
+    assert exporter.model_shape is None
+    missing = exporter.context()["missing"]
+    assert missing.startswith("model 'acme/still-downloading' not found") and "\n" not in missing
+    assert "--model" in missing and "sidecar.model" in missing
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [missing]
+
+
+def test_no_model_at_all_is_said_once(hf_cache, caplog):
+    exporter = built()
+    assert exporter.context()["missing"].startswith("model unknown: no decode-step floor")
+
+
+def test_the_model_flag_wins_over_the_served_model(hf_cache):
+    assert built(model_config_path="Llama-3.1-8B", served_model="Qwen3-8B").model_shape is COMMON_MODELS["Llama-3.1-8B"]

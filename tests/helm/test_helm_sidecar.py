@@ -285,3 +285,66 @@ def test_sidecar_only_pod_monitor_scrapes_at_the_snippets_interval(helm, named_t
     interval = float(arg_value(sidecar["args"], "--interval"))
     assert prometheus_seconds(monitor["spec"]["podMetricsEndpoints"][0]["interval"]) == interval
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in sidecar["ports"]}
+
+
+# -------------------------------------------------------------------- the model reaches the sidecar
+
+
+def sidecar_model(rendered) -> tuple[str | None, dict, dict]:
+    """(--served-model, the sidecar's volume mounts by name, its env) of a rendering."""
+    _, sidecar = rendered.container("kvdoctor")
+    mounts = {m["name"]: m for m in sidecar["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    return arg_value(sidecar["args"], "--served-model"), mounts, env
+
+
+def test_engine_model_reaches_the_sidecar_with_the_model_volume_read_only(helm):
+    rendered = helm.render("default", "--set", "engine.model=Qwen/Qwen3-8B")
+    model, mounts, env = sidecar_model(rendered)
+    assert model == "Qwen/Qwen3-8B"
+    assert mounts["model-cache"] == {"name": "model-cache", "mountPath": "/models", "readOnly": True}
+    _, engine = rendered.container("engine")
+    engine_env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert env["HF_HOME"] == engine_env["HF_HOME"] == "/models/huggingface"  # the same cache the engine fills
+    assert not any(m.get("readOnly") for m in engine["volumeMounts"] if m["name"] == "model-cache")
+
+
+def test_sidecar_model_overrides_engine_model(helm):
+    model, _, _ = sidecar_model(helm.render("default", "--set", "sidecar.model=meta-llama/Llama-3.1-8B-Instruct"))
+    assert model == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_the_served_model_the_chart_passes_is_one_the_real_exporter_resolves(helm):
+    """The default engine.model is in the built-in catalogue: the sidecar has its shape offline."""
+    from kvdoctor.sources.model_files import load_model
+
+    model, _, _ = sidecar_model(helm.render("default"))
+    assert model and load_model(model, environ={"HF_HUB_CACHE": "/nonexistent"}).num_layers > 0
+
+
+def test_sidecar_only_a_value_names_the_model_and_its_volume(helm, tmp_path):
+    """engine.enabled=false: the named templates a parent chart includes take sidecar.model and
+    sidecar.modelVolume.name (the parent pod's volume), and nothing without them."""
+    chart = tmp_path / "kvdoctor"
+    shutil.copytree(helm.chart.path, chart, symlinks=False)
+    (chart / "templates" / "zz-snippet.yaml").write_text(SNIPPET_TEMPLATE)
+
+    def container(*values: str) -> dict:
+        args = ["template", "snippet", str(chart), "--show-only", "templates/zz-snippet.yaml"]
+        args += ["-f", helm.values_file("sidecar-only"), *values]
+        return yaml.safe_load(yaml.safe_load(helm.run(*args).stdout)["data"]["container"])[0]
+
+    bare = container("--set", "engine.enabled=false")
+    assert arg_value(bare["args"], "--served-model") is None
+    assert not any(m["name"] == "models" for m in bare["volumeMounts"])
+    named = container(
+        "--set",
+        "engine.enabled=false",
+        "--set",
+        "sidecar.model=Qwen/Qwen3-30B-A3B",
+        "--set",
+        "sidecar.modelVolume.name=models",
+    )
+    assert arg_value(named["args"], "--served-model") == "Qwen/Qwen3-30B-A3B"
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in named["volumeMounts"]
+    assert {"name": "HF_HOME", "value": "/models/huggingface"} in named["env"]

@@ -21,6 +21,9 @@ DATASHEET = {
     "NVIDIA H200": (141, 4800, 5),
     "NVIDIA H200 NVL": (141, 4800, 5),
     "NVIDIA H20": (96, 4000, 5),
+    "NVIDIA H800": (80, 3350, 5),
+    "NVIDIA H800 PCIe": (80, 2000, 5),
+    "NVIDIA GB200": (186, 8000, 5),
     "NVIDIA GH200 480GB": (96, 4000, 5),
     "NVIDIA GH200 144G HBM3e": (144, 4900, 5),
     "NVIDIA B200": (180, 8000, 5),
@@ -28,11 +31,18 @@ DATASHEET = {
     "NVIDIA A100-SXM4-80GB": (80, 2039, 4),
     "NVIDIA A100-PCIE-40GB": (40, 1555, 4),
     "NVIDIA A100 80GB PCIe": (80, 1935, 4),
+    "NVIDIA A800-SXM4-80GB": (80, 2039, 4),
+    "NVIDIA A800 80GB PCIe": (80, 1935, 4),
+    "NVIDIA A30": (24, 933, 4),
+    "NVIDIA A40": (48, 696, 4),
+    "NVIDIA RTX A6000": (48, 768, 4),
     "NVIDIA A10": (24, 600, 4),
     "NVIDIA A10G": (24, 600, 4),
     "NVIDIA L4": (24, 300, 4),
     "NVIDIA L40": (48, 864, 4),
     "NVIDIA L40S": (48, 864, 4),
+    "NVIDIA L20": (48, 864, 4),
+    "NVIDIA RTX 6000 Ada Generation": (48, 960, 4),
     "NVIDIA GeForce RTX 4090": (24, 1008, 4),
     "Tesla T4": (16, 320, 3),
     "Tesla V100-SXM2-16GB": (16, 900, 3),
@@ -62,7 +72,7 @@ def test_every_row_matches_its_datasheet_and_cites_it(name):
 
 
 def test_grace_hopper_offloads_over_nvlink_c2c_not_pcie():
-    for name in ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"):
+    for name in ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e", "NVIDIA GB200"):
         gpu = G.gpu_spec(name)
         assert gpu.host_link == "NVLink-C2C" and gpu.host_bandwidth == 450e9
     assert G.gpu_spec("NVIDIA H100 PCIe").host_bandwidth == 63e9
@@ -79,13 +89,21 @@ def test_grace_hopper_offloads_over_nvlink_c2c_not_pcie():
         ("H100", "NVIDIA H100 80GB HBM3"),
         ("a100-80gb", "NVIDIA A100-SXM4-80GB"),
         ("GH200-144GB", "NVIDIA GH200 144G HBM3e"),
+        # the names NVML reports on the China-market and workstation parts
+        ("NVIDIA H800", "NVIDIA H800"),
+        ("NVIDIA A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB"),
+        ("NVIDIA L20", "NVIDIA L20"),
+        ("NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX 6000 Ada Generation"),
+        ("NVIDIA RTX A6000", "NVIDIA RTX A6000"),
+        ("nvidia rtx 6000 ada generation", "NVIDIA RTX 6000 Ada Generation"),
+        ("A6000", "NVIDIA RTX A6000"),
     ],
 )
 def test_names_resolve_exactly(asked, row):
     assert G.gpu_spec(asked).name == row
 
 
-@pytest.mark.parametrize("name", ["NVIDIA H800", "NVIDIA H100", "V100", "GH200", "NVIDIA A100", "Z80"])
+@pytest.mark.parametrize("name", ["NVIDIA H900", "NVIDIA H100", "V100", "GH200", "NVIDIA A100", "Z80"])
 def test_an_unknown_or_ambiguous_name_is_an_error_naming_the_closest_and_the_flag(name):
     assert G.lookup_gpu(name) is None
     message = one_line_error(G.UnknownGpuError, G.gpu_spec, name)
@@ -96,7 +114,7 @@ def test_the_closest_names_are_the_same_model_first_then_similar_spellings():
     assert G.closest_gpu_names("V100") == ["Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-16GB"]
     assert set(G.closest_gpu_names("NVIDIA A100")) < {n for n in DATASHEET if n.startswith("NVIDIA A100")}
     assert G.closest_gpu_names("GH200")[:2] == ["NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"]
-    assert G.closest_gpu_names("NVIDIA H800")[0] == "NVIDIA H200"  # no H800 row: the nearest spelling
+    assert G.closest_gpu_names("NVIDIA H900")[0] in ("NVIDIA H800", "NVIDIA H200")  # no H900: the nearest spelling
     assert G.closest_gpu_names("Z80") == []
     with pytest.raises(G.UnknownGpuError) as info:
         G.gpu_spec("NVIDIA H20 NVL16")

@@ -124,6 +124,10 @@ kvdoctor as a dependency builds the same dict from its own values, e.g.
 {{- $ctx := dict "sidecar" .Values.sidecar "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag) }}
 {{- $_ := set $ctx "engineUrl" (default (printf "http://127.0.0.1:%d/metrics" (int .Values.engine.port)) .Values.sidecar.engineUrl) }}
 {{- $_ := set $ctx "webConfigSecret" (include "kvdoctor.componentName" (list . "web-config")) }}
+{{- if .Values.engine.enabled }}
+{{- $_ := set $ctx "model" .Values.engine.model }}
+{{- $_ := set $ctx "modelVolume" "model-cache" }}
+{{- end }}
 {{- toYaml $ctx }}
 {{- end }}
 

@@ -9,6 +9,9 @@ Every template takes one dict:
   engineUrl  the engine's /metrics URL when sidecar.engineUrl is empty (default http://127.0.0.1:8000/metrics)
   webConfigSecret  the Secret with the sidecar's web config when sidecar.web is on and has no
              existingSecret (this chart passes the one it makes; a parent chart sets sidecar.web.existingSecret)
+  model      the served model when sidecar.model is empty (this chart passes engine.model)
+  modelVolume  the pod volume with the models when sidecar.modelVolume.name is empty (this chart
+             passes its engine's model-cache)
 
 In a parent chart with kvdoctor as a dependency:
   {{- $kv := dict "sidecar" .Values.kvdoctor.sidecar "image" .Values.kvdoctor.image }}
@@ -134,6 +137,9 @@ The sidecar container (one item of a pod's `containers` list).
     {{- with $s.dcgmUrl }}
     - {{ printf "--dcgm-url=%s" . | quote }}
     {{- end }}
+    {{- with default .model $s.model }}
+    - {{ printf "--served-model=%s" . | quote }}
+    {{- end }}
     {{- range $s.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -156,6 +162,11 @@ The sidecar container (one item of a pod's `containers` list).
       value: all
     - name: NVIDIA_DRIVER_CAPABILITIES
       value: utility
+    {{- end }}
+    {{- if include "kvdoctor.modelVolume" . }}
+    # The Hugging Face cache of the engine's model volume, where the served model's config.json is.
+    - name: HF_HOME
+      value: {{ $s.modelVolume.hfHome | default "/models/huggingface" | quote }}
     {{- end }}
     {{- with $s.extraEnv }}
     {{- toYaml . | nindent 4 }}
@@ -196,6 +207,20 @@ The sidecar container (one item of a pod's `containers` list).
       mountPath: {{ include "kvdoctor.gpuListDir" . }}
       readOnly: true
     {{- end }}
+    {{- with include "kvdoctor.modelVolume" . }}
+    - name: {{ . }}
+      mountPath: {{ $s.modelVolume.mountPath | default "/models" }}
+      readOnly: true
+    {{- end }}
+{{- end }}
+
+{{/*
+The pod volume with the engine's models that the sidecar mounts read-only: sidecar.modelVolume.name,
+else the one the including chart passes (this chart's engine model-cache); empty: none.
+*/}}
+{{- define "kvdoctor.modelVolume" -}}
+{{- $name := dig "modelVolume" "name" "" .sidecar }}
+{{- if $name }}{{ $name }}{{ else if .modelVolume }}{{ .modelVolume }}{{ end }}
 {{- end }}
 
 {{/*
