@@ -1,6 +1,7 @@
-"""The fleet benchmark's rig: the floor rule group, a watcher sampling Prometheus, the Fleet page
-held open in headless Chromium, the CLI timed in a new interpreter, the alerts judged against the
-fleet's plan. bench/bench_fleet.py runs them and prints the figures."""
+"""The fleet benchmark's rig: the floor rule group, the SLO records' backfill, a watcher sampling the
+rule engine (Prometheus, or vmalert over VictoriaMetrics), the Fleet page held open in headless
+Chromium, the CLI timed in a new interpreter, the alerts judged against the fleet's plan.
+bench/bench_fleet.py runs them and prints the figures."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import random
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -19,12 +21,14 @@ from typing import Any
 import httpx
 
 from kvdoctor.rules.alert_specs import VERDICT_ALERT_NAMES
+from kvdoctor.rules.slo_alerts import SLO_ALERT_NAMES
 from kvdoctor.signals.vocabulary import Kind, signal_for_series
 from tests.support import tools
 from tests.support.browser import Page, chromium_browser
 from tests.support.fleet_server import FleetEngine
 from tests.support.processes import Process
 from tests.support.prometheus import PrometheusServer
+from tests.support.victoria import VictoriaStack
 
 SAMPLE_EVERY_S = 5.0  # what the watcher asks costs Prometheus too: once a scrape interval
 DASH_CALLBACK = "_dash-update-component"
@@ -65,16 +69,59 @@ def floor_rules(families: list[str], rules_text: str, scrape_interval: float) ->
 # ---------------------------------------------------------------------------- watching Prometheus
 
 
+# ------------------------------------------------------------------------- the SLO records' past
+
+
+def backfill_text(counts: list[dict[str, Any]], start: float, end: float, step: float, openmetrics: bool) -> str:
+    """The SLO groups' per-engine counter records (``slo_alerts``: what their long windows read) held
+    at each engine's first value from ``start`` to ``end`` every ``step`` seconds: the hours before
+    the run, so the 6-hour window reads as many samples as at steady state. OpenMetrics (seconds, for
+    ``promtool tsdb create-blocks-from openmetrics``) or the Prometheus text format (milliseconds,
+    VictoriaMetrics' ``/api/v1/import/prometheus``)."""
+    lines = []
+    stamps = [start + i * step for i in range(int((end - start) // step) + 1)]
+    for c in counts:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(c["labels"].items()))
+        series = f"{c['record']}{{{labels}}}"
+        value = f"{c['value']:g}"
+        for t in stamps:
+            lines.append(f"{series} {value} {t:.3f}" if openmetrics else f"{series} {value} {int(t * 1000)}")
+    return "\n".join(lines) + ("\n# EOF\n" if openmetrics else "\n")
+
+
+def backfill_blocks(text: str, work: Path) -> Path:
+    """``text`` (OpenMetrics) as TSDB blocks, made by promtool, for Prometheus' data folder."""
+    source, blocks = work / "backfill.om", work / "backfill-blocks"
+    source.write_text(text)
+    binary = tools.promtool()
+    if binary is None:
+        raise SystemExit(tools.missing_reason("promtool"))
+    done = subprocess.run(
+        [binary, "tsdb", "create-blocks-from", "openmetrics", str(source), str(blocks)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"promtool could not make the backfill's blocks: {(done.stderr or done.stdout)[-500:]}")
+    source.unlink()
+    return blocks
+
+
+# ---------------------------------------------------------------------------- watching the rules
+
+
 @dataclass
 class Sample:
     t: float
     phase: str
     rss: float
-    evaluations: dict[str, tuple[str, float]]  # group -> (lastEvaluation, evaluationTime)
+    evaluations: dict[str, tuple[str, float]]  # group -> (its evaluation's id, its seconds)
     alerting: dict[str, float]  # group -> seconds its alerting rules took in that evaluation
     missed: dict[str, float]  # group -> iterations missed so far
     active: set[tuple[str, str, str]]  # (namespace, pod, alertname), pending or firing
     head_series: float
+    intervals: dict[str, float] = field(default_factory=dict)  # group -> its evaluation interval, seconds
 
 
 def _rss_bytes(pid: int) -> float:
@@ -86,19 +133,25 @@ def _rss_bytes(pid: int) -> float:
 
 _MISSED = re.compile(r'^prometheus_rule_group_iterations_missed_total\{rule_group="[^"]*;([^"]+)"\} (\S+)$', re.M)
 _HEAD = re.compile(r"^prometheus_tsdb_head_series (\S+)$", re.M)
+_VM_ITERATION = re.compile(r'^vmalert_iteration_duration_seconds_(sum|count)\{group="([^"]+)"[^}]*\} (\S+)$', re.M)
+_VM_MISSED = re.compile(r'^vmalert_iteration_missed_total\{group="([^"]+)"[^}]*\} (\S+)$', re.M)
 
 
 class Watcher:
-    """Samples Prometheus every SAMPLE_EVERY_S from a thread, tagging each sample with the phase."""
+    """Samples the rule engine every SAMPLE_EVERY_S from a thread, tagging each sample with the phase:
+    Prometheus (its rules API gives each group's last evaluation and time), or vmalert (each group's
+    iterations and their summed seconds from its metrics: a sample's evaluation time is the mean of
+    the iterations since the last sample)."""
 
-    def __init__(self, prom: PrometheusServer):
-        self.prom = prom
-        self.http = httpx.Client(base_url=prom.url, timeout=30)
+    def __init__(self, store: PrometheusServer | VictoriaStack):
+        self.store = store
+        self.http = httpx.Client(timeout=30)
         self.phase = "warm-up"
         self.samples: list[Sample] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
+        self._iterations: dict[str, tuple[float, float]] = {}  # vmalert: group -> (count, sum) last seen
 
     def start(self) -> Watcher:
         self._thread.start()
@@ -117,13 +170,19 @@ class Watcher:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def sample(self) -> Sample:
-        assert self.prom.process is not None
+        if isinstance(self.store, VictoriaStack):
+            return self._sample_vmalert(self.store)
+        return self._sample_prometheus(self.store)
+
+    def _sample_prometheus(self, prom: PrometheusServer) -> Sample:
+        assert prom.process is not None
         # one read gives each group's time, its alerting rules' share and their active alerts
-        groups = self.http.get("/api/v1/rules").json()["data"]["groups"]
+        groups = self.http.get(prom.url + "/api/v1/rules").json()["data"]["groups"]
         evaluations = {g["name"]: (g["lastEvaluation"], float(g["evaluationTime"])) for g in groups}
+        intervals = {g["name"]: float(g["interval"]) for g in groups}
         alerting_rules = {g["name"]: [r for r in g["rules"] if r["type"] == "alerting"] for g in groups}
         alerting = {name: sum(float(r["evaluationTime"]) for r in rules) for name, rules in alerting_rules.items()}
-        own = self.http.get("/metrics").text
+        own = self.http.get(prom.url + "/metrics").text
         missed = {group: float(value) for group, value in _MISSED.findall(own)}
         head = _HEAD.search(own)
         active = {
@@ -133,9 +192,36 @@ class Watcher:
             for a in r["alerts"]
             if a["state"] in ("pending", "firing")
         }
-        rss = _rss_bytes(self.prom.process.pid)
+        rss = _rss_bytes(prom.process.pid)
         head_series = float(head.group(1)) if head else 0.0
-        return Sample(time.time(), self.phase, rss, evaluations, alerting, missed, active, head_series)
+        return Sample(time.time(), self.phase, rss, evaluations, alerting, missed, active, head_series, intervals)
+
+    def _sample_vmalert(self, stack: VictoriaStack) -> Sample:
+        alerter = stack.alerter
+        assert alerter.process is not None and stack.db.process is not None
+        groups = self.http.get(alerter.url + "/api/v1/rules").json()["data"]["groups"]
+        intervals = {g["name"]: float(g["interval"]) for g in groups}
+        own = self.http.get(alerter.url + "/metrics").text
+        totals: dict[str, dict[str, float]] = {}
+        for part, group, value in _VM_ITERATION.findall(own):
+            totals.setdefault(group, {})[part] = totals.get(group, {}).get(part, 0.0) + float(value)
+        evaluations = {}
+        for group, figures in totals.items():
+            count, seconds = figures.get("count", 0.0), figures.get("sum", 0.0)
+            last_count, last_seconds = self._iterations.get(group, (0.0, 0.0))
+            if count > last_count:
+                evaluations[group] = (f"{count:g}", (seconds - last_seconds) / (count - last_count))
+            self._iterations[group] = (count, seconds)
+        missed: dict[str, float] = {}
+        for group, value in _VM_MISSED.findall(own):
+            missed[group] = missed.get(group, 0.0) + float(value)
+        active = {
+            (a["labels"].get("namespace", ""), a["labels"].get("pod", ""), a["labels"]["alertname"])
+            for a in alerter.alerts()
+            if a.get("state") in ("pending", "firing")
+        }
+        rss = _rss_bytes(stack.db.process.pid) + _rss_bytes(alerter.process.pid)
+        return Sample(time.time(), self.phase, rss, evaluations, {}, missed, active, 0.0, intervals)
 
     def dump(self, path: Path) -> None:
         """Every sample as JSON (what the figures were made of)."""
@@ -285,12 +371,52 @@ def timed_cli(*args: str, repeat: int = 3) -> tuple[float, int, str]:
 
 
 def alert_errors(samples: list[Sample], plan: list[FleetEngine]) -> tuple[set, set]:
-    """(engines whose expected alert was not active in some sample, (engine, alert) active unexpected)."""
+    """(engines whose expected cause alert was not active in some sample, (engine, cause alert) active
+    unexpected). The SLO's burn alerts follow each engine's latency, not its verdict: counted apart
+    (``slo_alerts_active``)."""
     expected = {(e.namespace, e.pod, e.alert) for e in plan if e.alert}
-    known = {(e.namespace, e.pod) for e in plan}
     missed: set = set()
     extra: set = set()
     for s in samples:
         missed |= expected - s.active
-        extra |= {a for a in s.active - expected if (a[0], a[1]) in known or a[2] in VERDICT_ALERT_NAMES}
+        extra |= {a for a in s.active - expected if a[2] in VERDICT_ALERT_NAMES or a[2] not in SLO_ALERT_NAMES}
     return missed, extra
+
+
+def slo_alerts_active(samples: list[Sample]) -> float:
+    """The median number of burn-rate alerts pending or firing."""
+    return statistics.median([sum(1 for a in s.active if a[2] in SLO_ALERT_NAMES) for s in samples] or [0])
+
+
+def group_cost(samples: list[Sample], groups: list[str]) -> tuple[float, dict[str, tuple[list[float], float]]]:
+    """Seconds of rule evaluation per second of the ``groups`` together (each group's median evaluation
+    over its interval), and each group's (evaluation times, interval): a group evaluated every minute
+    costs a quarter of one as slow every 15 s."""
+    per_group = {}
+    for group in groups:
+        times = evaluation_times(samples, group)
+        interval = next((s.intervals[group] for s in reversed(samples) if group in s.intervals), float("nan"))
+        per_group[group] = (times, interval)
+    total = sum(statistics.median(t) / i for t, i in per_group.values() if t and i == i)
+    return total, per_group
+
+
+def cost_interval(
+    ours: dict[str, tuple[list[float], float]],
+    floor: tuple[list[float], float],
+    level: float = 0.9,
+    resamples: int = 2000,
+) -> tuple[float, float]:
+    """A bootstrap ``level`` interval of ``group_cost``'s total over the floor's: each group's
+    evaluations resampled on their own, as ``ratio_interval`` does for one group."""
+    floor_times, floor_interval = floor
+    if not floor_times or not any(t for t, _ in ours.values()):
+        return float("nan"), float("nan")
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(resamples):
+        total = sum(statistics.median(rng.choices(t, k=len(t))) / i for t, i in ours.values() if t)
+        ratios.append(total / (statistics.median(rng.choices(floor_times, k=len(floor_times))) / floor_interval))
+    ratios.sort()
+    tail = (1.0 - level) / 2
+    return ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]

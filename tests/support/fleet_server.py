@@ -20,7 +20,8 @@ step per scrape, its counters advancing. An engine's clock starts at its first s
 before it, so Prometheus' scrapes (a fixed offset per target) each land inside their own step.
 
 ``plan_json`` / ``GET /plan`` list the engines (namespace, pod, instance label, scenario, expected
-verdict and alert), ``GET /families`` the metric names served and the series per engine;
+verdict and alert), ``GET /families`` the metric names served and the series per engine,
+``GET /slo-counts`` what the SLO rules record for each engine at its first step (for a backfill);
 ``scrape_config`` is the Prometheus job that scrapes each engine as its own target, labelled like
 a Kubernetes pod target (``namespace``, ``instance`` as a pod IP and port).
 """
@@ -43,10 +44,14 @@ import numpy as np
 from kvdoctor.exporter.assembly import build_exporter
 from kvdoctor.exporter.exposition import ExpositionRenderer
 from kvdoctor.exporter.settings import DEFAULT_PORT, load_settings
+from kvdoctor.exporter.slo_counters import slo_counts
 from kvdoctor.rules.alert_specs import VERDICT_ALERT
+from kvdoctor.rules.feature_promql import ENGINE_KEYS
+from kvdoctor.rules.slo_alerts import OBJECTIVES
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.collection import Collected
 from kvdoctor.signals.records import attributes
+from kvdoctor.signals.stats import observations_over
 from kvdoctor.signals.textparse import iter_samples
 from kvdoctor.signals.window import SeriesKey, labels_of
 from tests.support.scenarios import SCENARIO_BY_NAME, Scenario
@@ -73,6 +78,10 @@ TEMPLATE_CYCLES = 75  # the exporter's diagnosis window (60 s at 1 Hz) and a few
 DEFAULT_INTERVAL = 5.0
 DEFAULT_HOURS = 4.0  # how long the engines' series last; past that an engine repeats its last step
 DEFAULT_GPUS = 8
+# Every engine's exporter publishes a TTFT SLO too, so the TTFT burn-rate rules run on the whole fleet
+# (the TTFT SLO feeds the burn alerts only: no verdict changes with it).
+SLO_MS = 100.0
+TTFT_SLO_MS = 2000.0
 
 
 @dataclass(frozen=True)
@@ -200,8 +209,46 @@ class EngineKind:
                 if np.isnan(column).any():
                     raise ValueError(f"scenario {scenario.name}: {name} has steps without a sample")
                 values[:, j] = column
+        _count_over_slo(keys, values)
         verdicts = [labels["verdict"] for name, labels, value, _ in template if name == S.DIAGNOSIS_VERDICT and value]
         return cls(scenario, keys, values, verdicts[0] if verdicts else "")
+
+    def slo_counts(self, engine: FleetEngine) -> list[dict[str, Any]]:
+        """What the SLO rules record for ``engine`` at its first step (``slo_alerts``' per-engine counters:
+        each objective's over-SLO counter and observations, summed per engine): the values a backfill
+        of the hours before the run holds them at."""
+        out = []
+        first = self.values[0]
+        for o in OBJECTIVES:
+            for record, source in ((o.errors_record, o.over_counter), (o.events_record, o.events)):
+                sums: dict[tuple, float] = {}
+                for j, (name, labels) in enumerate(self.keys):
+                    if name == source:
+                        full = {**labels, "namespace": engine.namespace, "pod": engine.pod, "instance": engine.instance}
+                        key = tuple(full.get(k, "") for k in ENGINE_KEYS)
+                        sums[key] = sums.get(key, 0.0) + float(first[j])
+                out += [
+                    {"record": record, "labels": dict(zip(ENGINE_KEYS, k, strict=True)), "value": v}
+                    for k, v in sums.items()
+                ]
+        return out
+
+
+def _count_over_slo(keys: list[tuple[str, dict[str, str]]], values: np.ndarray) -> None:
+    """The exporter's SLO counters at every step, from the steps' cumulative buckets (in place): what
+    ``exporter/slo_counters.py`` counts, with the SLOs fixed from the first step on."""
+    for count in slo_counts(SLO_MS / 1e3, TTFT_SLO_MS / 1e3):
+        buckets: dict[tuple, list[tuple[float, int]]] = {}
+        for j, (name, labels) in enumerate(keys):
+            if name == count.histogram + "_bucket":
+                rest = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+                buckets.setdefault(rest, []).append((float(labels["le"]), j))
+        for j, (name, labels) in enumerate(keys):
+            series = buckets.get(tuple(sorted(labels.items()))) if name == count.counter else None
+            if series:
+                bounds = [b for b, _ in series]
+                columns = values[:, [i for _, i in series]]
+                values[:, j] = [observations_over(count.slo_seconds, bounds, list(row)) for row in columns]
 
 
 def _exporter_page(scenario: Scenario) -> list:
@@ -209,7 +256,7 @@ def _exporter_page(scenario: Scenario) -> list:
     series = scenario.series()
     clock = [1.0e9]
     exporter = build_exporter(
-        load_settings(pod=scenario.pod),
+        load_settings(pod=scenario.pod, slo_ms=SLO_MS, ttft_slo_ms=TTFT_SLO_MS),
         [_Replay("engine", series, gpus=False), _Replay("nvml", series, gpus=True)],
         clock=lambda: clock[0],
         include_registry=False,
@@ -300,6 +347,8 @@ class FleetServer:
             return send_json(h, self.scrapes)
         if path == "/families":
             return send_json(h, self.families())
+        if path == "/slo-counts":
+            return send_json(h, [c for e in self.plan for c in self.kinds[e.scenario].slo_counts(e)])
         return send(h, b"not found\n", 404, "text/plain")
 
     def stop(self) -> None:
