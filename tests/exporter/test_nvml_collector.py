@@ -10,7 +10,12 @@ The real path runs on a GPU machine through scripts/gpu_check.sh.
 from __future__ import annotations
 
 import ctypes.util
+import os
+import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
@@ -762,3 +767,27 @@ def test_check_prints_the_health_readings_and_what_is_not_supported(capsys):
     assert f"{S.GPU_POWER_LIMIT} = 700" in text and f"{S.GPU_CLOCK} [clock=sm] = 1.98e+09" in text
     assert "not supported here: remapped_rows" in text
     assert "one collection of 1 GPU(s):" in text and "% of a core at 1 Hz" in text
+
+
+@pytest.mark.skipif(
+    bool(ctypes.util.find_library("nvidia-ml")), reason="this machine has NVML; scripts/gpu_check.sh covers it"
+)
+def test_gpu_check_script_runs_from_a_bare_checkout_without_an_installed_kvdoctor(tmp_path):
+    """A GPU machine with a copy of the repository and no install: the script assembles the package
+    from the sources (every folder it imports), reaches NVML and says in one line that it is absent."""
+    bare = tmp_path / "python"  # this interpreter without site: numpy and pynvml importable, kvdoctor not
+    site = sysconfig.get_paths()["purelib"]
+    bare.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    assert subprocess.run([bare, "-c", "import kvdoctor"], capture_output=True, cwd=tmp_path).returncode != 0
+    script = Path(__file__).resolve().parents[2] / "scripts/gpu_check.sh"
+    done = subprocess.run(
+        ["bash", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": str(bare)},
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("gpu check: NVML is not available here") and done.stderr.count("\n") == 1
