@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 import httpx
 import pytest
 
 from kvdoctor.exporter.collectors.base import REGISTRY
+from kvdoctor.exporter.runtime import Exporter
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.collection import NotApplicable, SourceError
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.gpu import HttpSource, SimulatedGpuCollector, for_engine_url, gpu_uuid
 from kvdoctor.simulator.physics import Simulation
+from tests.support import tools
 
 T0 = 1_800_000_000.0
 
@@ -116,6 +120,22 @@ def test_a_healthy_gpus_health_signals_every_family_with_its_declared_labels():
     (limit,) = values(busy, S.GPU_POWER_LIMIT)
     assert values(idle, S.GPU_POWER_DRAW)[0] < values(busy, S.GPU_POWER_DRAW)[0] < limit
     assert values(idle, S.GPU_TEMPERATURE)[0] < values(busy, S.GPU_TEMPERATURE)[0] < 80
+
+
+@tools.requires_promtool
+def test_the_exporters_page_with_the_health_families_passes_promtool_check_metrics():
+    clock = Clock()
+    collector = SimulatedGpuCollector.for_simulation(Simulation("healthy", clock=clock, warmup=2), count=2)
+    exporter = Exporter(ExporterSettings(nvml=False, pod="p"), [collector])
+    exporter.run_cycle()
+    clock.t += 1
+    exporter.run_cycle()
+    page = exporter.metrics_bytes()
+    for name in HEALTH_SIGNALS:
+        assert f"# TYPE {name} ".encode() in page, name
+    assert page.count(f"{S.GPU_CLOCK_THROTTLE_REASON}{{".encode()) == 2 * len(S.CLOCK_THROTTLE_REASONS)
+    result = subprocess.run([tools.promtool(), "check", "metrics"], input=page, capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
 def test_tier_miss_shows_pcie_receive():
