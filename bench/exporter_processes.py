@@ -28,9 +28,37 @@ class SimulatedGpus:
         self.n = n
         self.step = 0
         self._rows = []
+        self._health: list[dict] = []  # per GPU: the health series that hold still (errors, link, maxima)
+        self._moving: list[tuple] = []  # per GPU: temperature, power draw and SM clock keys
         for i in range(n):
             base = labels_of(gpu=str(i), uuid=f"GPU-{i:08x}-bench", model="NVIDIA H100 80GB HBM3")
             gpm = labels_of(dict(base), method="gpm")
+            ident = dict(base)
+            health = {
+                (S.GPU_POWER_LIMIT, base): 700.0,
+                (S.GPU_CLOCK, labels_of(ident, clock=S.CLOCK_MEMORY)): 2619e6,
+                (S.GPU_MAX_CLOCK, labels_of(ident, clock=S.CLOCK_MEMORY)): 2619e6,
+                (S.GPU_MAX_CLOCK, labels_of(ident, clock=S.CLOCK_SM)): 1980e6,
+                (S.GPU_XID_ERRORS, base): 0.0,
+                (S.GPU_LAST_XID, base): 0.0,
+                (S.GPU_ROW_REMAP_PENDING, base): 0.0,
+                (S.GPU_ROW_REMAP_FAILURE, base): 0.0,
+                (S.GPU_PCIE_LINK_GENERATION, base): 5.0,
+                (S.GPU_PCIE_LINK_MAX_GENERATION, base): 5.0,
+                (S.GPU_PCIE_LINK_WIDTH, base): 16.0,
+                (S.GPU_PCIE_LINK_MAX_WIDTH, base): 16.0,
+                (S.GPU_PCIE_REPLAYS, base): 0.0,
+            }
+            for _, reason in S.CLOCK_THROTTLE_REASONS:
+                health[(S.GPU_CLOCK_THROTTLE_REASON, labels_of(ident, reason=reason))] = 0.0
+            for error in (S.ERROR_CORRECTED, S.ERROR_UNCORRECTED):
+                health[(S.GPU_REMAPPED_ROWS, labels_of(ident, error=error))] = 0.0
+                for scope in (S.SCOPE_VOLATILE, S.SCOPE_AGGREGATE):
+                    health[(S.GPU_ECC_ERRORS, labels_of(ident, error=error, scope=scope))] = 0.0
+            self._health.append(health)
+            self._moving.append(
+                ((S.GPU_TEMPERATURE, base), (S.GPU_POWER_DRAW, base), (S.GPU_CLOCK, labels_of(ident, clock=S.CLOCK_SM)))
+            )
             self._rows.append(
                 (
                     (S.GPU_DRAM_BANDWIDTH_UTILIZATION, gpm),
@@ -57,6 +85,11 @@ class SimulatedGpus:
             out.samples[rx] = 2e8 * phase
             out.samples[tx] = 1e8 * phase
             out.samples[peak] = 3.35e12
+            out.samples.update(self._health[i])
+            temperature, power, sm_clock = self._moving[i]
+            out.samples[temperature] = 50.0 + 10 * phase
+            out.samples[power] = 400.0 + 200 * phase
+            out.samples[sm_clock] = 1980e6 - 15e6 * (self.step % 3)
         return out
 
     def close(self) -> None:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run kvdoctor's real NVML path on this machine's GPUs and print what it read per GPU: GPM
-# support, the values, NVML's memory bus width and max memory clock with the peak they give
+# support, the values (the GPU health readings too: temperature, power and its limit, clocks and
+# their maxima, throttle reasons, XID and ECC errors, remapped rows, the PCIe link and replays),
+# the readings the GPU does not support, the CPU one collection costs, NVML's memory bus width and max memory clock with the peak they give
 # (bus x clock x 2 / 8), next to the GPU catalogue's row for the exact NVML name (its published
 # bus width, clock and datasheet peak; ledger/gpus.py) and the peak the exporter uses.
 # Exit 0 when every GPU was read; non-zero, with one line on stderr, when NVML is unavailable.
@@ -33,8 +35,9 @@ if ! (cd / && "$python" -c "import kvdoctor.exporter.collectors.nvml" >/dev/null
   trap 'rm -rf "$shim"' EXIT
   mkdir "$shim/kvdoctor"
   cp -r "$root/kvdoctor/." "$shim/kvdoctor/"
-  ln -s "$root/exporter" "$shim/kvdoctor/exporter"
-  ln -s "$root/rules" "$shim/kvdoctor/rules"
+  for package in exporter rules ledger signals sources; do  # pyproject.toml's package-dir
+    ln -s "$root/$package" "$shim/kvdoctor/$package"
+  done
   export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$python" -c "import sys; from kvdoctor.exporter.collectors.nvml import main; sys.exit(main(['--check', *sys.argv[1:]]))" "$@"

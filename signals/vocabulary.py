@@ -61,6 +61,25 @@ GPU_PCIE_RX = "kvdoctor_gpu_pcie_receive_bytes_per_second"
 GPU_PCIE_TX = "kvdoctor_gpu_pcie_transmit_bytes_per_second"
 GPU_DRAM_PEAK_BANDWIDTH = "kvdoctor_gpu_dram_peak_bandwidth_bytes_per_second"
 
+# GPU health: what the hardware can do against what it does (clocks, power, link) and its errors.
+GPU_TEMPERATURE = "kvdoctor_gpu_temperature_celsius"
+GPU_POWER_DRAW = "kvdoctor_gpu_power_draw_watts"
+GPU_POWER_LIMIT = "kvdoctor_gpu_power_limit_watts"
+GPU_CLOCK = "kvdoctor_gpu_clock_hertz"
+GPU_MAX_CLOCK = "kvdoctor_gpu_max_clock_hertz"
+GPU_CLOCK_THROTTLE_REASON = "kvdoctor_gpu_clock_throttle_reason"
+GPU_XID_ERRORS = "kvdoctor_gpu_xid_errors_total"
+GPU_LAST_XID = "kvdoctor_gpu_last_xid"
+GPU_ECC_ERRORS = "kvdoctor_gpu_ecc_errors_total"
+GPU_REMAPPED_ROWS = "kvdoctor_gpu_remapped_rows_total"
+GPU_ROW_REMAP_PENDING = "kvdoctor_gpu_row_remap_pending"
+GPU_ROW_REMAP_FAILURE = "kvdoctor_gpu_row_remap_failure"
+GPU_PCIE_LINK_GENERATION = "kvdoctor_gpu_pcie_link_generation"
+GPU_PCIE_LINK_MAX_GENERATION = "kvdoctor_gpu_pcie_link_max_generation"
+GPU_PCIE_LINK_WIDTH = "kvdoctor_gpu_pcie_link_width_lanes"
+GPU_PCIE_LINK_MAX_WIDTH = "kvdoctor_gpu_pcie_link_max_width_lanes"
+GPU_PCIE_REPLAYS = "kvdoctor_gpu_pcie_replays_total"
+
 KV_CACHE_USAGE = "kvdoctor_kv_cache_usage_ratio"
 KV_CACHE_CAPACITY = "kvdoctor_kv_cache_capacity_tokens"
 PREEMPTIONS = "kvdoctor_preemptions_total"
@@ -107,6 +126,40 @@ PROCESS_MAX_FDS = "process_max_fds"
 METHOD_GPM = "gpm"  # NVML GPM (Hopper+): DRAM bandwidth and SM activity
 METHOD_DCGM = "dcgm"  # dcgm-exporter's profiling counters: the same quantities
 METHOD_NVML_UTIL = "nvml_util"  # NVML utilisation rates: duty cycles, not bandwidth or SM activity
+
+# Values of the ``clock`` label on the clock signals.
+CLOCK_SM = "sm"
+CLOCK_MEMORY = "memory"
+
+# Values of the ``error`` label on the ECC and remapped-row counters, and of ``scope`` on ECC:
+# volatile counts since the driver loaded, aggregate over the GPU's life (its InfoROM).
+ERROR_CORRECTED = "corrected"
+ERROR_UNCORRECTED = "uncorrected"
+SCOPE_VOLATILE = "volatile"
+SCOPE_AGGREGATE = "aggregate"
+
+# The clock throttle (NVML "clocks event") reasons: the ``reason`` label of
+# kvdoctor_gpu_clock_throttle_reason, each with its bit in NVML's mask, which DCGM's
+# DCGM_FI_DEV_CLOCKS_EVENT_REASONS (formerly ..._CLOCK_THROTTLE_REASONS) reports unchanged.
+# gpu_idle, applications_clocks_setting, sync_boost and display_clock_setting hold clocks down by
+# design; sw_power_cap and the slowdowns are what slows a loaded GPU.
+CLOCK_THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+def throttle_reason_states(mask: int) -> dict[str, float]:
+    """The state set of an NVML/DCGM clock-event bitmask: every reason, 1.0 when its bit is set."""
+    return {reason: 1.0 if mask & bit else 0.0 for bit, reason in CLOCK_THROTTLE_REASONS}
+
 
 # vLLM's inter-token-latency histogram bounds in seconds (vllm/v1/metrics/loggers.py), +Inf left
 # out: what the simulated engine exposes and what tests and benchmarks build histograms on.
@@ -175,6 +228,134 @@ SIGNALS: dict[str, Signal] = {
             "bytes_per_second",
             "Theoretical peak DRAM bandwidth of the GPU.",
             source="NVML bus width x max memory clock x data rate, the GPU catalogue, or --gpu-peak-bandwidth",
+        ),
+        _gpu(
+            GPU_TEMPERATURE,
+            Kind.GAUGE,
+            "celsius",
+            "GPU core temperature.",
+            source="nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU); DCGM_FI_DEV_GPU_TEMP",
+        ),
+        _gpu(
+            GPU_POWER_DRAW,
+            Kind.GAUGE,
+            "watts",
+            "Power the GPU board draws.",
+            source="nvmlDeviceGetPowerUsage; DCGM_FI_DEV_POWER_USAGE",
+        ),
+        _gpu(
+            GPU_POWER_LIMIT,
+            Kind.GAUGE,
+            "watts",
+            "The power limit the driver enforces (the lowest of every limiter); a draw at it caps the clocks.",
+            source="nvmlDeviceGetEnforcedPowerLimit; DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        ),
+        _gpu(
+            GPU_CLOCK,
+            Kind.GAUGE,
+            "hertz",
+            "Current clock (clock=sm|memory).",
+            extra=("clock",),
+            source="nvmlDeviceGetClockInfo; DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_MEM_CLOCK",
+        ),
+        _gpu(
+            GPU_MAX_CLOCK,
+            Kind.GAUGE,
+            "hertz",
+            "Maximum clock the GPU supports (clock=sm|memory): the current clock's ceiling.",
+            extra=("clock",),
+            source="nvmlDeviceGetMaxClockInfo; DCGM_FI_DEV_MAX_SM_CLOCK, DCGM_FI_DEV_MAX_MEM_CLOCK",
+        ),
+        _gpu(
+            GPU_CLOCK_THROTTLE_REASON,
+            Kind.GAUGE,
+            "",
+            "1 for each clock throttle (clocks event) reason active now, 0 for the others (a state set): "
+            "gpu_idle, applications_clocks_setting, sw_power_cap, hw_slowdown, sync_boost, "
+            "sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, display_clock_setting.",
+            extra=("reason",),
+            source="nvmlDeviceGetCurrentClocksEventReasons (older: ...ClocksThrottleReasons); "
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS (older: DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)",
+        ),
+        _gpu(
+            GPU_XID_ERRORS,
+            Kind.COUNTER,
+            "",
+            "XID critical errors the driver reported for the GPU since the exporter started watching.",
+            source="NVML events (nvmlDeviceRegisterEvents nvmlEventTypeXidCriticalError, polled without waiting)",
+        ),
+        _gpu(
+            GPU_LAST_XID,
+            Kind.GAUGE,
+            "",
+            "The code of the last XID error seen (0: none since the watch started).",
+            source="NVML events; DCGM_FI_DEV_XID_ERRORS",
+        ),
+        _gpu(
+            GPU_ECC_ERRORS,
+            Kind.COUNTER,
+            "",
+            "ECC memory errors (error=corrected|uncorrected; scope=volatile: since the driver loaded, "
+            "aggregate: over the GPU's life).",
+            extra=("error", "scope"),
+            source="nvmlDeviceGetTotalEccErrors; DCGM_FI_DEV_ECC_SBE/DBE_VOL/AGG_TOTAL",
+        ),
+        _gpu(
+            GPU_REMAPPED_ROWS,
+            Kind.COUNTER,
+            "",
+            "DRAM rows remapped to spares after memory errors (error=corrected|uncorrected).",
+            extra=("error",),
+            source="nvmlDeviceGetRemappedRows; DCGM_FI_DEV_CORRECTABLE/UNCORRECTABLE_REMAPPED_ROWS",
+        ),
+        _gpu(
+            GPU_ROW_REMAP_PENDING,
+            Kind.GAUGE,
+            "",
+            "1 when a row remapping waits for a GPU reset to take effect.",
+            source="nvmlDeviceGetRemappedRows; DCGM_FI_DEV_ROW_REMAP_PENDING",
+        ),
+        _gpu(
+            GPU_ROW_REMAP_FAILURE,
+            Kind.GAUGE,
+            "",
+            "1 when a row remapping failed (no spare row left: the GPU needs replacing).",
+            source="nvmlDeviceGetRemappedRows; DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        ),
+        _gpu(
+            GPU_PCIE_LINK_GENERATION,
+            Kind.GAUGE,
+            "",
+            "PCIe link generation the link trained at now (an idle GPU may drop it to save power).",
+            source="nvmlDeviceGetCurrPcieLinkGeneration; DCGM_FI_DEV_PCIE_LINK_GEN",
+        ),
+        _gpu(
+            GPU_PCIE_LINK_MAX_GENERATION,
+            Kind.GAUGE,
+            "",
+            "Highest PCIe link generation this GPU and its slot support together.",
+            source="nvmlDeviceGetMaxPcieLinkGeneration; DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+        ),
+        _gpu(
+            GPU_PCIE_LINK_WIDTH,
+            Kind.GAUGE,
+            "lanes",
+            "PCIe lanes the link trained with now.",
+            source="nvmlDeviceGetCurrPcieLinkWidth; DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        ),
+        _gpu(
+            GPU_PCIE_LINK_MAX_WIDTH,
+            Kind.GAUGE,
+            "lanes",
+            "Most PCIe lanes this GPU and its slot support together.",
+            source="nvmlDeviceGetMaxPcieLinkWidth; DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+        ),
+        _gpu(
+            GPU_PCIE_REPLAYS,
+            Kind.COUNTER,
+            "",
+            "PCIe packets the link had to resend (replays): a rising count is a failing link.",
+            source="nvmlDeviceGetPcieReplayCounter; DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
         ),
         _engine(
             KV_CACHE_USAGE,

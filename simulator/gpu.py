@@ -10,6 +10,11 @@ reports each GPU with its own index, UUID, memory and counters: the ranks share 
 also samples, and the others wait on it at each all-reduce, so each rank past the first does a
 little less DRAM and SM work (``RANK_SPREAD`` per rank).
 
+Each GPU also reports the health signals NVML gives (temperature, power against the limit, clocks
+against their maximum, throttle reasons, XID and ECC errors, remapped rows, the PCIe link), with the
+values of a healthy GPU (``GpuHealth``): clocks at their maximum, no throttle reason, no error, the
+link at its maximum; power and temperature follow the GPU's activity.
+
 Sources: an in-process ``Simulation`` (tests, benchmarks), or the simulated engine's ``GET /gpu``
 over HTTP (what ``kvdoctor demo`` uses: ``for_engine_url`` points at the simulated engine the
 engine collector scrapes). The exporter does not know this collector: ``kvdoctor demo`` plugs it
@@ -19,7 +24,7 @@ in instead of ``nvml`` (``build_exporter(extra_collectors=...)``).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,6 +38,37 @@ from .physics import Simulation
 
 NAME = "simulated_gpu"
 RANK_SPREAD = 0.01  # each rank past the first: this share less DRAM traffic and SM activity
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """The health readings of a healthy simulated GPU (H100 SXM-like): fixed but for power and heat."""
+
+    power_limit_watts: float = 700.0
+    idle_power_watts: float = 90.0
+    idle_temperature_celsius: float = 34.0
+    busy_temperature_celsius: float = 68.0  # at full activity, well under the slowdown threshold
+    max_sm_clock_mhz: float = 1980.0
+    max_memory_clock_mhz: float = 2619.0
+    throttle_mask: int = 0  # no clock throttle reason active
+    pcie_generation: int = 5
+    pcie_width: int = 16
+
+    @classmethod
+    def from_payload(cls, p: object) -> GpuHealth:
+        if not isinstance(p, dict):
+            return cls()
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: type(getattr(cls(), k))(v) for k, v in p.items() if k in known})
+
+    def power_watts(self, activity: float) -> float:
+        """Board power at an activity of 0..1 (the busier of DRAM and SMs): idle to 85 % of the limit."""
+        return self.idle_power_watts + (0.85 * self.power_limit_watts - self.idle_power_watts) * activity
+
+    def temperature_celsius(self, activity: float) -> float:
+        return (
+            self.idle_temperature_celsius + (self.busy_temperature_celsius - self.idle_temperature_celsius) * activity
+        )
 
 
 @dataclass(frozen=True)
@@ -50,6 +86,7 @@ class GpuSample:
     pcie_rx_bytes: float
     pcie_tx_bytes: float
     uuid: str = ""
+    health: GpuHealth = GpuHealth()
 
     @classmethod
     def from_payload(cls, p: dict) -> GpuSample:
@@ -66,6 +103,7 @@ class GpuSample:
                 pcie_rx_bytes=float(p["pcie_rx_bytes"]),
                 pcie_tx_bytes=float(p["pcie_tx_bytes"]),
                 uuid=str(p.get("uuid", "")),
+                health=GpuHealth.from_payload(p.get("health")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SourceError("bad_payload", f"simulated GPU payload lacks or mangles {exc}") from None
@@ -104,8 +142,13 @@ def gpu_payload(sim: Simulation) -> dict:
                 "pcie_tx_bytes": reading.pcie_tx_bytes,
             }
         )
+    health = GpuHealth(
+        max_memory_clock_mhz=float(cfg.gpu.max_memory_clock_mhz or GpuHealth.max_memory_clock_mhz),
+        pcie_generation=cfg.gpu.pcie_generation or GpuHealth.pcie_generation,
+    )
     return {
         "name": cfg.gpu_name,
+        "health": asdict(health),
         "memory_total_bytes": cfg.gpu.memory_bytes,
         "memory_used_bytes": cfg.memory_used_bytes,
         "peak_bandwidth_bytes_per_second": cfg.gpu.peak_bandwidth,
@@ -229,6 +272,8 @@ class SimulatedGpuCollector:
             out.add(S.GPU_MEMORY_TOTAL, sample.memory_total_bytes, labels)
             out.add(S.GPU_MEMORY_USED, sample.memory_used_bytes, labels)
             out.add(S.GPU_DRAM_PEAK_BANDWIDTH, sample.peak_bandwidth, labels)
+            ratios = self._ratios.get(index)
+            _add_health(out, ident, sample.health, max(ratios[0], ratios[1]) if ratios else 0.0)
             if index in self._ratios:
                 dram, sm, rx, tx = self._ratios[index]
                 gpm = labels_of(ident, method=S.METHOD_GPM)
@@ -241,6 +286,32 @@ class SimulatedGpuCollector:
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+
+
+def _add_health(out: Collected, ident: dict[str, str], health: GpuHealth, activity: float) -> None:
+    """The health signals of a healthy GPU: what the NVML collector reads from a real one."""
+    labels = labels_of(ident)
+    for clock, mhz in ((S.CLOCK_SM, health.max_sm_clock_mhz), (S.CLOCK_MEMORY, health.max_memory_clock_mhz)):
+        out.add(S.GPU_CLOCK, mhz * 1e6, labels_of(ident, clock=clock))
+        out.add(S.GPU_MAX_CLOCK, mhz * 1e6, labels_of(ident, clock=clock))
+    for reason, state in S.throttle_reason_states(health.throttle_mask).items():
+        out.add(S.GPU_CLOCK_THROTTLE_REASON, state, labels_of(ident, reason=reason))
+    out.add(S.GPU_TEMPERATURE, health.temperature_celsius(activity), labels)
+    out.add(S.GPU_POWER_DRAW, health.power_watts(activity), labels)
+    out.add(S.GPU_POWER_LIMIT, health.power_limit_watts, labels)
+    out.add(S.GPU_XID_ERRORS, 0.0, labels)
+    out.add(S.GPU_LAST_XID, 0.0, labels)
+    for error in (S.ERROR_CORRECTED, S.ERROR_UNCORRECTED):
+        out.add(S.GPU_REMAPPED_ROWS, 0.0, labels_of(ident, error=error))
+        for scope in (S.SCOPE_VOLATILE, S.SCOPE_AGGREGATE):
+            out.add(S.GPU_ECC_ERRORS, 0.0, labels_of(ident, error=error, scope=scope))
+    out.add(S.GPU_ROW_REMAP_PENDING, 0.0, labels)
+    out.add(S.GPU_ROW_REMAP_FAILURE, 0.0, labels)
+    out.add(S.GPU_PCIE_LINK_GENERATION, float(health.pcie_generation), labels)
+    out.add(S.GPU_PCIE_LINK_MAX_GENERATION, float(health.pcie_generation), labels)
+    out.add(S.GPU_PCIE_LINK_WIDTH, float(health.pcie_width), labels)
+    out.add(S.GPU_PCIE_LINK_MAX_WIDTH, float(health.pcie_width), labels)
+    out.add(S.GPU_PCIE_REPLAYS, 0.0, labels)
 
 
 def for_engine_url(url: str | None, timeout: float = 2.0) -> SimulatedGpuCollector:

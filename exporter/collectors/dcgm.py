@@ -1,29 +1,57 @@
 """The dcgm-exporter collector: GPU counters from an existing dcgm-exporter's /metrics.
 
 Where dcgm-exporter already runs (GPU Operator clusters), its profiling fields are the next best
-thing after NVML GPM, and the only bandwidth measure on pre-Hopper GPUs that is not a duty cycle:
+thing after NVML GPM, and the only bandwidth measure on pre-Hopper GPUs that is not a duty cycle.
+Its device fields give the same GPU health signals the NVML collector reads. ``FIELDS`` is the one
+mapping table (field -> canonical signal, scale, labels):
 
-======================================  ===============================================  =======
-dcgm-exporter field                     canonical signal                                 scale
-======================================  ===============================================  =======
-``DCGM_FI_PROF_DRAM_ACTIVE`` (0..1)     ``kvdoctor_gpu_dram_bandwidth_utilization_ratio``  1
-``DCGM_FI_PROF_SM_ACTIVE`` (0..1)       ``kvdoctor_gpu_sm_active_ratio``                   1
-``DCGM_FI_PROF_PCIE_RX_BYTES`` (B/s)    ``kvdoctor_gpu_pcie_receive_bytes_per_second``     1
-``DCGM_FI_PROF_PCIE_TX_BYTES`` (B/s)    ``kvdoctor_gpu_pcie_transmit_bytes_per_second``    1
-``DCGM_FI_DEV_FB_USED`` (MiB)           ``kvdoctor_gpu_memory_used_bytes``                 2**20
-``DCGM_FI_DEV_FB_TOTAL`` (MiB)          ``kvdoctor_gpu_memory_total_bytes``                2**20
-======================================  ===============================================  =======
+==============================================  ====================================================  =======
+dcgm-exporter field                             canonical signal                                      scale
+==============================================  ====================================================  =======
+``DCGM_FI_PROF_DRAM_ACTIVE`` (0..1)             ``kvdoctor_gpu_dram_bandwidth_utilization_ratio``     1
+``DCGM_FI_PROF_SM_ACTIVE`` (0..1)               ``kvdoctor_gpu_sm_active_ratio``                      1
+``DCGM_FI_PROF_PCIE_RX_BYTES`` (B/s)            ``kvdoctor_gpu_pcie_receive_bytes_per_second``        1
+``DCGM_FI_PROF_PCIE_TX_BYTES`` (B/s)            ``kvdoctor_gpu_pcie_transmit_bytes_per_second``       1
+``DCGM_FI_DEV_FB_USED`` (MiB)                   ``kvdoctor_gpu_memory_used_bytes``                    2**20
+``DCGM_FI_DEV_FB_TOTAL`` (MiB)                  ``kvdoctor_gpu_memory_total_bytes``                   2**20
+``DCGM_FI_DEV_GPU_TEMP`` (C)                    ``kvdoctor_gpu_temperature_celsius``                  1
+``DCGM_FI_DEV_POWER_USAGE`` (W)                 ``kvdoctor_gpu_power_draw_watts``                     1
+``DCGM_FI_DEV_ENFORCED_POWER_LIMIT`` (W)        ``kvdoctor_gpu_power_limit_watts``                    1
+``DCGM_FI_DEV_SM_CLOCK``, ``_MEM_CLOCK`` (MHz)  ``kvdoctor_gpu_clock_hertz{clock=sm|memory}``         10**6
+``DCGM_FI_DEV_MAX_SM_CLOCK``, ``_MAX_MEM_CLOCK``  ``kvdoctor_gpu_max_clock_hertz{clock}``             10**6
+``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` (mask)     ``kvdoctor_gpu_clock_throttle_reason{reason}``        bits
+``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` (mask)   the same (the field's name before DCGM 3.3)           bits
+``DCGM_FI_DEV_XID_ERRORS`` (last XID)           ``kvdoctor_gpu_last_xid``                             1
+``DCGM_FI_DEV_ECC_SBE/DBE_VOL/AGG_TOTAL``       ``kvdoctor_gpu_ecc_errors_total{error,scope}``        1
+``DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS``       ``kvdoctor_gpu_remapped_rows_total{error=corrected}``  1
+``DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS``     ``kvdoctor_gpu_remapped_rows_total{error=uncorrected}``  1
+``DCGM_FI_DEV_ROW_REMAP_PENDING``, ``_FAILURE``  ``kvdoctor_gpu_row_remap_pending``, ``..._failure``   1
+``DCGM_FI_DEV_PCIE_LINK_GEN``, ``_WIDTH``       ``kvdoctor_gpu_pcie_link_generation``, ``..._width_lanes``  1
+``DCGM_FI_DEV_PCIE_MAX_LINK_GEN``, ``_WIDTH``   ``kvdoctor_gpu_pcie_link_max_generation``, ``..._max_width_lanes``  1
+``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``             ``kvdoctor_gpu_pcie_replays_total``                   1
+==============================================  ====================================================  =======
+
+SBE (single-bit) ECC errors are the corrected ones, DBE (double-bit) the uncorrected; VOL is
+volatile, AGG aggregate. The clock-event mask has NVML's bits (``vocabulary.CLOCK_THROTTLE_REASONS``)
+and becomes the same state set. DCGM has no XID counter (only the last XID's code), so
+``kvdoctor_gpu_xid_errors_total`` comes from NVML alone. In dcgm-exporter's default counters
+(etc/default-counters.csv) the clocks, temperature, power draw, PCIe replays, last XID and
+remapped rows are on; the ECC counters are commented out; the power limit, the maxima, the
+clock-event mask, the row-remap pending flag and the PCIe link fields have to be added to its
+counters file. Missing fields are simply absent. A value at or above DCGM's blank sentinels (a field
+the GPU does not support: ``DCGM_FT_FP64_BLANK`` = 2**47 and up) is skipped.
 
 Labels: ``gpu`` -> ``gpu``, ``UUID`` -> ``uuid``, ``modelName`` -> ``model``; the two ratios carry
 ``method="dcgm"``. dcgm-exporter's ``pod``/``namespace``/``container`` labels (the workload using
 the GPU) are not carried: ``pod`` is kvdoctor's own label. Series of MIG instances (with a
 ``GPU_I_ID`` label) are skipped; the whole-GPU series is used. ``DCGM_FI_PROF_SM_ACTIVE`` and the
-PCIe fields are off in dcgm-exporter's default counter list; missing fields are simply absent.
+PCIe fields are off in dcgm-exporter's default counter list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from kvdoctor.exporter.collectors.base import register
 from kvdoctor.exporter.gpu_filter import make_gpu_filter
@@ -35,14 +63,57 @@ from kvdoctor.signals.window import SeriesKey
 from .engine import configured_url, parse_exposition, scrape_options
 from .http import DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_SECONDS, HttpExposition
 
-# dcgm-exporter field -> (canonical signal, scale, method label or None)
-FIELDS: dict[str, tuple[str, float, str | None]] = {
-    "DCGM_FI_PROF_DRAM_ACTIVE": (S.GPU_DRAM_BANDWIDTH_UTILIZATION, 1.0, S.METHOD_DCGM),
-    "DCGM_FI_PROF_SM_ACTIVE": (S.GPU_SM_ACTIVE, 1.0, S.METHOD_DCGM),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": (S.GPU_PCIE_RX, 1.0, None),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": (S.GPU_PCIE_TX, 1.0, None),
-    "DCGM_FI_DEV_FB_USED": (S.GPU_MEMORY_USED, MIB, None),
-    "DCGM_FI_DEV_FB_TOTAL": (S.GPU_MEMORY_TOTAL, MIB, None),
+
+@dataclass(frozen=True)
+class DcgmField:
+    """Where one dcgm-exporter field goes: ``signal{labels}`` = value x ``scale``."""
+
+    signal: str
+    scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+    bitmask: bool = False  # a clock-event mask, expanded into the throttle-reason state set
+
+
+MHZ = 1e6
+DCGM_BLANK = float(2**47)  # DCGM_FT_FP64_BLANK; the integer blanks (DCGM_FT_INT64_BLANK, ...) are larger
+_DCGM = (("method", S.METHOD_DCGM),)
+_SM, _MEM = (("clock", S.CLOCK_SM),), (("clock", S.CLOCK_MEMORY),)
+
+
+def _ecc(error: str, scope: str) -> DcgmField:
+    return DcgmField(S.GPU_ECC_ERRORS, labels=(("error", error), ("scope", scope)))
+
+
+FIELDS: dict[str, DcgmField] = {
+    "DCGM_FI_PROF_DRAM_ACTIVE": DcgmField(S.GPU_DRAM_BANDWIDTH_UTILIZATION, labels=_DCGM),
+    "DCGM_FI_PROF_SM_ACTIVE": DcgmField(S.GPU_SM_ACTIVE, labels=_DCGM),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": DcgmField(S.GPU_PCIE_RX),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": DcgmField(S.GPU_PCIE_TX),
+    "DCGM_FI_DEV_FB_USED": DcgmField(S.GPU_MEMORY_USED, MIB),
+    "DCGM_FI_DEV_FB_TOTAL": DcgmField(S.GPU_MEMORY_TOTAL, MIB),
+    "DCGM_FI_DEV_GPU_TEMP": DcgmField(S.GPU_TEMPERATURE),
+    "DCGM_FI_DEV_POWER_USAGE": DcgmField(S.GPU_POWER_DRAW),
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": DcgmField(S.GPU_POWER_LIMIT),
+    "DCGM_FI_DEV_SM_CLOCK": DcgmField(S.GPU_CLOCK, MHZ, _SM),
+    "DCGM_FI_DEV_MEM_CLOCK": DcgmField(S.GPU_CLOCK, MHZ, _MEM),
+    "DCGM_FI_DEV_MAX_SM_CLOCK": DcgmField(S.GPU_MAX_CLOCK, MHZ, _SM),
+    "DCGM_FI_DEV_MAX_MEM_CLOCK": DcgmField(S.GPU_MAX_CLOCK, MHZ, _MEM),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": DcgmField(S.GPU_CLOCK_THROTTLE_REASON, bitmask=True),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": DcgmField(S.GPU_CLOCK_THROTTLE_REASON, bitmask=True),
+    "DCGM_FI_DEV_XID_ERRORS": DcgmField(S.GPU_LAST_XID),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": _ecc(S.ERROR_CORRECTED, S.SCOPE_VOLATILE),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": _ecc(S.ERROR_UNCORRECTED, S.SCOPE_VOLATILE),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": _ecc(S.ERROR_CORRECTED, S.SCOPE_AGGREGATE),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": _ecc(S.ERROR_UNCORRECTED, S.SCOPE_AGGREGATE),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": DcgmField(S.GPU_REMAPPED_ROWS, labels=(("error", S.ERROR_CORRECTED),)),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": DcgmField(S.GPU_REMAPPED_ROWS, labels=(("error", S.ERROR_UNCORRECTED),)),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": DcgmField(S.GPU_ROW_REMAP_PENDING),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": DcgmField(S.GPU_ROW_REMAP_FAILURE),
+    "DCGM_FI_DEV_PCIE_LINK_GEN": DcgmField(S.GPU_PCIE_LINK_GENERATION),
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH": DcgmField(S.GPU_PCIE_LINK_WIDTH),
+    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": DcgmField(S.GPU_PCIE_LINK_MAX_GENERATION),
+    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": DcgmField(S.GPU_PCIE_LINK_MAX_WIDTH),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": DcgmField(S.GPU_PCIE_REPLAYS),
 }
 WANTED = frozenset(FIELDS)
 GPU_LABELS = {"gpu": "gpu", "UUID": "uuid", "modelName": "model"}
@@ -55,14 +126,16 @@ def normalise_dcgm(
     out: dict[SeriesKey, float] = {}
     for name, labels, value in samples:
         field = FIELDS.get(name)
-        if field is None or "GPU_I_ID" in labels or "gpu" not in labels:
+        if field is None or "GPU_I_ID" in labels or "gpu" not in labels or not value < DCGM_BLANK:
             continue
-        target, scale, method = field
         canonical = {dst: labels[src] for src, dst in GPU_LABELS.items() if src in labels}
-        if method is not None:
-            canonical["method"] = method
+        canonical.update(field.labels)
         canonical.update(extra_labels or {})
-        out[(target, tuple(sorted(canonical.items())))] = value * scale
+        if field.bitmask:
+            for reason, state in S.throttle_reason_states(int(value)).items():
+                out[(field.signal, tuple(sorted({**canonical, "reason": reason}.items())))] = state
+            continue
+        out[(field.signal, tuple(sorted(canonical.items())))] = value * field.scale
     return out
 
 
@@ -112,7 +185,7 @@ class DcgmCollector:
             self._http.close()
 
 
-@register("dcgm", "GPU counters from an existing dcgm-exporter (--dcgm-url)", True)
+@register("dcgm", "GPU counters and health from an existing dcgm-exporter (--dcgm-url)", True)
 def dcgm_collector(settings) -> DcgmCollector:
     """Factory: ``--dcgm-url`` (none: not applicable), ``--scrape-timeout``, ``--max-body-bytes``."""
     return DcgmCollector(

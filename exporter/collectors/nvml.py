@@ -1,4 +1,4 @@
-"""The NVML collector: per-GPU bandwidth, SM activity, PCIe traffic and memory, through ``pynvml``.
+"""The NVML collector: per-GPU bandwidth, SM activity, PCIe traffic, memory and health, through ``pynvml``.
 
 Per GPU (labels ``gpu`` = NVML index, ``uuid``, ``model`` = NVML name):
 
@@ -16,6 +16,23 @@ Per GPU (labels ``gpu`` = NVML index, ``uuid``, ``model`` = NVML name):
   (bits, ``nvmlDeviceGetMemoryBusWidth``) x max memory clock (MHz,
   ``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``) x 2 / 8 (``ledger.gpus.nvml_peak_bandwidth``: the
   factor 2 is double data rate; H100 SXM 5120 bit x 2619 MHz x 2 / 8 = 3.35 TB/s).
+
+- Health, every cycle (``HEALTH_FIELDS``, one row per reading): temperature, power draw and the
+  enforced limit (mW / 1000), SM and memory clocks (MHz x 10**6) with their maxima, the PCIe link's
+  generation and width with their maxima, the PCIe replay counter, the four ECC counters
+  (corrected/uncorrected x volatile/aggregate); then the clock throttle reasons
+  (``nvmlDeviceGetCurrentClocksEventReasons``, older drivers ``...ClocksThrottleReasons``) as a state
+  set, one series per reason of ``vocabulary.CLOCK_THROTTLE_REASONS``, and
+  ``nvmlDeviceGetRemappedRows`` (corrected and uncorrected rows, pending, failure). The maxima are
+  fixed for a device: read once per NVML initialisation. XID errors: NVML has no counter, only
+  events, so each GPU gets its own event set registered for ``nvmlEventTypeXidCriticalError`` and
+  each cycle drains it with ``nvmlEventSetWait(set, 0)`` (no waiting: ``NVML_ERROR_TIMEOUT`` says it
+  is empty), counting the events into ``kvdoctor_gpu_xid_errors_total`` and keeping the last code;
+  XIDs before the exporter started are not seen (the kernel log has them).
+  A reading the GPU does not support (``NVML_ERROR_NOT_SUPPORTED``, a driver without the function,
+  or an nvidia-ml-py without it) is skipped from then on: asked once per initialisation, never an
+  error, listed by the check. Any other error on a health reading skips that reading this cycle
+  and counts ``gpu_health_error``; the GPU's other signals still report.
 
 Isolation: NVML is initialised lazily, on the first ``collect``. No library, no driver, or no GPU
 -> ``NotApplicable``. A GPU whose query raises ``NVMLError`` reports nothing that cycle and adds
@@ -66,6 +83,83 @@ GPM_METRICS: tuple[tuple[int, str, float, bool], ...] = (  # (id, signal, scale,
 )
 
 
+MAX_XID_EVENTS_PER_CYCLE = 64  # events drained per GPU and cycle; the rest wait for the next
+
+
+@dataclass(frozen=True)
+class HealthField:
+    """One NVML health reading: ``pynvml.<call>(handle, *args) x scale`` -> ``signal{labels}``."""
+
+    name: str  # as the check prints it and the GPU's unsupported set records it
+    call: str
+    args: tuple[str, ...]  # names of pynvml constants passed after the handle
+    signal: str
+    scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+    static: bool = False  # fixed for the device: read once per NVML initialisation
+
+
+def _ecc(error: str, scope: str, error_const: str, scope_const: str) -> HealthField:
+    return HealthField(
+        f"ecc_{error}_{scope}",
+        "nvmlDeviceGetTotalEccErrors",
+        (error_const, scope_const),
+        S.GPU_ECC_ERRORS,
+        labels=(("error", error), ("scope", scope)),
+    )
+
+
+HEALTH_FIELDS: tuple[HealthField, ...] = (
+    HealthField("temperature", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), S.GPU_TEMPERATURE),
+    HealthField("power_draw", "nvmlDeviceGetPowerUsage", (), S.GPU_POWER_DRAW, 1e-3),
+    HealthField("power_limit", "nvmlDeviceGetEnforcedPowerLimit", (), S.GPU_POWER_LIMIT, 1e-3),
+    HealthField("sm_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), S.GPU_CLOCK, 1e6, (("clock", S.CLOCK_SM),)),
+    HealthField(
+        "memory_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), S.GPU_CLOCK, 1e6, (("clock", S.CLOCK_MEMORY),)
+    ),
+    HealthField(
+        "max_sm_clock",
+        "nvmlDeviceGetMaxClockInfo",
+        ("NVML_CLOCK_SM",),
+        S.GPU_MAX_CLOCK,
+        1e6,
+        (("clock", S.CLOCK_SM),),
+        static=True,
+    ),
+    HealthField(
+        "max_memory_clock",
+        "nvmlDeviceGetMaxClockInfo",
+        ("NVML_CLOCK_MEM",),
+        S.GPU_MAX_CLOCK,
+        1e6,
+        (("clock", S.CLOCK_MEMORY),),
+        static=True,
+    ),
+    HealthField("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", (), S.GPU_PCIE_LINK_GENERATION),
+    HealthField("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", (), S.GPU_PCIE_LINK_WIDTH),
+    HealthField(
+        "pcie_link_max_generation",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        (),
+        S.GPU_PCIE_LINK_MAX_GENERATION,
+        static=True,
+    ),
+    HealthField("pcie_link_max_width", "nvmlDeviceGetMaxPcieLinkWidth", (), S.GPU_PCIE_LINK_MAX_WIDTH, static=True),
+    HealthField("pcie_replays", "nvmlDeviceGetPcieReplayCounter", (), S.GPU_PCIE_REPLAYS),
+    _ecc(S.ERROR_CORRECTED, S.SCOPE_VOLATILE, "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+    _ecc(S.ERROR_UNCORRECTED, S.SCOPE_VOLATILE, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+    _ecc(S.ERROR_CORRECTED, S.SCOPE_AGGREGATE, "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),
+    _ecc(S.ERROR_UNCORRECTED, S.SCOPE_AGGREGATE, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),
+)
+# The readings beyond the table, by the names the unsupported set records.
+THROTTLE_CALLS = (  # newest name first; drivers before R535 only have the second
+    ("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons"),
+    ("clocks_throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+)
+REMAPPED_ROWS = "remapped_rows"
+XID_EVENTS = "xid_events"
+
+
 peak_bandwidth = nvml_peak_bandwidth  # bytes/s from NVML's bus width (bits) and max memory clock (MHz)
 
 
@@ -92,6 +186,13 @@ class GpuState:
     gpm_prev_time: float = 0.0
     gpm_values: dict = field(default_factory=dict)  # the last values computed (reused if sampled too soon)
     last_error: str = ""
+    unsupported: set[str] = field(default_factory=set)  # health readings this GPU does not support
+    static_values: dict[str, float] = field(default_factory=dict)  # health readings fixed for the device
+    xid_events: Any = None  # the NVML event set watching for XIDs, or None
+    xid_count: int = 0
+    last_xid: int = 0
+    health_error: str = ""  # the last health reading that failed this cycle, for the check
+    series_keys: dict[tuple[str, ...], SeriesKey] = field(default_factory=dict)  # built once per identity
 
     @property
     def identity(self) -> GpuIdentity:
@@ -152,6 +253,8 @@ class NvmlCollector:
             before = previous.get(index)
             gpu = GpuState(index, before.uuid if before else "", before.name if before else "")
             self._identify(gpu)
+            if before is not None and before.uuid == gpu.uuid:  # the same GPU: its XID counter goes on
+                gpu.xid_count, gpu.last_xid = before.xid_count, before.last_xid
             self.gpus.append(gpu)
         self._initialised = True
 
@@ -168,8 +271,34 @@ class NvmlCollector:
                 self._mark_lost(gpu)
             return
         gpu.handle, gpu.last_error = handle, ""
+        gpu.series_keys.clear()  # its labels may have changed
         gpu.peak_bandwidth, gpu.peak_source = self._peak(gpu)
         gpu.gpm = self._gpm_supported(gpu)
+        self._watch_xid(gpu)
+
+    def _watch_xid(self, gpu: GpuState) -> None:
+        """Register an event set for the GPU's XID errors; where NVML refuses, XIDs are unsupported."""
+        nv = self._nv
+        self._free_events(gpu)
+        try:
+            events = nv.nvmlEventSetCreate()
+        except (nv.NVMLError, AttributeError):
+            gpu.unsupported.add(XID_EVENTS)
+            return
+        try:
+            nv.nvmlDeviceRegisterEvents(gpu.handle, nv.nvmlEventTypeXidCriticalError, events)
+        except (nv.NVMLError, AttributeError):  # not supported, or not permitted (some containers, vGPU)
+            with contextlib.suppress(Exception):
+                nv.nvmlEventSetFree(events)
+            gpu.unsupported.add(XID_EVENTS)
+            return
+        gpu.xid_events = events
+
+    def _free_events(self, gpu: GpuState) -> None:
+        if gpu.xid_events is not None:
+            with contextlib.suppress(Exception):  # freeing is best effort
+                self._nv.nvmlEventSetFree(gpu.xid_events)
+        gpu.xid_events = None
 
     def _peak(self, gpu: GpuState) -> tuple[float | None, str]:
         """The override, else the catalogue's datasheet figure, else NVML's bus width x clock."""
@@ -211,6 +340,7 @@ class NvmlCollector:
     def _shutdown(self) -> None:
         for gpu in self.gpus:
             self._free_gpm(gpu)
+            self._free_events(gpu)
         with contextlib.suppress(Exception):  # shutting down is best effort
             self._nv.nvmlShutdown()
         self._initialised = False
@@ -260,7 +390,7 @@ class NvmlCollector:
                 out.partial_errors.append("gpu_lost" if gpu.lost else "gpu_error")
                 continue
             try:
-                samples = self._read(gpu)
+                samples = self._read(gpu, out.partial_errors)
             except self._nv.NVMLError as exc:
                 gpu.last_error = str(exc)
                 if self._error_value(exc) == self._nv.NVML_ERROR_GPU_IS_LOST:
@@ -296,12 +426,16 @@ class NvmlCollector:
             raise NotApplicable("the GPU filter selects none of the GPUs NVML sees")
         return selected
 
-    def _read(self, gpu: GpuState) -> dict[SeriesKey, float]:
+    def _read(self, gpu: GpuState, errors: list[str]) -> dict[SeriesKey, float]:
         nv = self._nv
         labels = {"gpu": str(gpu.index), "uuid": gpu.uuid, "model": gpu.name, **self.extra_labels}
+        keys = gpu.series_keys  # the same keys every cycle: built once (some 30 per GPU)
 
         def key(name: str, **more: str) -> SeriesKey:
-            return (name, tuple(sorted({**labels, **more}.items())))
+            found = keys.get((name, *more.values()))
+            if found is None:
+                found = keys[(name, *more.values())] = (name, tuple(sorted({**labels, **more}.items())))
+            return found
 
         out: dict[SeriesKey, float] = {}
         memory = self._memory_info(gpu)
@@ -309,6 +443,7 @@ class NvmlCollector:
         out[key(S.GPU_MEMORY_TOTAL)] = float(memory.total)
         if gpu.peak_bandwidth:
             out[key(S.GPU_DRAM_PEAK_BANDWIDTH)] = gpu.peak_bandwidth
+        self._read_health(gpu, key, out, errors)
         if gpu.gpm:
             values = self._gpm_values(gpu)
             if values is not None:
@@ -328,6 +463,92 @@ class NvmlCollector:
             if kib_per_s is not None:
                 out[key(signal)] = float(kib_per_s) * KIB
         return out
+
+    def _read_health(
+        self, gpu: GpuState, key: Callable[..., SeriesKey], out: dict[SeriesKey, float], errors: list[str]
+    ) -> None:
+        """The health readings into ``out``; a failed one adds ``gpu_health_error`` to ``errors`` once."""
+        gpu.health_error = ""
+        failed = False
+        for hf in HEALTH_FIELDS:
+            if hf.static and hf.name in gpu.static_values:
+                value: Any = gpu.static_values[hf.name]
+            else:
+                value = self._health(gpu, hf.name, hf.call, *(getattr(self._nv, a) for a in hf.args))
+                if value is _FAILED:
+                    failed = True
+                    continue
+                if value is None:
+                    continue
+                value = float(value) * hf.scale
+                if hf.static:
+                    gpu.static_values[hf.name] = value
+            out[key(hf.signal, **dict(hf.labels))] = value
+        mask = _FAILED
+        for name, call in THROTTLE_CALLS:
+            mask = self._health(gpu, name, call)
+            if mask is not None or name not in gpu.unsupported:
+                break
+        if mask is _FAILED:
+            failed = True
+        elif mask is not None:
+            for reason, state in S.throttle_reason_states(int(mask)).items():
+                out[key(S.GPU_CLOCK_THROTTLE_REASON, reason=reason)] = state
+        rows = self._health(gpu, REMAPPED_ROWS, "nvmlDeviceGetRemappedRows")
+        if rows is _FAILED:
+            failed = True
+        elif rows is not None:
+            corrected, uncorrected, pending, failure = rows
+            out[key(S.GPU_REMAPPED_ROWS, error=S.ERROR_CORRECTED)] = float(corrected)
+            out[key(S.GPU_REMAPPED_ROWS, error=S.ERROR_UNCORRECTED)] = float(uncorrected)
+            out[key(S.GPU_ROW_REMAP_PENDING)] = 1.0 if pending else 0.0
+            out[key(S.GPU_ROW_REMAP_FAILURE)] = 1.0 if failure else 0.0
+        if gpu.xid_events is not None:
+            failed = not self._drain_xid(gpu) or failed
+            out[key(S.GPU_XID_ERRORS)] = float(gpu.xid_count)
+            out[key(S.GPU_LAST_XID)] = float(gpu.last_xid)
+        if failed:
+            errors.append("gpu_health_error")
+
+    def _health(self, gpu: GpuState, name: str, call: str, *args: Any) -> Any:
+        """``pynvml.<call>(handle, *args)``; None where the GPU does not support it (recorded, never
+        asked again), ``_FAILED`` on another error. A lost GPU propagates."""
+        if name in gpu.unsupported:
+            return None
+        nv = self._nv
+        try:
+            return getattr(nv, call)(gpu.handle, *args)
+        except AttributeError:  # an nvidia-ml-py without the call
+            gpu.unsupported.add(name)
+            return None
+        except nv.NVMLError as exc:
+            code = self._error_value(exc)
+            if code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                gpu.unsupported.add(name)
+                return None
+            if code == nv.NVML_ERROR_GPU_IS_LOST:
+                raise
+            gpu.health_error = f"{call}: {exc}"
+            return _FAILED
+
+    def _drain_xid(self, gpu: GpuState) -> bool:
+        """Count the XID events waiting in the GPU's event set, without waiting; False on an error."""
+        nv = self._nv
+        for _ in range(MAX_XID_EVENTS_PER_CYCLE):
+            try:
+                data = nv.nvmlEventSetWait(gpu.xid_events, 0)
+            except nv.NVMLError as exc:
+                code = self._error_value(exc)
+                if code == nv.NVML_ERROR_TIMEOUT:
+                    return True  # no more events
+                if code == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise
+                gpu.health_error = f"nvmlEventSetWait: {exc}"
+                return False
+            if data.eventType & nv.nvmlEventTypeXidCriticalError:
+                gpu.xid_count += 1
+                gpu.last_xid = int(data.eventData)
+        return True
 
     def _optional(self, fn: Callable, *args):
         """``fn(*args)``, or None where the GPU does not support it (other errors propagate)."""
@@ -389,11 +610,18 @@ class NvmlCollector:
         return values
 
 
+_FAILED = object()  # a health reading that failed this cycle (not: unsupported)
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@register("nvml", "per-GPU bandwidth, SM activity, PCIe and memory through NVML (GPM on Hopper+)", True)
+@register(
+    "nvml",
+    "per-GPU bandwidth, SM activity, PCIe, memory and health (clocks, power, errors) through NVML (GPM on Hopper+)",
+    True,
+)
 def nvml_collector(settings) -> NvmlCollector:
     """Factory: ``--gpu-filter``, ``--gpu-peak-bandwidth``, ``--pod``. NVML itself starts on first collect."""
     gpu_filter = None
@@ -418,7 +646,9 @@ def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
     try:
         collector.collect()
         time.sleep(pause)  # GPM needs two samples
+        cpu, wall = time.process_time(), time.perf_counter()
         collected = collector.collect()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     except NotApplicable as exc:
         print(f"gpu check: NVML is not available here: {exc}", file=sys.stderr)
         return 1
@@ -435,14 +665,25 @@ def check(pynvml_module: Any = None, pause: float = 0.5, out=None) -> int:
                 continue
             for (name, labels), value in sorted(collected.samples.items()):
                 if dict(labels).get("gpu") == str(gpu.index):
-                    method = dict(labels).get("method")
-                    print(f"  {name}{f' [{method}]' if method else ''} = {value:.6g}", file=out)
+                    more = ",".join(f"{k}={v}" for k, v in labels if k not in _IDENTITY_LABELS)
+                    print(f"  {name}{f' [{more}]' if more else ''} = {value:.6g}", file=out)
+            print(f"  not supported here: {', '.join(sorted(gpu.unsupported)) or 'none'}", file=out)
+            if gpu.health_error:
+                print(f"  health reading failed: {gpu.health_error}", file=out)
             _print_peak(collector, gpu, out)
+        print(
+            f"one collection of {len(collector.gpus)} GPU(s): {cpu * 1e3:.2f} ms CPU, {wall * 1e3:.2f} ms wall "
+            f"({cpu * 100:.3f} % of a core at 1 Hz)",
+            file=out,
+        )
         if collected.partial_errors:
             print(f"partial errors: {', '.join(collected.partial_errors)}", file=out)
     finally:
         collector.close()
     return 1 if collected.partial_errors else 0
+
+
+_IDENTITY_LABELS = frozenset(("gpu", "uuid", "model", "pod"))
 
 
 def _print_peak(collector: NvmlCollector, gpu: GpuState, out) -> None:

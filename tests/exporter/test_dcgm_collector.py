@@ -27,15 +27,25 @@ def key(name: str, **labels: str):
 
 def expected_h100(**extra) -> dict:
     out = {}
-    for gpu, (dram, sm, tx, rx) in (
-        (GPU0, (0.823167, 0.412877, 183926741, 2417851639)),
-        (GPU1, (0.817042, 0.405319, 179205316, 2399127485)),
+    for gpu, (dram, sm, tx, rx), (temperature, watts) in (
+        (GPU0, (0.823167, 0.412877, 183926741, 2417851639), (47.0, 512.347)),
+        (GPU1, (0.817042, 0.405319, 179205316, 2399127485), (44.0, 498.12)),
     ):
         out[key(S.GPU_DRAM_BANDWIDTH_UTILIZATION, method="dcgm", **gpu, **extra)] = dram
         out[key(S.GPU_SM_ACTIVE, method="dcgm", **gpu, **extra)] = sm
         out[key(S.GPU_PCIE_TX, **gpu, **extra)] = float(tx)
         out[key(S.GPU_PCIE_RX, **gpu, **extra)] = float(rx)
         out[key(S.GPU_MEMORY_USED, **gpu, **extra)] = 74424.0 * MIB
+        # the health fields of dcgm-exporter's default counters
+        out[key(S.GPU_TEMPERATURE, **gpu, **extra)] = temperature
+        out[key(S.GPU_POWER_DRAW, **gpu, **extra)] = watts
+        out[key(S.GPU_CLOCK, clock="sm", **gpu, **extra)] = 1980e6
+        out[key(S.GPU_CLOCK, clock="memory", **gpu, **extra)] = 2619e6
+        out[key(S.GPU_PCIE_REPLAYS, **gpu, **extra)] = 0.0
+        out[key(S.GPU_LAST_XID, **gpu, **extra)] = 0.0
+        out[key(S.GPU_REMAPPED_ROWS, error="corrected", **gpu, **extra)] = 0.0
+        out[key(S.GPU_REMAPPED_ROWS, error="uncorrected", **gpu, **extra)] = 0.0
+        out[key(S.GPU_ROW_REMAP_FAILURE, **gpu, **extra)] = 0.0
     return out
 
 
@@ -68,6 +78,54 @@ def test_framebuffer_total_when_exported():
     assert out == {key(S.GPU_MEMORY_TOTAL, gpu="3", uuid="GPU-x", model="NVIDIA L4"): 23034.0 * MIB}
 
 
+ADDED_FIELDS = """\
+DCGM_FI_DEV_ENFORCED_POWER_LIMIT{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 350.000000
+DCGM_FI_DEV_MAX_SM_CLOCK{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 1980
+DCGM_FI_DEV_MAX_MEM_CLOCK{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 2619
+DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 5
+DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 0
+DCGM_FI_DEV_ECC_SBE_AGG_TOTAL{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 17
+DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 1
+DCGM_FI_DEV_ROW_REMAP_PENDING{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 1
+DCGM_FI_DEV_PCIE_LINK_GEN{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 3
+DCGM_FI_DEV_PCIE_LINK_WIDTH{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 8
+DCGM_FI_DEV_PCIE_MAX_LINK_GEN{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 5
+DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 16
+DCGM_FI_DEV_MEMORY_TEMP{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 9223372036854775794
+DCGM_FI_DEV_GPU_TEMP{gpu="2",UUID="GPU-z",modelName="NVIDIA H100 80GB HBM3"} 9223372036854775794
+"""
+
+
+def test_fields_added_to_dcgm_exporters_counters_map_too_and_blanks_are_skipped():
+    out = normalise_dcgm(parse_exposition(ADDED_FIELDS))
+    gpu = {"gpu": "2", "uuid": "GPU-z", "model": "NVIDIA H100 80GB HBM3"}
+    assert out == {
+        key(S.GPU_POWER_LIMIT, **gpu): 350.0,
+        key(S.GPU_MAX_CLOCK, clock="sm", **gpu): 1980e6,
+        key(S.GPU_MAX_CLOCK, clock="memory", **gpu): 2619e6,
+        key(S.GPU_ECC_ERRORS, error="corrected", scope="volatile", **gpu): 5.0,
+        key(S.GPU_ECC_ERRORS, error="uncorrected", scope="volatile", **gpu): 0.0,
+        key(S.GPU_ECC_ERRORS, error="corrected", scope="aggregate", **gpu): 17.0,
+        key(S.GPU_ECC_ERRORS, error="uncorrected", scope="aggregate", **gpu): 1.0,
+        key(S.GPU_ROW_REMAP_PENDING, **gpu): 1.0,
+        key(S.GPU_PCIE_LINK_GENERATION, **gpu): 3.0,
+        key(S.GPU_PCIE_LINK_WIDTH, **gpu): 8.0,
+        key(S.GPU_PCIE_LINK_MAX_GENERATION, **gpu): 5.0,
+        key(S.GPU_PCIE_LINK_MAX_WIDTH, **gpu): 16.0,
+    }  # the GPU temperature left blank by DCGM (an unsupported field) is not a temperature
+
+
+@pytest.mark.parametrize("field", ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"])
+def test_the_clock_event_mask_becomes_the_throttle_reason_state_set(field):
+    out = normalise_dcgm(parse_exposition(f'{field}{{gpu="0",UUID="GPU-x",modelName="NVIDIA L4"}} 68\n'))  # 0x44
+    states = {dict(labels)["reason"]: v for (name, labels), v in out.items() if name == S.GPU_CLOCK_THROTTLE_REASON}
+    assert states == {reason: 0.0 for _, reason in S.CLOCK_THROTTLE_REASONS} | {
+        "sw_power_cap": 1.0,
+        "hw_thermal_slowdown": 1.0,
+    }
+    assert all(dict(labels)["uuid"] == "GPU-x" for _, labels in out)
+
+
 @pytest.fixture
 def server(fake_server):
     return fake_server()
@@ -87,7 +145,7 @@ def test_over_http_with_the_engine_collectors_failure_reasons(server):
         with pytest.raises(SourceError) as caught:
             collector.collect()
         assert caught.value.reason == "parse_error"
-        server.routes["/metrics"] = respond(b'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-x"} 40\n')
+        server.routes["/metrics"] = respond(b'DCGM_FI_DEV_ENC_UTIL{gpu="0",UUID="GPU-x"} 0\n')
         with pytest.raises(SourceError) as caught:
             collector.collect()
         assert caught.value.reason == "no_dcgm_fields"

@@ -10,7 +10,12 @@ The real path runs on a GPU machine through scripts/gpu_check.sh.
 from __future__ import annotations
 
 import ctypes.util
+import os
+import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
@@ -39,6 +44,24 @@ class FakeGpu:
     errors: dict = field(default_factory=dict)  # function name -> NVML error code it raises
     lost: bool = False
     gpm_samples_taken: int = 0
+    # health
+    temperature: int = 47  # degrees C
+    power_mw: tuple = (412_000, 700_000)  # (draw, enforced limit) in mW
+    sm_clock: tuple = (1980, 1980)  # (current, max) MHz
+    mem_clock_now: int | None = None  # current memory clock MHz (None: mem_clock, the maximum)
+    throttle_mask: int = 0
+    pcie_link: tuple = (5, 16, 5, 16)  # (generation, width, max generation, max width)
+    pcie_replays: int = 0
+    ecc: dict = field(default_factory=lambda: {(0, 0): 3, (1, 0): 0, (0, 1): 12, (1, 1): 1})  # (error, scope)
+    remapped_rows: tuple = (2, 0, 0, 0)  # (corrected, uncorrected, pending, failure)
+    xids: list = field(default_factory=list)  # XID events waiting to be read
+
+
+@dataclass
+class FakeEventSet:
+    handle: int = -1
+    types: int = 0
+    freed: bool = False
 
 
 @dataclass
@@ -61,7 +84,7 @@ class FakeMetricsGet:
 class FakeNvml:
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None):
         for name in dir(pynvml):  # nvidia-ml-py's own constants and exception classes
-            if name.startswith(("NVML_", "NVMLError")) or name == "nvmlMemory_v2":
+            if name.startswith(("NVML_", "NVMLError", "nvmlEventType")) or name == "nvmlMemory_v2":
                 setattr(self, name, getattr(pynvml, name))
         self.c_nvmlGpmMetricsGet_t = FakeMetricsGet
         self.gpus = gpus
@@ -69,6 +92,7 @@ class FakeNvml:
         self.inits = self.shutdowns = 0
         self.calls: list[str] = []
         self.samples: list[FakeSample] = []
+        self.event_sets: list[FakeEventSet] = []
 
     def _gpu(self, handle: int, fn: str) -> FakeGpu:
         self.calls.append(fn)
@@ -111,8 +135,72 @@ class FakeNvml:
         return self._gpu(handle, "nvmlDeviceGetMemoryBusWidth").bus_width
 
     def nvmlDeviceGetMaxClockInfo(self, handle, clock_type):
-        assert clock_type == pynvml.NVML_CLOCK_MEM
-        return self._gpu(handle, "nvmlDeviceGetMaxClockInfo").mem_clock
+        gpu = self._gpu(handle, "nvmlDeviceGetMaxClockInfo")
+        return {pynvml.NVML_CLOCK_MEM: gpu.mem_clock, pynvml.NVML_CLOCK_SM: gpu.sm_clock[1]}[clock_type]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock_type):
+        gpu = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        memory = gpu.mem_clock if gpu.mem_clock_now is None else gpu.mem_clock_now
+        return {pynvml.NVML_CLOCK_MEM: memory, pynvml.NVML_CLOCK_SM: gpu.sm_clock[0]}[clock_type]
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._gpu(handle, "nvmlDeviceGetTemperature").temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw[0]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_mw[1]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").throttle_mask
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").throttle_mask
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_link[0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie_link[1]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration").pcie_link[2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie_link[3]
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, error_type, counter_type):
+        return self._gpu(handle, "nvmlDeviceGetTotalEccErrors").ecc[(error_type, counter_type)]
+
+    def nvmlDeviceGetRemappedRows(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetRemappedRows").remapped_rows
+
+    def nvmlEventSetCreate(self):
+        self.calls.append("nvmlEventSetCreate")
+        events = FakeEventSet()
+        self.event_sets.append(events)
+        return events
+
+    def nvmlEventSetFree(self, events):
+        events.freed = True
+
+    def nvmlDeviceRegisterEvents(self, handle, event_types, events):
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        assert event_types == pynvml.nvmlEventTypeXidCriticalError and events.handle == -1
+        events.handle, events.types = handle, event_types
+
+    def nvmlEventSetWait(self, events, timeout_ms):
+        assert timeout_ms == 0, "the collector must never wait for an event"
+        assert not events.freed
+        gpu = self._gpu(events.handle, "nvmlEventSetWait")
+        if not gpu.xids:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return SimpleNamespace(eventType=events.types, eventData=gpu.xids.pop(0), device=events.handle)
 
     def nvmlGpmQueryDeviceSupport(self, handle):
         return SimpleNamespace(version=1, isSupportedDevice=int(self._gpu(handle, "nvmlGpmQueryDeviceSupport").gpm))
@@ -173,21 +261,56 @@ def collector_for(nv: FakeNvml, **kw) -> tuple[NvmlCollector, Clock]:
     return NvmlCollector(nv, clock=clock, **kw), clock
 
 
+IDENTITY = ("gpu", "uuid", "model", "pod", "method")
+
+
 def by_gpu(samples: dict, index: int) -> dict:
-    """name (+ method) -> value for one GPU."""
+    """name (+ [method]) (+ {other=labels}) -> value for one GPU."""
     out = {}
     for (name, labels), v in samples.items():
         d = dict(labels)
         if d["gpu"] == str(index):
-            out[name + (f"[{d['method']}]" if "method" in d else "")] = v
+            more = ",".join(f"{k}={v}" for k, v in sorted(d.items()) if k not in IDENTITY)
+            out[name + (f"[{d['method']}]" if "method" in d else "") + (f"{{{more}}}" if more else "")] = v
     return out
+
+
+HEALTH_SIGNALS = frozenset(
+    {
+        S.GPU_TEMPERATURE,
+        S.GPU_POWER_DRAW,
+        S.GPU_POWER_LIMIT,
+        S.GPU_CLOCK,
+        S.GPU_MAX_CLOCK,
+        S.GPU_CLOCK_THROTTLE_REASON,
+        S.GPU_XID_ERRORS,
+        S.GPU_LAST_XID,
+        S.GPU_ECC_ERRORS,
+        S.GPU_REMAPPED_ROWS,
+        S.GPU_ROW_REMAP_PENDING,
+        S.GPU_ROW_REMAP_FAILURE,
+        S.GPU_PCIE_LINK_GENERATION,
+        S.GPU_PCIE_LINK_MAX_GENERATION,
+        S.GPU_PCIE_LINK_WIDTH,
+        S.GPU_PCIE_LINK_MAX_WIDTH,
+        S.GPU_PCIE_REPLAYS,
+    }
+)
+
+
+def without_health(got: dict) -> dict:
+    return {k: v for k, v in got.items() if k.split("[")[0].split("{")[0] not in HEALTH_SIGNALS}
+
+
+def health_of(got: dict) -> dict:
+    return {k: v for k, v in got.items() if k.split("[")[0].split("{")[0] in HEALTH_SIGNALS}
 
 
 def test_gpm_path_on_hopper():
     nv = FakeNvml([h100()])
     collector, clock = collector_for(nv)
     assert nv.inits == 0  # lazy: nothing touches NVML before the first collection
-    first = by_gpu(collector.collect().samples, 0)
+    first = without_health(by_gpu(collector.collect().samples, 0))
     assert first == {
         S.GPU_MEMORY_USED: 60 * 1024 * MIB,
         S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
@@ -214,7 +337,7 @@ def test_gpm_path_on_hopper():
 def test_fallback_path_before_hopper():
     nv = FakeNvml([a100()])
     collector, _ = collector_for(nv)
-    got = by_gpu(collector.collect().samples, 0)
+    got = without_health(by_gpu(collector.collect().samples, 0))
     assert got == {
         S.GPU_MEMORY_USED: 60 * 1024 * MIB,
         S.GPU_MEMORY_TOTAL: 80 * 1024 * MIB,
@@ -442,3 +565,229 @@ def test_real_pynvml_without_a_driver_is_not_applicable():
     collector = nvml_collector(ExporterSettings(gpu_filter="all", gpu_peak_bandwidth=2e12, nvml=True))
     with pytest.raises(NotApplicable):
         collector.collect()
+
+
+# ---------------------------------------------------------------------------------- GPU health
+
+THROTTLE_REASONS = [reason for _, reason in S.CLOCK_THROTTLE_REASONS]
+
+
+def test_health_readings_in_canonical_units_with_their_labels():
+    nv = FakeNvml([h100(mem_clock_now=1593, pcie_replays=4)])
+    collector, _ = collector_for(nv)
+    collected = collector.collect()
+    got = health_of(by_gpu(collected.samples, 0))
+    expected = {
+        S.GPU_TEMPERATURE: 47.0,
+        S.GPU_POWER_DRAW: 412.0,
+        S.GPU_POWER_LIMIT: 700.0,
+        S.GPU_CLOCK + "{clock=sm}": 1980e6,
+        S.GPU_CLOCK + "{clock=memory}": 1593e6,
+        S.GPU_MAX_CLOCK + "{clock=sm}": 1980e6,
+        S.GPU_MAX_CLOCK + "{clock=memory}": 2619e6,
+        S.GPU_PCIE_LINK_GENERATION: 5.0,
+        S.GPU_PCIE_LINK_WIDTH: 16.0,
+        S.GPU_PCIE_LINK_MAX_GENERATION: 5.0,
+        S.GPU_PCIE_LINK_MAX_WIDTH: 16.0,
+        S.GPU_PCIE_REPLAYS: 4.0,
+        S.GPU_ECC_ERRORS + "{error=corrected,scope=volatile}": 3.0,
+        S.GPU_ECC_ERRORS + "{error=uncorrected,scope=volatile}": 0.0,
+        S.GPU_ECC_ERRORS + "{error=corrected,scope=aggregate}": 12.0,
+        S.GPU_ECC_ERRORS + "{error=uncorrected,scope=aggregate}": 1.0,
+        S.GPU_REMAPPED_ROWS + "{error=corrected}": 2.0,
+        S.GPU_REMAPPED_ROWS + "{error=uncorrected}": 0.0,
+        S.GPU_ROW_REMAP_PENDING: 0.0,
+        S.GPU_ROW_REMAP_FAILURE: 0.0,
+        S.GPU_XID_ERRORS: 0.0,
+        S.GPU_LAST_XID: 0.0,
+        **{S.GPU_CLOCK_THROTTLE_REASON + f"{{reason={r}}}": 0.0 for r in THROTTLE_REASONS},
+    }
+    assert got == expected
+    assert collected.partial_errors == []
+    # every health sample carries the GPU's identity and only the labels its signal declares
+    for (name, labels), _ in collected.samples.items():
+        assert set(dict(labels)) == set(S.SIGNALS[name].labels), name
+
+
+def test_throttle_reasons_are_a_state_set_one_series_per_reason():
+    nv = FakeNvml([a100(throttle_mask=0x4 | 0x40)])  # SW power cap and HW thermal slowdown
+    collector, _ = collector_for(nv)
+    got = by_gpu(collector.collect().samples, 0)
+    states = {r: got[S.GPU_CLOCK_THROTTLE_REASON + f"{{reason={r}}}"] for r in THROTTLE_REASONS}
+    assert {r for r, v in states.items() if v == 1.0} == {"sw_power_cap", "hw_thermal_slowdown"}
+    assert set(states.values()) == {0.0, 1.0} and len(states) == 9
+    nv.gpus[0].throttle_mask = 0x1  # idle now
+    got = by_gpu(collector.collect().samples, 0)
+    assert [r for r in THROTTLE_REASONS if got[S.GPU_CLOCK_THROTTLE_REASON + f"{{reason={r}}}"]] == ["gpu_idle"]
+
+
+def test_a_driver_before_clocks_event_reasons_is_read_through_the_throttle_call():
+    nv = FakeNvml(
+        [
+            a100(
+                throttle_mask=0x20,
+                errors={"nvmlDeviceGetCurrentClocksEventReasons": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND},
+            )
+        ]
+    )
+    collector, _ = collector_for(nv)
+    for _ in range(3):
+        got = by_gpu(collector.collect().samples, 0)
+        assert got[S.GPU_CLOCK_THROTTLE_REASON + "{reason=sw_thermal_slowdown}"] == 1.0
+    assert nv.calls.count("nvmlDeviceGetCurrentClocksEventReasons") == 1
+    assert nv.calls.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 3
+
+
+ECC_SERIES = {
+    S.GPU_ECC_ERRORS + f"{{error={e},scope={s}}}"
+    for e in ("corrected", "uncorrected")
+    for s in ("volatile", "aggregate")
+}
+REMAP_SERIES = {S.GPU_REMAPPED_ROWS + "{error=corrected}", S.GPU_REMAPPED_ROWS + "{error=uncorrected}"} | {
+    S.GPU_ROW_REMAP_PENDING,
+    S.GPU_ROW_REMAP_FAILURE,
+}
+
+
+@pytest.mark.parametrize(
+    ("call", "absent", "per_cycle"),  # per_cycle: calls a GPU that supports it gets each cycle
+    [
+        ("nvmlDeviceGetTemperature", {S.GPU_TEMPERATURE}, 1),
+        ("nvmlDeviceGetPowerUsage", {S.GPU_POWER_DRAW}, 1),
+        ("nvmlDeviceGetEnforcedPowerLimit", {S.GPU_POWER_LIMIT}, 1),
+        ("nvmlDeviceGetClockInfo", {S.GPU_CLOCK + "{clock=sm}", S.GPU_CLOCK + "{clock=memory}"}, 2),
+        ("nvmlDeviceGetCurrPcieLinkGeneration", {S.GPU_PCIE_LINK_GENERATION}, 1),
+        ("nvmlDeviceGetCurrPcieLinkWidth", {S.GPU_PCIE_LINK_WIDTH}, 1),
+        ("nvmlDeviceGetMaxPcieLinkGeneration", {S.GPU_PCIE_LINK_MAX_GENERATION}, 0),
+        ("nvmlDeviceGetMaxPcieLinkWidth", {S.GPU_PCIE_LINK_MAX_WIDTH}, 0),
+        ("nvmlDeviceGetPcieReplayCounter", {S.GPU_PCIE_REPLAYS}, 1),
+        ("nvmlDeviceGetTotalEccErrors", ECC_SERIES, 4),  # ECC off, or a GeForce: all four counters
+        ("nvmlDeviceGetRemappedRows", REMAP_SERIES, 1),  # before Ampere
+        ("nvmlDeviceRegisterEvents", {S.GPU_XID_ERRORS, S.GPU_LAST_XID}, 0),
+    ],
+)
+def test_a_reading_the_gpu_does_not_support_is_skipped_asked_once_and_never_an_error(call, absent, per_cycle):
+    nv = FakeNvml([a100(errors={call: pynvml.NVML_ERROR_NOT_SUPPORTED}), a100(uuid="GPU-other")])
+    collector, _ = collector_for(nv)
+    complete = set(health_of(by_gpu(collector.collect().samples, 1)))
+    asked = nv.calls.count(call)
+    for _ in range(3):
+        collected = collector.collect()
+        got = by_gpu(collected.samples, 0)
+        assert set(health_of(got)) == complete - absent, "only that reading is missing"
+        assert S.GPU_MEMORY_USED in got and f"{S.GPU_SM_ACTIVE}[nvml_util]" in got
+        assert collected.partial_errors == []
+    assert nv.calls.count(call) - asked == 3 * per_cycle, "the GPU that does not support it is never asked again"
+
+
+def test_an_nvidia_ml_py_without_a_call_skips_that_reading():
+    class OldPynvml(FakeNvml):
+        def __getattribute__(self, name):
+            if name in ("nvmlDeviceGetRemappedRows", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlEventSetCreate"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    nv = OldPynvml([a100(throttle_mask=0x4)])
+    collector, _ = collector_for(nv)
+    collected = collector.collect()
+    got = by_gpu(collected.samples, 0)
+    assert S.GPU_ROW_REMAP_PENDING not in got and S.GPU_XID_ERRORS not in got
+    assert got[S.GPU_CLOCK_THROTTLE_REASON + "{reason=sw_power_cap}"] == 1.0  # through the older call
+    assert collected.partial_errors == []
+    assert collector.gpus[0].unsupported == {"remapped_rows", "clocks_event_reasons", "xid_events"}
+
+
+def test_a_failing_health_reading_skips_that_reading_this_cycle_and_counts_an_error():
+    nv = FakeNvml([a100(errors={"nvmlDeviceGetTemperature": pynvml.NVML_ERROR_UNKNOWN})])
+    collector, _ = collector_for(nv)
+    collected = collector.collect()
+    got = by_gpu(collected.samples, 0)
+    assert S.GPU_TEMPERATURE not in got and S.GPU_POWER_DRAW in got and S.GPU_MEMORY_USED in got
+    assert collected.partial_errors == ["gpu_health_error"]
+    assert "nvmlDeviceGetTemperature" in collector.gpus[0].health_error
+    nv.gpus[0].errors.clear()  # a passing fault: the reading is asked again and comes back
+    collected = collector.collect()
+    assert by_gpu(collected.samples, 0)[S.GPU_TEMPERATURE] == 47.0 and collected.partial_errors == []
+
+
+def test_a_gpu_lost_during_a_health_reading_is_lost():
+    nv = FakeNvml([a100(errors={"nvmlDeviceGetPcieReplayCounter": pynvml.NVML_ERROR_GPU_IS_LOST}), a100(uuid="GPU-1")])
+    collector, _ = collector_for(nv)
+    collected = collector.collect()
+    assert by_gpu(collected.samples, 0) == {} and by_gpu(collected.samples, 1)
+    assert collected.partial_errors == ["gpu_lost"] and collector.gpus[0].lost
+
+
+def test_fixed_readings_are_asked_once_per_initialisation():
+    nv = FakeNvml([a100()])
+    collector, _ = collector_for(nv)
+    for _ in range(4):
+        got = by_gpu(collector.collect().samples, 0)
+        assert got[S.GPU_PCIE_LINK_MAX_WIDTH] == 16.0 and got[S.GPU_MAX_CLOCK + "{clock=sm}"] == 1980e6
+    assert nv.calls.count("nvmlDeviceGetMaxPcieLinkGeneration") == 1
+    assert nv.calls.count("nvmlDeviceGetMaxPcieLinkWidth") == 1
+    assert nv.calls.count("nvmlDeviceGetCurrPcieLinkWidth") == 4  # the current link is read every cycle
+
+
+def test_xid_errors_are_counted_from_nvml_events_without_waiting():
+    nv = FakeNvml([a100(uuid="GPU-0"), a100(uuid="GPU-1")])
+    collector, clock = collector_for(nv)
+    got = by_gpu(collector.collect().samples, 1)
+    assert (got[S.GPU_XID_ERRORS], got[S.GPU_LAST_XID]) == (0.0, 0.0)
+    nv.gpus[1].xids.extend([13, 31])
+    out = collector.collect().samples
+    assert (by_gpu(out, 1)[S.GPU_XID_ERRORS], by_gpu(out, 1)[S.GPU_LAST_XID]) == (2.0, 31.0)
+    assert by_gpu(out, 0)[S.GPU_XID_ERRORS] == 0.0, "each GPU its own event set"
+    nv.gpus[1].xids.append(48)
+    out = collector.collect().samples
+    assert (by_gpu(out, 1)[S.GPU_XID_ERRORS], by_gpu(out, 1)[S.GPU_LAST_XID]) == (3.0, 48.0)
+    # a re-initialisation (another GPU lost and back) keeps the count: a counter, not a reset
+    nv.gpus[0].lost = True
+    collector.collect()
+    nv.gpus[0].lost = False
+    clock.now += 1.0
+    out = collector.collect().samples
+    assert nv.inits == 2 and by_gpu(out, 1)[S.GPU_XID_ERRORS] == 3.0
+    collector.close()
+    assert all(events.freed for events in nv.event_sets)
+
+
+def test_more_xid_events_than_one_cycle_drains_wait_for_the_next():
+    nv = FakeNvml([a100(xids=[43] * 100)])
+    collector, _ = collector_for(nv)
+    assert by_gpu(collector.collect().samples, 0)[S.GPU_XID_ERRORS] == 64
+    assert by_gpu(collector.collect().samples, 0)[S.GPU_XID_ERRORS] == 100
+
+
+def test_check_prints_the_health_readings_and_what_is_not_supported(capsys):
+    nv = FakeNvml([a100(throttle_mask=0x4, errors={"nvmlDeviceGetRemappedRows": pynvml.NVML_ERROR_NOT_SUPPORTED})])
+    assert check(nv, pause=0.15) == 0
+    text = capsys.readouterr().out
+    assert f"{S.GPU_CLOCK_THROTTLE_REASON} [reason=sw_power_cap] = 1" in text
+    assert f"{S.GPU_POWER_LIMIT} = 700" in text and f"{S.GPU_CLOCK} [clock=sm] = 1.98e+09" in text
+    assert "not supported here: remapped_rows" in text
+    assert "one collection of 1 GPU(s):" in text and "% of a core at 1 Hz" in text
+
+
+@pytest.mark.skipif(
+    bool(ctypes.util.find_library("nvidia-ml")), reason="this machine has NVML; scripts/gpu_check.sh covers it"
+)
+def test_gpu_check_script_runs_from_a_bare_checkout_without_an_installed_kvdoctor(tmp_path):
+    """A GPU machine with a copy of the repository and no install: the script assembles the package
+    from the sources (every folder it imports), reaches NVML and says in one line that it is absent."""
+    bare = tmp_path / "python"  # this interpreter without site: numpy and pynvml importable, kvdoctor not
+    site = sysconfig.get_paths()["purelib"]
+    bare.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    assert subprocess.run([bare, "-c", "import kvdoctor"], capture_output=True, cwd=tmp_path).returncode != 0
+    script = Path(__file__).resolve().parents[2] / "scripts/gpu_check.sh"
+    done = subprocess.run(
+        ["bash", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": str(bare)},
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("gpu check: NVML is not available here") and done.stderr.count("\n") == 1

@@ -3,20 +3,43 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 import httpx
 import pytest
 
 from kvdoctor.exporter.collectors.base import REGISTRY
+from kvdoctor.exporter.runtime import Exporter
+from kvdoctor.exporter.settings import ExporterSettings
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.collection import NotApplicable, SourceError
 from kvdoctor.simulator.engine_server import EngineServer
 from kvdoctor.simulator.gpu import HttpSource, SimulatedGpuCollector, for_engine_url, gpu_uuid
 from kvdoctor.simulator.physics import Simulation
+from tests.support import tools
 
 T0 = 1_800_000_000.0
 
+HEALTH_SIGNALS = {
+    S.GPU_TEMPERATURE,
+    S.GPU_POWER_DRAW,
+    S.GPU_POWER_LIMIT,
+    S.GPU_CLOCK,
+    S.GPU_MAX_CLOCK,
+    S.GPU_CLOCK_THROTTLE_REASON,
+    S.GPU_XID_ERRORS,
+    S.GPU_LAST_XID,
+    S.GPU_ECC_ERRORS,
+    S.GPU_REMAPPED_ROWS,
+    S.GPU_ROW_REMAP_PENDING,
+    S.GPU_ROW_REMAP_FAILURE,
+    S.GPU_PCIE_LINK_GENERATION,
+    S.GPU_PCIE_LINK_MAX_GENERATION,
+    S.GPU_PCIE_LINK_WIDTH,
+    S.GPU_PCIE_LINK_MAX_WIDTH,
+    S.GPU_PCIE_REPLAYS,
+}
 GPU_SIGNALS = {
     S.GPU_DRAM_BANDWIDTH_UTILIZATION,
     S.GPU_SM_ACTIVE,
@@ -25,7 +48,7 @@ GPU_SIGNALS = {
     S.GPU_PCIE_RX,
     S.GPU_PCIE_TX,
     S.GPU_DRAM_PEAK_BANDWIDTH,
-}
+} | HEALTH_SIGNALS
 
 
 class Clock:
@@ -52,7 +75,9 @@ def test_first_reading_has_no_ratios_then_gpm_ratios():
     sim = Simulation("bandwidth_bound", seed=0, clock=clock, warmup=10)
     collector = SimulatedGpuCollector.for_simulation(sim)
     first = by_name(collector.collect())
-    assert set(first) == {S.GPU_MEMORY_USED, S.GPU_MEMORY_TOTAL, S.GPU_DRAM_PEAK_BANDWIDTH}  # GPM needs two samples
+    assert (
+        set(first) == {S.GPU_MEMORY_USED, S.GPU_MEMORY_TOTAL, S.GPU_DRAM_PEAK_BANDWIDTH} | HEALTH_SIGNALS
+    )  # GPM: two samples
     clock.t += 2
     second = by_name(collector.collect())
     assert set(second) == GPU_SIGNALS
@@ -66,6 +91,51 @@ def test_first_reading_has_no_ratios_then_gpm_ratios():
     sm = second[S.GPU_SM_ACTIVE][0][1]
     assert dram >= 0.8 and sm < 0.5  # the bandwidth-bound workload, seen through the GPU
     assert second[S.GPU_DRAM_PEAK_BANDWIDTH][0][1] == 3350e9
+
+
+def values(samples: dict, name: str, **labels: str) -> list[float]:
+    return [v for lab, v in samples[name] if all(lab.get(k) == x for k, x in labels.items())]
+
+
+def test_a_healthy_gpus_health_signals_every_family_with_its_declared_labels():
+    clock = Clock()
+    collector = SimulatedGpuCollector.for_simulation(Simulation("bandwidth_bound", seed=0, clock=clock, warmup=10))
+    idle = by_name(collector.collect())
+    clock.t += 2
+    busy = by_name(collector.collect())
+    for name, rows in busy.items():
+        for labels, _ in rows:
+            assert set(labels) == set(S.SIGNALS[name].labels), name
+    assert values(busy, S.GPU_CLOCK, clock="sm") == values(busy, S.GPU_MAX_CLOCK, clock="sm") == [1980e6]
+    assert values(busy, S.GPU_CLOCK, clock="memory") == values(busy, S.GPU_MAX_CLOCK, clock="memory")
+    assert sorted(lab["reason"] for lab, _ in busy[S.GPU_CLOCK_THROTTLE_REASON]) == sorted(
+        r for _, r in S.CLOCK_THROTTLE_REASONS
+    )
+    assert {v for _, v in busy[S.GPU_CLOCK_THROTTLE_REASON]} == {0.0}  # healthy: no reason active
+    for name in (S.GPU_XID_ERRORS, S.GPU_ECC_ERRORS, S.GPU_REMAPPED_ROWS, S.GPU_PCIE_REPLAYS, S.GPU_ROW_REMAP_PENDING):
+        assert {v for _, v in busy[name]} == {0.0}, name
+    assert values(busy, S.GPU_PCIE_LINK_GENERATION) == values(busy, S.GPU_PCIE_LINK_MAX_GENERATION) == [5.0]
+    assert values(busy, S.GPU_PCIE_LINK_WIDTH) == values(busy, S.GPU_PCIE_LINK_MAX_WIDTH) == [16.0]
+    # power and heat follow the activity, under the limit
+    (limit,) = values(busy, S.GPU_POWER_LIMIT)
+    assert values(idle, S.GPU_POWER_DRAW)[0] < values(busy, S.GPU_POWER_DRAW)[0] < limit
+    assert values(idle, S.GPU_TEMPERATURE)[0] < values(busy, S.GPU_TEMPERATURE)[0] < 80
+
+
+@tools.requires_promtool
+def test_the_exporters_page_with_the_health_families_passes_promtool_check_metrics():
+    clock = Clock()
+    collector = SimulatedGpuCollector.for_simulation(Simulation("healthy", clock=clock, warmup=2), count=2)
+    exporter = Exporter(ExporterSettings(nvml=False, pod="p"), [collector])
+    exporter.run_cycle()
+    clock.t += 1
+    exporter.run_cycle()
+    page = exporter.metrics_bytes()
+    for name in HEALTH_SIGNALS:
+        assert f"# TYPE {name} ".encode() in page, name
+    assert page.count(f"{S.GPU_CLOCK_THROTTLE_REASON}{{".encode()) == 2 * len(S.CLOCK_THROTTLE_REASONS)
+    result = subprocess.run([tools.promtool(), "check", "metrics"], input=page, capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
 def test_tier_miss_shows_pcie_receive():
