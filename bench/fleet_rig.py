@@ -122,6 +122,7 @@ class Sample:
     active: set[tuple[str, str, str]]  # (namespace, pod, alertname), pending or firing
     head_series: float
     intervals: dict[str, float] = field(default_factory=dict)  # group -> its evaluation interval, seconds
+    rules: dict[tuple[str, str], float] = field(default_factory=dict)  # (group, rule) -> seconds (Prometheus)
 
 
 def _rss_bytes(pid: int) -> float:
@@ -194,7 +195,10 @@ class Watcher:
         }
         rss = _rss_bytes(prom.process.pid)
         head_series = float(head.group(1)) if head else 0.0
-        return Sample(time.time(), self.phase, rss, evaluations, alerting, missed, active, head_series, intervals)
+        rules = {(g["name"], r["name"]): float(r["evaluationTime"]) for g in groups for r in g["rules"]}
+        return Sample(
+            time.time(), self.phase, rss, evaluations, alerting, missed, active, head_series, intervals, rules
+        )
 
     def _sample_vmalert(self, stack: VictoriaStack) -> Sample:
         alerter = stack.alerter
@@ -217,7 +221,7 @@ class Watcher:
             missed[group] = missed.get(group, 0.0) + float(value)
         active = {
             (a["labels"].get("namespace", ""), a["labels"].get("pod", ""), a["labels"]["alertname"])
-            for a in alerter.alerts()
+            for a in alerter.alerts() or []
             if a.get("state") in ("pending", "firing")
         }
         rss = _rss_bytes(stack.db.process.pid) + _rss_bytes(alerter.process.pid)
@@ -261,6 +265,16 @@ def ratio_interval(
     )
     tail = (1.0 - level) / 2
     return ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
+
+
+def costliest_rules(samples: list[Sample], group: str, top: int = 4) -> list[tuple[str, float]]:
+    """The ``top`` rules of ``group`` by their median seconds per evaluation (Prometheus only)."""
+    names = {rule for s in samples for g, rule in s.rules if g == group}
+    medians = {
+        name: statistics.median(_per_evaluation(samples, group, lambda s, n=name: s.rules.get((group, n), 0.0)))
+        for name in names
+    }
+    return sorted(medians.items(), key=lambda item: -item[1])[:top]
 
 
 def alerting_times(samples: list[Sample], group: str) -> list[float]:
