@@ -160,9 +160,10 @@ def port(text: str) -> int:
 
 
 def url(text: str) -> str:
-    """An http(s) URL (``host:port`` alone means http); the text as given, checked."""
+    """An http(s) URL, its scheme included (``sources/urls.py``, the one check every verb makes);
+    the text as given, checked."""
     try:
-        split_http_url(text, scheme_optional=True)
+        split_http_url(text)
     except UrlError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text.strip()

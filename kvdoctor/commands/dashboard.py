@@ -50,8 +50,8 @@ def load_dashboard_app(hint: str = "") -> ModuleType:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    flags.add(parser, "--exporter", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
-    flags.add(parser, "--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
+    flags.add(parser, "--exporter", type=arguments.url, help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
+    flags.add(parser, "--prometheus", type=arguments.url, help="Prometheus base URL, e.g. http://prometheus:9090")
     # the server's own settings: unset (None) leaves the dashboard's default
     for flag, kind, metavar, meaning in (
         ("--host", str, "HOST", "address to bind (default 127.0.0.1)"),
