@@ -173,9 +173,29 @@ def also_present(differential: Iterable[Mapping]) -> str:
     return "Also present: " + "; ".join(parts) if parts else ""
 
 
-def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
-    """The verdict banner: headline, confidence, evidence against thresholds, ordered actions."""
+def source_problems(problems: Iterable[str]) -> html.Div | None:
+    """Every page's banner for sources that cannot be read: one line each, naming the URL and the
+    error; None when every source reads."""
+    lines = [str(p) for p in problems]
+    if not lines:
+        return None
+    return html.Div(
+        [html.Div("A source cannot be read", className="verdict-title"), *(html.P(line) for line in lines)],
+        className="banner verdict-bad source-problems",
+        role="alert",
+    )
+
+
+def banner(diagnosis: Mapping | None, notes: Iterable[str] = (), error: str | None = None) -> html.Div:
+    """The verdict banner: headline, confidence, evidence against thresholds, ordered actions.
+    Before the first diagnosis: what it waits for, or ``error``, why none can come (the source's)."""
     if not diagnosis:
+        if error:
+            return html.Div(
+                [html.Div("No diagnosis: the source cannot be read", className="verdict-title"), html.P(error)],
+                className="banner verdict-bad",
+                **{"data-verdict": "", "data-error": "true"},
+            )
         return html.Div(
             [html.Div("Waiting for the first diagnosis…", className="verdict-title")],
             className="banner verdict-idle",

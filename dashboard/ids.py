@@ -6,6 +6,8 @@ Ids are prefixed by page so two pages can never collide in Dash's single callbac
 # Shell (every page)
 NAV = "nav"
 SOURCE_LINE = "source-line"
+SOURCE_PROBLEMS = "source-problems"  # the banner naming a source that cannot be read, on every page
+SOURCE_CHECK = "source-check"  # the interval that checks the sources again
 
 # Live page
 LIVE_INTERVAL = "live-interval"

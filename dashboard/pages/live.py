@@ -298,6 +298,8 @@ def update(tick: int, controls: Controls, cursor: Cursor, b: Backend, clock: flo
             return fetch_live_from_exporter(b.exporter, seconds, target, s.rate_window_seconds)
         if b.prometheus is None:
             raise SourceError("no_prometheus", "history and other exporters need --prometheus")
+        if not instance and b.exporter is None:
+            raise SourceError("no_target", f"Prometheus {s.prometheus_url} lists no kvdoctor exporter to show")
         if not instance:
             raise SourceError("no_prometheus", "history comes from Prometheus: pick one of its exporters")
         end = history["to"] if controls.range == "fixed" and history else clock
@@ -352,8 +354,11 @@ def update(tick: int, controls: Controls, cursor: Cursor, b: Backend, clock: flo
                 chart_data = charts.live_charts(got.frame, chart_diagnosis)
                 sigs = charts.signatures(chart_data)
     except SourceError as exc:
+        # Before the first diagnosis, the banner says why none comes instead of waiting forever.
         return Update(
-            data=_no_points(tick), health={"ok": False, "error": str(exc), "newest": cursor.newest, "history": False}
+            data=_no_points(tick),
+            health={"ok": False, "error": str(exc), "newest": cursor.newest, "history": False},
+            diagnosis=None if cursor.diag else {"diagnosis": None, "notes": [], "error": str(exc)},
         )
 
     if full:
@@ -436,7 +441,7 @@ def _no_points(tick: int) -> dict:
 
 def render_banner(payload):
     payload = payload or {}
-    return components.banner(payload.get("diagnosis"), payload.get("notes") or [])
+    return components.banner(payload.get("diagnosis"), payload.get("notes") or [], payload.get("error"))
 
 
 def render_badge(health):

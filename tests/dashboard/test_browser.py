@@ -14,7 +14,7 @@ import pytest
 from kvdoctor.dashboard.app import create_app, serve_in_thread
 from kvdoctor.ledger.gpus import gpu_spec
 from kvdoctor.ledger.model import COMMON_MODELS
-from tests.support import tools
+from tests.support import servers, tools
 from tests.support.browser import Page
 from tests.support.synthetic import SCENARIOS, SYNTHETIC_SLO_SECONDS, FakeExporter, SyntheticEngine
 
@@ -179,6 +179,42 @@ def test_source_down_badge(served, fake_exporter, open_page):
     badge = p.page.locator("#live-badge .badge[data-state='source-down']")
     badge.wait_for(timeout=SLOW_MS)
     assert "source nvml down: NVML library not found" in badge.inner_text()
+
+
+@pytest.mark.parametrize("source", ["prometheus_url", "exporter_url"])
+def test_every_page_names_a_source_that_cannot_be_read(source, served, open_page):
+    """`kvdoctor dashboard --prometheus URL` (the chart's only mode) or `--exporter URL` with
+    nothing answering there: each page says so at the top, naming the URL and the error, and the
+    Live page's banner says why no diagnosis comes instead of waiting for one forever."""
+    url = servers.refusing_url()
+    what, path = ("Prometheus", "/api/v1/query") if source == "prometheus_url" else ("the exporter", "/api/v1/window")
+    line = f"cannot reach {what} at {url}{path}: connection refused"
+    p = open_page(served(**{source: url}).url)
+    for page in ("/", "/ledger", "/fleet"):
+        p.goto(page)
+        banner = p.page.locator("#source-problems .source-problems")
+        banner.wait_for(timeout=SLOW_MS)
+        assert line in banner.inner_text(), page
+    p.goto("/")
+    live = p.page.locator("#live-banner .banner[data-error='true']")
+    live.wait_for(timeout=SLOW_MS)
+    said = live.inner_text()
+    assert "No diagnosis: the source cannot be read" in said and "Waiting" not in said
+    assert (url in said) if source == "exporter_url" else ("lists no kvdoctor exporter" in said)
+    assert p.errors == []
+
+
+def test_the_source_banner_goes_once_the_source_reads(served, fake_exporter, open_page):
+    exporter = fake_exporter("healthy", gpus=1)
+    exporter.fail = True
+    p = open_page(served(exporter_url=exporter.url).url)
+    p.goto("/")
+    banner = p.page.locator("#source-problems .source-problems")
+    banner.wait_for(timeout=SLOW_MS)
+    assert exporter.url in banner.inner_text() and "500" in banner.inner_text()
+    exporter.fail = False
+    banner.wait_for(state="detached", timeout=SLOW_MS)
+    _wait_for_verdict(p, "healthy")
 
 
 def _set_number(p: Page, element_id: str, value) -> None:
