@@ -217,6 +217,45 @@ def test_the_source_banner_goes_once_the_source_reads(served, fake_exporter, ope
     _wait_for_verdict(p, "healthy")
 
 
+PHONE = {"width": 390, "height": 844}
+
+
+def test_the_live_page_fits_a_phone(served, fake_exporter, open_page):
+    """On-call opens the page link on a phone: at 390 px the Live page scrolls down only, and the
+    nav (its Fleet link), the verdict and its chip, the first action and the two key charts are
+    all within the screen; the confidence is a word, the evidence facts with their direction."""
+    exporter = fake_exporter("thrashing", gpus=2)
+    p = open_page(served(exporter_url=exporter.url).url)
+    p.page.set_viewport_size(PHONE)
+    p.goto("/")
+    _wait_for_verdict(p, "kv_thrashing")
+    _wait_for_charts(p)
+    assert p.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    boxes = p.page.evaluate(
+        """() => Object.fromEntries([
+            ...Array.from(document.querySelectorAll('#nav a')).map(a => ['nav ' + a.textContent, a]),
+            ['verdict', document.querySelector('.verdict-title')],
+            ['verdict chip', document.querySelector('.verdict-code')],
+            ['badge', document.querySelector('#live-badge .badge')],
+            ['first action', document.querySelector('.actions li')],
+            ['first chart', document.querySelectorAll('.chart')[0]],
+            ['second chart', document.querySelectorAll('.chart')[1]],
+        ].map(([name, e]) => [name, e ? [e.getBoundingClientRect().left, e.getBoundingClientRect().right] : null]))"""
+    )
+    assert "nav Fleet" in boxes
+    for name, box in boxes.items():
+        assert box is not None, name
+        assert box[0] >= 0 and box[1] <= PHONE["width"], (name, box)
+    assert p.page.locator(".verdict-confidence").inner_text() in (
+        "high confidence",
+        "medium confidence",
+        "low confidence",
+    )
+    rows = p.page.locator("table.evidence td.evidence-signal").all_inner_texts()
+    assert any(", above the " in row for row in rows) and any(", below the " in row for row in rows), rows
+    assert p.errors == []
+
+
 def _set_number(p: Page, element_id: str, value) -> None:
     box = p.page.locator(f"#{element_id}")
     box.fill(str(value))
