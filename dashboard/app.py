@@ -22,7 +22,7 @@ from dash import Input, Output, dcc, html
 from flask import Flask
 from werkzeug.serving import make_server
 
-from kvdoctor.dashboard import auth, components, ids, runbooks
+from kvdoctor.dashboard import auth, components, downloads, ids, runbooks
 from kvdoctor.dashboard.pages import fleet, ledger, live
 from kvdoctor.dashboard.settings import DashboardSettings
 from kvdoctor.dashboard.sources import EXTENSION_KEY, SOURCE_CHECK_SECONDS, Backend, backend
@@ -66,6 +66,7 @@ def create_app(
     server.add_url_rule(HEALTHZ_PATH, "healthz", lambda: {"status": "ok"})
     server.add_url_rule(READYZ_PATH, "readyz", lambda: {"status": "ready"})
     runbooks.install(server)  # /runbooks/<Alert>: the alerts' runbook_url
+    downloads.install(server)  # /download/window.om: the Live page's "download this window"
     app = dash.Dash(
         "kvdoctor.dashboard",
         server=server,

@@ -24,6 +24,7 @@ LIVE_RANGE = "live-range"
 LIVE_HISTORY = "live-history"  # fixed [from, to] from a Fleet link; empty when live
 LIVE_BADGE = "live-badge"
 LIVE_BANNER = "live-banner"
+LIVE_DOWNLOAD = "live-download"  # "download this window": the window on show as a trace file
 LIVE_GRAPH_KV_LATENCY = "live-graph-kv-latency"
 LIVE_GRAPH_BANDWIDTH = "live-graph-bandwidth"
 LIVE_GRAPH_TRANSFERS = "live-graph-transfers"

@@ -24,7 +24,14 @@ from kvdoctor.sources.exporter_api import WINDOW_PATH, ExporterClient, NoWindowA
 from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.sources.traces import write_raw_captures, write_window
 
-__all__ = ["CHECKPOINT_SECONDS", "ExporterRecorder", "RawRecording", "Recording", "SnapshotRecording"]
+__all__ = [
+    "CHECKPOINT_SECONDS",
+    "ExporterRecorder",
+    "RawRecording",
+    "Recording",
+    "SnapshotRecording",
+    "exporter_history",
+]
 
 CHECKPOINT_SECONDS = 60.0
 MAX_WINDOW_REQUEST = 900  # seconds: the exporter's default --max-window
@@ -133,6 +140,19 @@ class RawRecording(Recording):
         return len(self.captures)
 
 
+def exporter_history(client: ExporterClient, seconds: float) -> tuple[Window, float]:
+    """What the exporter already holds of the last ``seconds`` (its ring store, through its window
+    API), and the seconds asked for: an exporter serving shorter windows (its --max-window) gives
+    its longest. ``NoWindowApi`` without the window API, ``SourceError`` when it cannot be read."""
+    asked = min(float(seconds), float(MAX_BACKFILL_SECONDS))
+    try:
+        return client.window(asked), asked
+    except WindowRefused as refused:
+        if refused.longest is None or refused.longest >= asked:
+            raise
+        return client.window(refused.longest), float(refused.longest)
+
+
 class ExporterRecorder:
     """Polls one exporter into a ``SnapshotRecording`` every ``interval`` seconds.
 
@@ -157,14 +177,7 @@ class ExporterRecorder:
         window API), added to the recording; an exporter serving shorter windows (its
         --max-window) gives its longest. Returns the seconds asked for. ``NoWindowApi`` when it has
         no window API (its past cannot be read), ``SourceError`` when it cannot be read."""
-        asked = min(float(seconds), float(MAX_BACKFILL_SECONDS))
-        try:
-            window = self.client.window(asked)
-        except WindowRefused as refused:
-            if refused.longest is None or refused.longest >= asked:
-                raise
-            asked = float(refused.longest)
-            window = self.client.window(asked)
+        window, asked = exporter_history(self.client, seconds)
         self.recording.add_history(window)
         return asked
 

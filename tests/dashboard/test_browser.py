@@ -256,6 +256,27 @@ def test_the_live_page_fits_a_phone(served, fake_exporter, open_page):
     assert p.errors == []
 
 
+def test_the_live_page_downloads_the_window_it_shows(served, fake_exporter, open_page, tmp_path):
+    import httpx
+
+    from kvdoctor.sources.traces import load_trace
+
+    exporter = fake_exporter("thrashing", gpus=1)
+    handle = served(exporter_url=exporter.url)
+    p = open_page(handle.url)
+    p.goto("/")
+    _wait_for_verdict(p, "kv_thrashing")
+    link = p.page.locator("#live-download")
+    assert link.inner_text() == "download this window"
+    href = link.get_attribute("href")
+    assert href == "/download/window.om?seconds=900"
+    answer = httpx.get(handle.url.rstrip("/") + href, timeout=30)
+    assert answer.status_code == 200 and answer.text.endswith("# EOF\n")
+    (tmp_path / "window.om").write_text(answer.text)
+    assert len(load_trace(tmp_path / "window.om").window) > 10
+    assert p.errors == []
+
+
 def _set_number(p: Page, element_id: str, value) -> None:
     box = p.page.locator(f"#{element_id}")
     box.fill(str(value))
