@@ -273,3 +273,20 @@ def test_a_point_above_an_axis_rebuilds_the_chart(frame):
     assert not charts.exceeds(charts.axis_tops(tail), drawn)  # new points under the tops: append
     higher = {charts.KV_LATENCY: {"y2": drawn[charts.KV_LATENCY]["y2"] * 2}}
     assert charts.exceeds(higher, drawn)  # a slower token than the axis holds: rebuild
+
+
+def test_the_bandwidth_line_is_the_trees_own_threshold():
+    """The chart's "bandwidth bound above this" line and the tree read one value: the threshold
+    the diagnosis compared DRAM bandwidth with, else the tree's default."""
+    from kvdoctor.rules.thresholds import Thresholds
+
+    default = Thresholds().bandwidth_high_ratio * 100
+    assert charts.bandwidth_line(None) == default
+    custom = {"evidence": [{"feature": "dram_bandwidth_ratio", "threshold": 0.7, "value": 0.75}]}
+    assert charts.bandwidth_line(custom) == pytest.approx(70)
+    beside = {"evidence": [], "differential": [{"evidence": [{"feature": "dram_bandwidth_ratio", "threshold": 0.9}]}]}
+    assert charts.bandwidth_line(beside) == pytest.approx(90)
+    figure = figures.build(charts.BANDWIDTH, {"traces": [], "extras": {"line": charts.bandwidth_line(custom)}})
+    layout = figure["layout"] if isinstance(figure, dict) else figure.layout
+    texts = [a["text"] for a in layout["annotations"]]
+    assert "70%: bandwidth bound above this" in texts
