@@ -194,7 +194,6 @@ def live_charts(
             _trace("ITL p95 (ms)", "p95", t, frame.itl_p95 * 1000.0),
         ],
         "extras": {
-            "knee": knee,
             "slo_ms": slo,
             "axes": {"y2": nice_top(_peak(frame.itl_p50, frame.itl_p95) * 1000.0, latency_floor)},
         },
