@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dash
-from dash import dcc, html
+from dash import Input, Output, dcc, html
 from flask import Flask
 from werkzeug.serving import make_server
 
-from kvdoctor.dashboard import auth, ids, runbooks
+from kvdoctor.dashboard import auth, components, downloads, ids, runbooks
 from kvdoctor.dashboard.pages import fleet, ledger, live
 from kvdoctor.dashboard.settings import DashboardSettings
-from kvdoctor.dashboard.sources import EXTENSION_KEY, Backend, backend
+from kvdoctor.dashboard.sources import EXTENSION_KEY, SOURCE_CHECK_SECONDS, Backend, backend
 from kvdoctor.sources.paths import HEALTHZ_PATH, READYZ_PATH
 
 ASSETS = Path(__file__).with_name("assets")
@@ -66,6 +66,7 @@ def create_app(
     server.add_url_rule(HEALTHZ_PATH, "healthz", lambda: {"status": "ok"})
     server.add_url_rule(READYZ_PATH, "readyz", lambda: {"status": "ready"})
     runbooks.install(server)  # /runbooks/<Alert>: the alerts' runbook_url
+    downloads.install(server)  # /download/window.om: the Live page's "download this window"
     app = dash.Dash(
         "kvdoctor.dashboard",
         server=server,
@@ -83,7 +84,21 @@ def create_app(
         dash.register_page(page.__name__, path=page.PATH, name=page.NAME, order=order, title=title, layout=page.layout)
         page.register(app)
     app.layout = _shell
+    # Every page: a source that cannot be read is said at the top, checked again every few seconds
+    # (fired on load too, so the page's first paint never waits for a source that does not answer).
+    app.callback(Output(ids.SOURCE_PROBLEMS, "children"), Input(ids.SOURCE_CHECK, "n_intervals"))(_source_problems)
     return app
+
+
+def source_problems(app: dash.Dash) -> list[str]:
+    """What is wrong with ``app``'s sources now, one line each naming the URL and the error (for
+    ``kvdoctor dashboard`` to say at start)."""
+    backend: Backend = app.server.extensions[EXTENSION_KEY]
+    return backend.source_problems()
+
+
+def _source_problems(_: int) -> html.Div | None:
+    return components.source_problems(backend().source_problems())
 
 
 def _shell() -> html.Div:
@@ -107,7 +122,14 @@ def _shell() -> html.Div:
                 ],
                 className="topbar",
             ),
-            html.Main(dash.page_container, className="content"),
+            html.Main(
+                [
+                    html.Div(id=ids.SOURCE_PROBLEMS),
+                    dcc.Interval(id=ids.SOURCE_CHECK, interval=int(SOURCE_CHECK_SECONDS * 1000)),
+                    dash.page_container,
+                ],
+                className="content",
+            ),
         ]
     )
 

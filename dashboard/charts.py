@@ -30,6 +30,7 @@ import numpy as np
 from tsdownsample import NaNMinMaxLTTBDownsampler
 
 from kvdoctor.dashboard.derive import LiveFrame
+from kvdoctor.rules.thresholds import Thresholds
 from kvdoctor.signals import vocabulary as S
 from kvdoctor.signals.units import round_significant
 
@@ -39,7 +40,9 @@ TRANSFERS = "transfers"
 ITL_KV = "itl_kv"
 LIVE_CHARTS = (KV_LATENCY, BANDWIDTH, TRANSFERS, ITL_KV)
 
-BANDWIDTH_BOUND_LINE = 80.0  # percent: the guide's "DRAM >= 80%" line
+# Percent: where the tree calls decode bandwidth bound (its default threshold; a diagnosis made with
+# another one carries it in its evidence, and the chart draws that: ``bandwidth_line``).
+BANDWIDTH_BOUND_LINE = Thresholds().bandwidth_high_ratio * 100
 KNEE_STEP = 0.02
 TICKS = 5  # intervals on every y axis, so the two axes of a chart line up
 # Axis floors: the least an axis shows, so noise stays near zero instead of filling the chart.
@@ -97,6 +100,23 @@ def knee_extras(diagnosis: Mapping | None) -> dict | None:
         return None
     # Rounded to 2% of KV so a knee estimate that wobbles does not rebuild the charts each second.
     return {"kind": str(knee.get("kind") or ""), "kv_level": round(round(level / KNEE_STEP) * KNEE_STEP, 4)}
+
+
+def bandwidth_line(diagnosis: Mapping | None) -> float:
+    """The DRAM bandwidth (percent) at which the tree calls decode bandwidth bound: the threshold
+    the diagnosis compared DRAM bandwidth with (its evidence, or its differential's), else the
+    tree's default. The chart and the tree read one value."""
+    entries = [diagnosis or {}, *((diagnosis or {}).get("differential") or [])]
+    for entry in entries:
+        for item in entry.get("evidence") or [] if isinstance(entry, Mapping) else []:
+            threshold = item.get("threshold") if isinstance(item, Mapping) else None
+            if (
+                item.get("feature") == "dram_bandwidth_ratio"
+                and isinstance(threshold, int | float)
+                and 0 < threshold <= 1
+            ):
+                return float(threshold) * 100
+    return BANDWIDTH_BOUND_LINE
 
 
 def slo_ms(diagnosis: Mapping | None) -> float | None:
@@ -174,7 +194,6 @@ def live_charts(
             _trace("ITL p95 (ms)", "p95", t, frame.itl_p95 * 1000.0),
         ],
         "extras": {
-            "knee": knee,
             "slo_ms": slo,
             "axes": {"y2": nice_top(_peak(frame.itl_p50, frame.itl_p95) * 1000.0, latency_floor)},
         },
@@ -190,7 +209,7 @@ def live_charts(
         else:
             bw_traces.append(_trace(f"{label} DRAM bandwidth (%)", "dram", t, g.dram * 100, g.gpu))
         bw_traces.append(_trace(f"{label} SM activity (%)", "sm", t, g.sm * 100, g.gpu))
-    bandwidth = {"traces": bw_traces, "extras": {"line": BANDWIDTH_BOUND_LINE}}
+    bandwidth = {"traces": bw_traces, "extras": {"line": bandwidth_line(diagnosis)}}
 
     transfers = {
         "traces": [

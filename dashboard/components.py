@@ -7,6 +7,7 @@ Data in, Dash components out; no callbacks and no I/O, so they are tested withou
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -57,12 +58,21 @@ def format_number(value: Any, unit: str = "") -> str:
     return f"{v:.3g}{sep}{unit}"
 
 
+# A confidence as a word, never a bare percentage (it would read as a measurement beside the
+# evidence's percentages): the lowest confidence each word stands for, highest first.
+CONFIDENCE_WORDS = ((0.8, "high"), (0.6, "medium"), (0.0, "low"))
+
+
 def format_confidence(value: Any) -> str:
+    """ "high confidence", "medium confidence" or "low confidence"; empty where there is none."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         return ""
-    return f"{v * 100:.0f}%" if v <= 1.0 else f"{v:.0f}%"
+    if not math.isfinite(v):
+        return ""
+    v = v / 100 if v > 1.0 else v
+    return next(f"{word} confidence" for floor, word in CONFIDENCE_WORDS if v >= floor or floor == 0.0)
 
 
 COMPARISONS = {">=": "≥", "<=": "≤", ">": ">", "<": "<", "==": "=", "!=": "≠"}
@@ -105,6 +115,41 @@ def evidence_row_text(item: Mapping) -> str:
     return f"{label}: {format_with_unit(item.get('value'), unit)}{against}"
 
 
+# A difference the tree compares with a margin, in words: (the left quantity, the right one, the
+# cause the left one clearly above the right points at).
+DIFFERENCES = {"sm_active_ratio - dram_bandwidth_ratio": ("SM activity", "DRAM bandwidth", "compute")}
+_AGAINST = re.compile(r"^(?P<base>.*?) \((?:(?P<slo>SLO)|threshold [≥≤<>=≠]) (?P<against>[^()]+)\)$")
+
+
+def evidence_fact(item: Mapping) -> str:
+    """An evidence row as a fact with its direction: "SM activity 52 points below DRAM bandwidth:
+    not compute", "preemptions over the last 15 s: 72.4/min, above the 1.0/min threshold", "ITL
+    p95 over the last 15 s: 24.7 ms, below the 100 ms SLO"; a row without a value compared with a
+    threshold as the rules word it."""
+    text = evidence_row_text(item)
+    value, threshold = item.get("value"), item.get("threshold")
+    if not item.get("measured", True) or not isinstance(value, int | float) or not isinstance(threshold, int | float):
+        return text
+    feature = str(item.get("feature") or "")
+    if feature in DIFFERENCES and str(item.get("unit")) == "ratio":
+        left, right, cause = DIFFERENCES[feature]
+        points, margin = abs(value) * 100, threshold * 100
+        fact = (
+            f"{left} {points:.0f} points {'above' if value > 0 else 'below'} {right}"
+            if points >= 0.5
+            else (f"{left} level with {right}")
+        )
+        if item.get("holds"):
+            return f"{fact}: {cause} (over the {margin:.0f}-point margin)"
+        return f"{fact}: not {cause}" + (f" (under the {margin:.0f}-point margin)" if value > 0 else "")
+    found = _AGAINST.match(text)
+    if found is None:
+        return text
+    side = "above" if value > threshold else "below" if value < threshold else "at"
+    what = "SLO" if found.group("slo") else "threshold"
+    return f"{found.group('base')}, {side} the {found.group('against')} {what}"
+
+
 def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
     """The evidence in words, one row per quantity: what decided the verdict, then what explains it."""
     rows = []
@@ -115,7 +160,7 @@ def evidence_table(evidence: Iterable[Mapping]) -> html.Table | None:
         rows.append(
             html.Tr(
                 [
-                    html.Td(evidence_row_text(item), className="evidence-signal"),
+                    html.Td(evidence_fact(item), className="evidence-signal", title=evidence_row_text(item)),
                     html.Td(role if measured else "not measured", className="evidence-measured"),
                 ],
                 className="" if measured else "not-measured",
@@ -160,8 +205,8 @@ def action_list(actions: Iterable[Mapping]) -> html.Div | None:
 
 
 def also_present(differential: Iterable[Mapping]) -> str:
-    """The differential in one short line: "Also present: KV capacity pressure (0.80); requests waiting,
-    a consequence of the slowness"; empty where nothing else holds."""
+    """The differential in one short line: "Also present: KV capacity pressure (medium confidence);
+    requests waiting, a consequence of the slowness"; empty where nothing else holds."""
     parts = []
     for entry in differential:
         verdict = str(entry.get("verdict") or "")
@@ -173,9 +218,29 @@ def also_present(differential: Iterable[Mapping]) -> str:
     return "Also present: " + "; ".join(parts) if parts else ""
 
 
-def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
-    """The verdict banner: headline, confidence, evidence against thresholds, ordered actions."""
+def source_problems(problems: Iterable[str]) -> html.Div | None:
+    """Every page's banner for sources that cannot be read: one line each, naming the URL and the
+    error; None when every source reads."""
+    lines = [str(p) for p in problems]
+    if not lines:
+        return None
+    return html.Div(
+        [html.Div("A source cannot be read", className="verdict-title"), *(html.P(line) for line in lines)],
+        className="banner verdict-bad source-problems",
+        role="alert",
+    )
+
+
+def banner(diagnosis: Mapping | None, notes: Iterable[str] = (), error: str | None = None) -> html.Div:
+    """The verdict banner: headline, confidence, evidence against thresholds, ordered actions.
+    Before the first diagnosis: what it waits for, or ``error``, why none can come (the source's)."""
     if not diagnosis:
+        if error:
+            return html.Div(
+                [html.Div("No diagnosis: the source cannot be read", className="verdict-title"), html.P(error)],
+                className="banner verdict-bad",
+                **{"data-verdict": "", "data-error": "true"},
+            )
         return html.Div(
             [html.Div("Waiting for the first diagnosis…", className="verdict-title")],
             className="banner verdict-idle",
@@ -185,7 +250,9 @@ def banner(diagnosis: Mapping | None, notes: Iterable[str] = ()) -> html.Div:
     head = [html.Span(verdict_title(verdict), className="verdict-title")]
     confidence = format_confidence(diagnosis.get("confidence"))
     if confidence:
-        head.append(html.Span(f"confidence {confidence}", className="verdict-confidence"))
+        head.append(
+            html.Span(confidence, className="verdict-confidence", title=f"confidence {diagnosis.get('confidence')}")
+        )
     head.append(html.Code(verdict, className="verdict-code"))
     body: list[Any] = [
         html.Div(head, className="verdict-head"),

@@ -142,8 +142,9 @@ def _note(text: str, color: str = "#888", size: int = 14) -> dict:
 
 
 def kv_latency_figure(data: ChartData) -> Figure:
-    """KV usage (%) and ITL p50/p95 (ms) on one time axis, two y axes sharing their ticks; the
-    knee as a KV line, the SLO as a latency line."""
+    """KV usage (%) and ITL p50/p95 (ms) on one time axis, two y axes sharing their ticks; the SLO
+    as a latency line, the only line: the knee is drawn where it is, on ITL against resident KV (a
+    level of the KV axis here read as a latency threshold, and sat on the SLO's label)."""
     style = {
         "kv": dict(
             yaxis="y", line={"color": "#3182bd", "width": 1.5}, fill="tozeroy", fillcolor="rgba(158,202,225,0.35)"
@@ -160,25 +161,6 @@ def kv_latency_figure(data: ChartData) -> Figure:
         yaxis=dict(PERCENT_AXIS, title={"text": "KV cache usage (%)"}),
         yaxis2=_ticked(_right_axis("inter-token latency (ms)"), latency_top),
     )
-    knee = extras.get("knee")
-    if knee:
-        level = knee["kv_level"] * 100.0
-        what = "latency jumps" if knee["kind"] == "jump" else "latency rises with KV"
-        layout["shapes"].append(_hline(level, KNEE_COLOR))
-        layout["annotations"].append(
-            {
-                "xref": "paper",
-                "x": 0.99,
-                "yref": "y",
-                "y": level,
-                "yshift": -12,
-                "showarrow": False,
-                "xanchor": "right",
-                "font": {"color": KNEE_COLOR},
-                "bgcolor": "rgba(255,255,255,0.8)",
-                "text": f"knee: {what} at {level:.0f}% KV",
-            }
-        )
     if slo:
         line, label = _slo_line(slo, "y2", x_anchor=0.75)
         layout["shapes"].append(line)

@@ -6,6 +6,8 @@ Ids are prefixed by page so two pages can never collide in Dash's single callbac
 # Shell (every page)
 NAV = "nav"
 SOURCE_LINE = "source-line"
+SOURCE_PROBLEMS = "source-problems"  # the banner naming a source that cannot be read, on every page
+SOURCE_CHECK = "source-check"  # the interval that checks the sources again
 
 # Live page
 LIVE_INTERVAL = "live-interval"
@@ -22,6 +24,7 @@ LIVE_RANGE = "live-range"
 LIVE_HISTORY = "live-history"  # fixed [from, to] from a Fleet link; empty when live
 LIVE_BADGE = "live-badge"
 LIVE_BANNER = "live-banner"
+LIVE_DOWNLOAD = "live-download"  # "download this window": the window on show as a trace file
 LIVE_GRAPH_KV_LATENCY = "live-graph-kv-latency"
 LIVE_GRAPH_BANDWIDTH = "live-graph-bandwidth"
 LIVE_GRAPH_TRANSFERS = "live-graph-transfers"

@@ -32,10 +32,10 @@ ENV_PREFIX = KVDOCTOR_ENV_PREFIX + "DASHBOARD_"
 
 
 def normalise_base_url(value: str, what: str) -> str:
-    """``host:port`` or ``http(s)://host[:port][/prefix]`` -> ``http(s)://host[:port][/prefix]``;
-    ``ValueError`` with one line naming ``what`` on anything else."""
+    """``http(s)://host[:port][/prefix]``, without a trailing slash (``sources/urls.py``, as every
+    verb checks a URL: a scheme is needed); ``ValueError`` with one line naming ``what`` otherwise."""
     try:
-        return base_url(value, scheme_optional=True)
+        return base_url(value)
     except UrlError as exc:
         raise ValueError(exc.about(f"{what} URL")) from None
 

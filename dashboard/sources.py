@@ -45,7 +45,9 @@ __all__ = [
     "FleetCache",
     "FleetPage",
     "LiveFetch",
+    "SourceWatch",
     "backend",
+    "check_sources",
     "fetch_live_from_exporter",
     "fetch_live_from_prometheus",
     "fleet_page",
@@ -100,6 +102,7 @@ class Backend:
     exporter: ExporterClient | None = None
     prometheus: PrometheusClient | None = None
     fleet: FleetCache = field(default_factory=FleetCache)  # the Fleet page's summaries, by token
+    watch: SourceWatch | None = None  # the sources' problems, for every page's banner
 
     @classmethod
     def from_settings(cls, settings: DashboardSettings) -> Backend:
@@ -111,12 +114,72 @@ class Backend:
             PrometheusClient(settings.prometheus_url, max(timeout, PROMETHEUS_TIMEOUT_SECONDS), MAX_BODY_BYTES)
             if settings.prometheus_url
             else None,
+            watch=SourceWatch(settings),
         )
+
+    def source_problems(self) -> list[str]:
+        """What is wrong with the sources now (checked every few seconds): one line each."""
+        return self.watch.problems() if self.watch is not None else []
 
     def close(self) -> None:
         for client in (self.exporter, self.prometheus):
             if client is not None:
                 client.close()
+
+
+# ------------------------------------------------------------------------------ source checks
+
+
+SOURCE_CHECK_TIMEOUT_SECONDS = 3.0  # a check at start must not hold the dashboard up for long
+SOURCE_CHECK_SECONDS = 5.0  # how long a check's answer stands (every page's banner asks this often)
+
+
+def check_sources(settings: DashboardSettings, timeout: float = SOURCE_CHECK_TIMEOUT_SECONDS) -> list[str]:
+    """What is wrong with the configured sources, one line each naming the URL and the error:
+    unreachable, not what it should be (an exporter without its window API, a server that is not
+    a Prometheus), or a Prometheus holding no kvdoctor exporter's series. Empty when both read."""
+    problems = []
+    if settings.exporter_url:
+        with ExporterClient(settings.exporter_url, timeout, MAX_BODY_BYTES) as exporter:
+            try:
+                exporter.window(1)
+            except SourceError as exc:
+                problems.append(_naming(f"the exporter {settings.exporter_url}", str(exc), settings.exporter_url))
+    if settings.prometheus_url:
+        with PrometheusClient(settings.prometheus_url, timeout, MAX_BODY_BYTES) as prometheus:
+            try:
+                found = prometheus.query(promql.instances_query())
+            except SourceError as exc:
+                problems.append(_naming(f"Prometheus {settings.prometheus_url}", str(exc), settings.prometheus_url))
+            else:
+                if not found:
+                    problems.append(
+                        f"Prometheus {settings.prometheus_url} holds no kvdoctor exporter's series "
+                        f"({S.SOURCE_UP}): is it scraping the exporters?"
+                    )
+    return problems
+
+
+def _naming(source: str, error: str, url: str) -> str:
+    """``error`` as one line that names the source's URL (most errors already do)."""
+    return error if url in error else f"{source}: {error}"
+
+
+class SourceWatch:
+    """The sources' problems, checked at most every ``SOURCE_CHECK_SECONDS`` (every open page asks)."""
+
+    def __init__(self, settings: DashboardSettings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._checked = -math.inf
+        self._problems: list[str] = []
+
+    def problems(self) -> list[str]:
+        with self._lock:
+            if time.monotonic() - self._checked >= SOURCE_CHECK_SECONDS:
+                self._problems = check_sources(self._settings)
+                self._checked = time.monotonic()
+            return list(self._problems)
 
 
 def backend() -> Backend:

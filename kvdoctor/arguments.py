@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -160,9 +161,10 @@ def port(text: str) -> int:
 
 
 def url(text: str) -> str:
-    """An http(s) URL (``host:port`` alone means http); the text as given, checked."""
+    """An http(s) URL, its scheme included (``sources/urls.py``, the one check every verb makes);
+    the text as given, checked."""
     try:
-        split_http_url(text, scheme_optional=True)
+        split_http_url(text)
     except UrlError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text.strip()
@@ -174,3 +176,20 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s)")
+_GO_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def since(text: str) -> float:
+    """A relative duration as ``kubectl logs --since`` takes it (Go's): 90s, 15m, 1h, 1h30m, 1.5h
+    (units h, m, s, ms; a unit is needed) -> seconds, more than 0."""
+    value = text.strip()
+    parts = _GO_DURATION_PART.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise argparse.ArgumentTypeError(f"must be a duration such as 90s, 15m, 1h or 1h30m, got {text!r}")
+    seconds = sum(float(n) * _GO_DURATION_UNITS[u] for n, u in parts)
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+    return seconds

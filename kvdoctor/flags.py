@@ -230,11 +230,7 @@ def _plain(message: str) -> str:
     choice = re.match(r"argument (\S+?)(?:/\S+)?: invalid choice: '(.*)' \(choose from (.*)\)$", message, re.S)
     if choice:  # "argument COMMAND: invalid choice: 'diagnos' (...)" -> "unknown command 'diagnos'; did you mean ..."
         what, given, options = choice.groups()
-        names = re.findall(r"'([^']*)'", options)
-        guess = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
-        kind = what.lower() if what.isupper() else what
-        hint = f"; did you mean {guess[0]}?" if guess else ""
-        return f"unknown {kind} {given!r}{hint} (choose from {', '.join(names)})"
+        return unknown_choice(what, given, re.findall(r"'([^']*)'", options))
     found = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message, re.S)
     if found:  # "argument --timeout: must be ..." -> "--timeout must be ..."
         flag, rest = found.groups()
@@ -242,10 +238,21 @@ def _plain(message: str) -> str:
     return message
 
 
+def unknown_choice(what: str, given: str, names: Sequence[str]) -> str:
+    """ "unknown command 'diagnsoe'; did you mean 'diagnose'? (choose from ...)": ``what`` is the
+    subcommand's metavar (COMMAND, ACTION) or its name."""
+    guess = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    kind = what.lower() if what.isupper() else what
+    hint = f"; did you mean {guess[0]!r}?" if guess else ""
+    return f"unknown {kind} {given!r}{hint} (choose from {', '.join(names)})"
+
+
 def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
-    """The first flag of ``argv`` that neither ``parser`` nor the verbs it chooses know, said as
-    "unknown flag --exproter; did you mean --exporter?" (argparse would first complain about a
-    required flag the misspelling was meant to be); None when every flag is known."""
+    """The first verb or flag of ``argv`` that neither ``parser`` nor the verbs it chooses know,
+    said as "unknown command 'diagnsoe'; did you mean 'diagnose'?" or "unknown flag --exproter; did
+    you mean --exporter?": a misspelt verb is named whatever flags follow it, and a misspelt flag
+    before argparse would complain about a required flag the misspelling was meant to be; None
+    when every verb and flag is known."""
     current = parser
     known = dict(parser._option_string_actions)
     takes_value = False
@@ -260,6 +267,8 @@ def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | 
             current = sub.choices[token]
             known = dict(current._option_string_actions)
             continue
+        if sub is not None and not token.startswith("-"):  # where a verb (or an action) must come
+            return f"{current.prog}: error: {unknown_choice(str(sub.metavar or sub.dest), token, list(sub.choices))}"
         if not token.startswith("-") or token == "-" or _NUMBER.match(token):
             continue
         name = token.split("=", 1)[0]
@@ -332,7 +341,8 @@ def parse(
     """``root.parse_args(argv)`` with the chosen verb's variables as its defaults (a bad value: one
     line, exit 2) and one DEPRECATED line per old spelling used. The variables are read from
     ``environ`` (None: the process's environment) by pydantic-settings (``read_variables``). The
-    namespace's ``_from_env`` maps each destination a variable set to that variable."""
+    namespace's ``_from_env`` maps each destination a variable set to that variable, and ``_argv``
+    holds ``argv`` (for a command that tells how to run it again)."""
     err = stderr or sys.stderr
     unknown = unknown_flag(root, argv)
     if unknown:
@@ -345,6 +355,7 @@ def parse(
         _warn_deprecated_flags(parser, argv, err)
     args = root.parse_args(argv)
     args._from_env = from_env
+    args._argv = list(argv)
     return args
 
 

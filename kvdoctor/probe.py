@@ -28,7 +28,7 @@ def check_scheme(url: str | None, flag: str, budget: float = PROBE_SECONDS) -> N
     """``UsageError`` naming ``flag`` when the server at ``url`` speaks the other scheme."""
     if not url:
         return
-    parts = urlsplit(url.strip() if "://" in url else "http://" + url.strip())
+    parts = urlsplit(url.strip())
     try:
         port = parts.port or (443 if parts.scheme == TLS else 80)
     except ValueError:

@@ -46,7 +46,22 @@ class NoWindowApi(SourceError):
 
 
 class WindowRefused(SourceError):
-    """The exporter refused the window asked for (422): it keeps less than that."""
+    """The exporter refused the window asked for (422): it keeps less than that. ``longest``: the
+    longest window it serves (its --max-window), where its answer says (else None)."""
+
+    def __init__(self, message: str, longest: int | None = None) -> None:
+        super().__init__("window_refused", message)
+        self.longest = longest
+
+
+def _longest_window(answer_json: Any) -> int | None:
+    """The bound a 422 answer names for ``seconds`` (FastAPI's ``detail[].ctx.le``), else None."""
+    details = answer_json.get("detail") if isinstance(answer_json, dict) else None
+    for detail in details if isinstance(details, list) else ():
+        bound = (detail.get("ctx") or {}).get("le") if isinstance(detail, dict) else None
+        if "seconds" in (detail.get("loc") or ()) and isinstance(bound, int | float) and bound >= 1:
+            return int(bound)
+    return None
 
 
 def exporter_base_url(url: str) -> str:
@@ -78,7 +93,12 @@ class ExporterClient(ApiClient):
         if answer.status == 404:
             raise NoWindowApi(f"{self.url} has no {WINDOW_PATH}: is it a kvdoctor exporter?")
         if answer.status == 422:
-            raise WindowRefused(f"{where} refused a {n} s window (it keeps less: see its --max-window)")
+            try:
+                longest = _longest_window(answer.json())
+            except ValueError:
+                longest = None
+            keeps = f"it serves at most {longest} s" if longest else "it keeps less"
+            raise WindowRefused(f"{where} refused a {n} s window ({keeps}: see its --max-window)", longest)
         if answer.status != 200:
             raise self._http.status_error(answer)
         try:

@@ -5,7 +5,8 @@
 - ``RawRecording``: an engine's raw /metrics pages with the time each was taken; written with
   ``traces.write_raw_captures`` (replay normalises them through the engine adapters).
 - ``ExporterRecorder``: polls one exporter into a ``SnapshotRecording``, through its window API,
-  or its /metrics when it has none.
+  or its /metrics when it has none; ``backfill`` first adds what the exporter already holds
+  (``kvdoctor record --since``).
 
 While recording, ``checkpoint()`` rewrites the file every ``CHECKPOINT_SECONDS``, so a crash loses
 at most that much.
@@ -19,14 +20,22 @@ from pathlib import Path
 
 from kvdoctor.signals.collection import SourceError
 from kvdoctor.signals.window import Snapshot, Window
-from kvdoctor.sources.exporter_api import WINDOW_PATH, ExporterClient, NoWindowApi
+from kvdoctor.sources.exporter_api import WINDOW_PATH, ExporterClient, NoWindowApi, WindowRefused
 from kvdoctor.sources.paths import METRICS_PATH
 from kvdoctor.sources.traces import write_raw_captures, write_window
 
-__all__ = ["CHECKPOINT_SECONDS", "ExporterRecorder", "RawRecording", "Recording", "SnapshotRecording"]
+__all__ = [
+    "CHECKPOINT_SECONDS",
+    "ExporterRecorder",
+    "RawRecording",
+    "Recording",
+    "SnapshotRecording",
+    "exporter_history",
+]
 
 CHECKPOINT_SECONDS = 60.0
 MAX_WINDOW_REQUEST = 900  # seconds: the exporter's default --max-window
+MAX_BACKFILL_SECONDS = 7 * 86400  # a backfill asks for at most a week (an exporter keeps far less)
 
 
 class Recording(ABC):
@@ -84,6 +93,19 @@ class SnapshotRecording(Recording):
                 added += 1
         return added
 
+    def add_history(self, window: Window) -> int:
+        """Adds every snapshot of ``window`` (what a source already held), and starts the recording
+        at its oldest; returns how many were new."""
+        if not len(window):
+            return 0
+        self.since = window.start if self.since is None else min(self.since, window.start)
+        added = 0
+        for snap in window.snapshots():
+            if snap.ts not in self.snapshots:
+                self.snapshots[snap.ts] = snap
+                added += 1
+        return added
+
     def add_snapshot(self, snap: Snapshot) -> None:
         self.snapshots[snap.ts] = snap
 
@@ -118,6 +140,19 @@ class RawRecording(Recording):
         return len(self.captures)
 
 
+def exporter_history(client: ExporterClient, seconds: float) -> tuple[Window, float]:
+    """What the exporter already holds of the last ``seconds`` (its ring store, through its window
+    API), and the seconds asked for: an exporter serving shorter windows (its --max-window) gives
+    its longest. ``NoWindowApi`` without the window API, ``SourceError`` when it cannot be read."""
+    asked = min(float(seconds), float(MAX_BACKFILL_SECONDS))
+    try:
+        return client.window(asked), asked
+    except WindowRefused as refused:
+        if refused.longest is None or refused.longest >= asked:
+            raise
+        return client.window(refused.longest), float(refused.longest)
+
+
 class ExporterRecorder:
     """Polls one exporter into a ``SnapshotRecording`` every ``interval`` seconds.
 
@@ -136,6 +171,15 @@ class ExporterRecorder:
     def mode(self) -> str:
         """The path polled: the window API or /metrics."""
         return WINDOW_PATH if self.uses_window_api else METRICS_PATH
+
+    def backfill(self, seconds: float) -> float:
+        """What the exporter already holds of the last ``seconds`` (its ring store, through its
+        window API), added to the recording; an exporter serving shorter windows (its
+        --max-window) gives its longest. Returns the seconds asked for. ``NoWindowApi`` when it has
+        no window API (its past cannot be read), ``SourceError`` when it cannot be read."""
+        window, asked = exporter_history(self.client, seconds)
+        self.recording.add_history(window)
+        return asked
 
     def first_poll(self) -> None:
         """The first poll, which finds out whether the exporter has the window API."""

@@ -16,15 +16,17 @@ class UrlError(ValueError):
         return f"{what} {self}"
 
 
-def split_http_url(url: str | None, *, scheme_optional: bool = False, query: bool = True) -> SplitResult:
+def split_http_url(url: str | None, *, query: bool = True) -> SplitResult:
     """``url`` (stripped) split and checked: http(s), a host, a valid port, no blank inside; no query
-    or fragment unless ``query``. ``host:port`` alone means http where ``scheme_optional``."""
+    or fragment unless ``query``. A scheme is always needed: ``host:port`` alone is refused (with
+    the URL it was likely meant to be), as every verb, setting and client refuses it."""
     text = (url or "").strip()
-    if scheme_optional and text and "://" not in text:
-        text = "http://" + text
     parts = urlsplit(text)
     if parts.scheme not in SCHEMES or not parts.hostname or any(c.isspace() for c in text):
-        raise UrlError(f"needs an http(s) URL such as http://host:port, got {url!r}")
+        hint = ""
+        if text and "://" not in text and not any(c.isspace() for c in text):
+            hint = f" (did you mean 'http://{text}'?)"
+        raise UrlError(f"needs an http(s) URL such as http://host:port, got {url!r}{hint}")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
@@ -34,7 +36,7 @@ def split_http_url(url: str | None, *, scheme_optional: bool = False, query: boo
     return parts
 
 
-def base_url(url: str | None, *, scheme_optional: bool = False) -> str:
+def base_url(url: str | None) -> str:
     """``url`` as a base to put API paths after: no query, no trailing slash."""
-    parts = split_http_url(url, scheme_optional=scheme_optional, query=False)
+    parts = split_http_url(url, query=False)
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"

@@ -402,7 +402,8 @@ def test_an_old_spelling_still_works_with_one_deprecation_line(verb, before, old
     given = [value] if value is not None else []
     err = io.StringIO()
     with_old = flags.parse(cli.build_parser(), [verb, *before, old, *given], {}, stderr=err)
-    assert vars(with_old) == vars(_parse([verb, *before, new, *given], {}))
+    with_new = _parse([verb, *before, new, *given], {})
+    assert {**vars(with_old), "_argv": None} == {**vars(with_new), "_argv": None}  # all but the words typed
     line = f"kvdoctor {verb}: DEPRECATED: use {new} (not {old}, which goes in the next release)"
     assert err.getvalue().splitlines() == [line]
 

@@ -351,7 +351,7 @@ def test_grafana_export_check_says_whether_the_file_is_current(tmp_path):
         ),
         (["ledger", "--list-gpu"], "kvdoctor ledger: unknown flag --list-gpu; did you mean --list-gpus?"),
         (["rules", "export", "--scrape-intervall", "1m"], "kvdoctor rules export: unknown flag --scrape-intervall; "),
-        (["diagnos"], "kvdoctor: error: unknown command 'diagnos'; did you mean diagnose?"),
+        (["diagnos"], "kvdoctor: error: unknown command 'diagnos'; did you mean 'diagnose'?"),
         (["diagnose"], "kvdoctor diagnose: error: one of the arguments --exporter --prometheus --replay is required"),
     ],
 )

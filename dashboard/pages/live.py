@@ -28,7 +28,7 @@ import dash
 import numpy as np
 from dash import ClientsideFunction, Input, Output, State, dcc, html, no_update
 
-from kvdoctor.dashboard import charts, components, derive, figures, ids, promql
+from kvdoctor.dashboard import charts, components, derive, downloads, figures, ids, promql
 from kvdoctor.dashboard.sources import (
     Backend,
     LiveFetch,
@@ -160,6 +160,16 @@ def layout(**params) -> html.Div:
             html.Div(dcc.Dropdown(id=ids.LIVE_INSTANCE, options=[], value=EXPORTER_INSTANCE), style={"display": "none"})
         )
     controls.append(components.picker("range", ids.LIVE_RANGE, ranges, default_range))
+    controls.append(
+        html.A(
+            "download this window",
+            id=ids.LIVE_DOWNLOAD,
+            href=download_href(default_range, instance, history, s.live_seconds),
+            download="",
+            className="download-link",
+            title="the window on show as a trace file: kvdoctor diagnose --replay FILE",
+        )
+    )
 
     # The verdict is what on-call came for: put it in the first paint instead of waiting for the
     # charts' first fetch (the browser is busy loading Plotly for seconds on a slow machine).
@@ -298,6 +308,8 @@ def update(tick: int, controls: Controls, cursor: Cursor, b: Backend, clock: flo
             return fetch_live_from_exporter(b.exporter, seconds, target, s.rate_window_seconds)
         if b.prometheus is None:
             raise SourceError("no_prometheus", "history and other exporters need --prometheus")
+        if not instance and b.exporter is None:
+            raise SourceError("no_target", f"Prometheus {s.prometheus_url} lists no kvdoctor exporter to show")
         if not instance:
             raise SourceError("no_prometheus", "history comes from Prometheus: pick one of its exporters")
         end = history["to"] if controls.range == "fixed" and history else clock
@@ -352,8 +364,11 @@ def update(tick: int, controls: Controls, cursor: Cursor, b: Backend, clock: flo
                 chart_data = charts.live_charts(got.frame, chart_diagnosis)
                 sigs = charts.signatures(chart_data)
     except SourceError as exc:
+        # Before the first diagnosis, the banner says why none comes instead of waiting forever.
         return Update(
-            data=_no_points(tick), health={"ok": False, "error": str(exc), "newest": cursor.newest, "history": False}
+            data=_no_points(tick),
+            health={"ok": False, "error": str(exc), "newest": cursor.newest, "history": False},
+            diagnosis=None if cursor.diag else {"diagnosis": None, "notes": [], "error": str(exc)},
         )
 
     if full:
@@ -434,9 +449,23 @@ def _no_points(tick: int) -> dict:
     return {"mode": "none", "order": CHART_ORDER, "tick": tick}
 
 
+def download_href(range_value: str | None, instance: str | None, history: dict | None, live_seconds: int) -> str:
+    """The "download this window" link for the range and exporter picked: the live window from the
+    exporter's API, or (an exporter picked through Prometheus, or a history range) from Prometheus."""
+    _, span = parse_range(range_value, live_seconds)
+    end = None
+    if range_value == "fixed" and history:
+        span, end = history["to"] - history["from"], history["to"]
+    return downloads.href(span, instance or "", end)
+
+
+def render_download(range_value, instance, history):
+    return download_href(range_value, instance, history, backend().settings.live_seconds)
+
+
 def render_banner(payload):
     payload = payload or {}
-    return components.banner(payload.get("diagnosis"), payload.get("notes") or [])
+    return components.banner(payload.get("diagnosis"), payload.get("notes") or [], payload.get("error"))
 
 
 def render_badge(health):
@@ -474,4 +503,9 @@ def register(app: dash.Dash) -> None:
         Input(ids.LIVE_DATA, "data"),
     )
     app.callback(Output(ids.LIVE_BANNER, "children"), Input(ids.LIVE_DIAGNOSIS, "data"))(render_banner)
+    app.callback(
+        Output(ids.LIVE_DOWNLOAD, "href"),
+        *each(Input, "value", ids.LIVE_RANGE, ids.LIVE_INSTANCE),
+        State(ids.LIVE_HISTORY, "data"),
+    )(render_download)
     app.callback(Output(ids.LIVE_BADGE, "children"), Input(ids.LIVE_HEALTH, "data"))(render_badge)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 from types import ModuleType
 
@@ -30,8 +31,9 @@ examples:
   kvdoctor dashboard --prometheus http://prometheus:9090 --host 0.0.0.0 --port 8050"""
 EXIT_STATUS = """\
 exit status: 0 stopped (SIGTERM or Ctrl-C), 2 a usage error (a flag, a URL, the auth settings, a port
-in use, the [dashboard] extra missing), 3 an internal error. A source that cannot be read is shown
-on the page, not an exit."""
+in use, the [dashboard] extra missing), 3 an internal error. A source that cannot be read (or is not
+what its flag says) is not an exit: it is said at start, one line on stderr naming its URL and the
+error, and on every page, until it reads."""
 
 # Top-level modules of the [dashboard] extra and what they pull in: one missing means the extra is.
 DASHBOARD_EXTRA_MODULES = frozenset({"dash", "plotly", "matplotlib", "tsdownsample", "flask", "werkzeug"})
@@ -50,8 +52,8 @@ def load_dashboard_app(hint: str = "") -> ModuleType:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    flags.add(parser, "--exporter", help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
-    flags.add(parser, "--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")
+    flags.add(parser, "--exporter", type=arguments.url, help="kvdoctor exporter base URL, e.g. http://127.0.0.1:9745")
+    flags.add(parser, "--prometheus", type=arguments.url, help="Prometheus base URL, e.g. http://prometheus:9090")
     # the server's own settings: unset (None) leaves the dashboard's default
     for flag, kind, metavar, meaning in (
         ("--host", str, "HOST", "address to bind (default 127.0.0.1)"),
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(exc.strerror or str(exc)) from None
     print(f"kvdoctor dashboard: {handle.url}", flush=True)
+    for problem in dashboard.source_problems(app):  # said at start; the pages say it too
+        print(f"kvdoctor dashboard: warning: {problem}", file=sys.stderr, flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

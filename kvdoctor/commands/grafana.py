@@ -94,6 +94,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--scrape-interval must be a positive number of seconds, got {args.scrape_interval:g}")
     text = render_dashboard(thresholds, slo, args.scrape_interval, base)
     if args.check:
-        return check_document(text, args.output, "kvdoctor grafana export")
+        return check_document(text, args.output, "kvdoctor grafana export", getattr(args, "_argv", ()))
     write_document(text, args.output)
     return 0

@@ -1,4 +1,5 @@
-"""kvdoctor record: poll an exporter (or an engine's /metrics) and write a replayable trace."""
+"""kvdoctor record: write a replayable trace of what an exporter or a Prometheus already holds
+(``--since``), or poll an exporter (or an engine's /metrics) from now on (``--seconds``)."""
 
 from __future__ import annotations
 
@@ -22,34 +23,46 @@ from kvdoctor.output import check_writable_file
 from kvdoctor.signals import collection
 from kvdoctor.signals.collection import SourceError
 from kvdoctor.signals.textparse import ExpositionError, family_names
-from kvdoctor.sources.exporter_api import ExporterClient
+from kvdoctor.sources.exporter_api import WINDOW_PATH, ExporterClient, NoWindowApi
 from kvdoctor.sources.paths import METRICS_PATH
+from kvdoctor.sources.prometheus import BadSelector, PrometheusSource
 from kvdoctor.sources.recording import ExporterRecorder, RawRecording, Recording, SnapshotRecording
 
 NAME = "record"
-HELP = "record an exporter's window (or an engine's /metrics) into a replayable trace file"
-DESCRIPTION = """\
-Poll a kvdoctor exporter's /api/v1/window every --interval seconds for --seconds seconds and
-write what it collected as a trace: OpenMetrics text with a timestamp on every sample, the format
+HELP = "write a replayable trace: what an exporter or Prometheus holds (--since), or from now on (--seconds)"
+DESCRIPTION = """Write a trace of kvdoctor's signals: OpenMetrics text with a timestamp on every sample, the format
 `kvdoctor diagnose --replay FILE` replays and `promtool tsdb create-blocks-from openmetrics`
-backfills into Prometheus. An exporter without the window API is read through its /metrics.
+backfills into Prometheus.
 
-With --engine-url instead, the engine's own /metrics page (vLLM, SGLang, ...) is recorded raw;
-replay normalises it through the same engine adapters as the exporter.
+--since DURATION (as `kubectl logs --since` takes it: 90s, 15m, 1h, 1h30m) writes at once what the
+source already holds of the last DURATION, so the minutes before a page are saved without
+recording for as long again:
+  --exporter URL     its ring store, through /api/v1/window: at most its --retention (default
+                     15 minutes) and its --max-window (an exporter serving less gives its longest)
+  --prometheus URL   the kvdoctor_* series matching --selector (one pod: its engine and GPUs),
+                     raw samples up to an hour, a range query beyond
+
+--seconds S polls a kvdoctor exporter's /api/v1/window every --interval seconds for S seconds (with
+--since too: after what it already held). An exporter without the window API is read through its
+/metrics. With --engine-url instead, the engine's own /metrics page (vLLM, SGLang, ...) is
+recorded raw; replay normalises it through the same engine adapters as the exporter.
 
 Ctrl-C (or SIGTERM) stops early and writes what was collected; the file is also rewritten every
 minute while recording, so a crash loses at most a minute. Progress and the summary go to stderr;
 --json also prints the summary (the file, snapshots, seconds covered) as one JSON object on stdout.
 
 examples:
-  kvdoctor record --exporter http://127.0.0.1:9745 --seconds 300 -o incident.om
+  kvdoctor record --exporter http://127.0.0.1:9745 --since 15m -o incident.om
+  kvdoctor record --prometheus http://prometheus:9090 --selector '{pod="vllm-0"}' --since 1h -o incident.om
+  kvdoctor record --exporter http://127.0.0.1:9745 --since 15m --seconds 300 -o incident.om
+  kvdoctor record --exporter http://127.0.0.1:9745 --seconds 300 -o trace.om
   kvdoctor record --engine-url http://127.0.0.1:8000/metrics --seconds 60 --interval 1 -o vllm.om
   kvdoctor record --exporter http://127.0.0.1:9745 --seconds 60 -o trace.om --json
 """
-EXIT_STATUS = """\
-exit status: 0 the trace written (stopped early too), 2 a usage error (a flag out of range, -o where
-no file can be written, a URL of the wrong scheme), 3 the source could not be read (nothing
-collected), or an internal error. With --json a failure is one JSON object on stdout too."""
+EXIT_STATUS = """exit status: 0 the trace written (stopped early too), 2 a usage error (a flag out of range, -o where
+no file can be written, a URL of the wrong scheme, a selector Prometheus refuses or that matches
+several pods), 3 the source could not be read (nothing collected, or it holds nothing in --since),
+or an internal error. With --json a failure is one JSON object on stdout too."""
 
 DEFAULT_INTERVAL = 1.0
 MAX_SECONDS = 7 * 86400.0  # a week: a trace is replayed whole, in memory
@@ -60,13 +73,31 @@ ENGINE_TIMEOUT_SECONDS = 5.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     flags.add(source, "--exporter", type=arguments.url, help="a kvdoctor exporter, e.g. http://127.0.0.1:9745")
+    flags.add(
+        source,
+        "--prometheus",
+        type=arguments.url,
+        help="a Prometheus scraping kvdoctor exporters (with --since), e.g. http://prometheus:9090",
+    )
     flags.add(source, "--engine-url", type=arguments.url, help="an engine's /metrics (vLLM, SGLang, ...), recorded raw")
+    parser.add_argument(
+        "--since",
+        type=arguments.since,
+        metavar="DURATION",
+        help="write at once what the source already holds of the last DURATION, as kubectl logs --since "
+        "takes it: 90s, 15m, 1h, 1h30m (at most a week)",
+    )
     parser.add_argument(
         "--seconds",
         type=arguments.ranged(float, 0, MAX_SECONDS, "seconds (a week)"),
-        required=True,
         metavar="S",
-        help="how long to record (at most a week)",
+        help="record from now on for S seconds (at most a week)",
+    )
+    parser.add_argument(
+        "--selector",
+        metavar="SEL",
+        help="with --prometheus: label matchers picking one pod, e.g. '{pod=\"vllm-0\"}' (default: every "
+        "kvdoctor series, which must be one pod's)",
     )
     parser.add_argument(
         "--interval",
@@ -76,6 +107,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the trace file to write")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+
+
+def _check_combination(args: argparse.Namespace) -> None:
+    """--since, --seconds, --selector and the source: UsageError for what does not go together."""
+    if args.seconds is None and args.since is None:
+        raise UsageError("give --since DURATION (what the source already holds) and/or --seconds S (from now on)")
+    if args.since is not None and not 0 < args.since <= MAX_SECONDS:
+        raise UsageError(f"--since must be more than 0 up to a week ({MAX_SECONDS:,.0f} s), got {args.since:g} s")
+    if args.selector is not None and not args.prometheus:
+        raise UsageError("--selector goes with --prometheus")
+    if args.prometheus and args.since is None:
+        raise UsageError("--prometheus needs --since DURATION: it writes what Prometheus holds, e.g. --since 1h")
+    if args.prometheus and args.seconds is not None:
+        raise UsageError("--seconds goes with --exporter or --engine-url: Prometheus is read at once (--since)")
+    if args.engine_url and args.since is not None:
+        raise UsageError(
+            "--since goes with --exporter or --prometheus: an engine's /metrics holds only the present "
+            "(record it forward with --seconds)"
+        )
 
 
 def _check_output(path: str) -> Path:
@@ -93,14 +143,18 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 < args.seconds <= MAX_SECONDS:  # a variable's value is checked here too
+    _check_combination(args)
+    if args.seconds is not None and not 0 < args.seconds <= MAX_SECONDS:  # a variable's value is checked here too
         raise UsageError(
             f"--seconds must be more than 0 up to {MAX_SECONDS:,.0f} seconds (a week), got {args.seconds:g}"
         )
     if args.interval is not None and not 0 < args.interval <= MAX_INTERVAL:
         raise UsageError(f"--interval must be more than 0 up to {MAX_INTERVAL:,.0f} seconds, got {args.interval:g}")
     output = _check_output(args.output)
-    probe.check_scheme(args.exporter or args.engine_url, "--exporter" if args.exporter else "--engine-url")
+    flag = "--exporter" if args.exporter else "--prometheus" if args.prometheus else "--engine-url"
+    probe.check_scheme(args.exporter or args.prometheus or args.engine_url, flag)
+    if args.prometheus:
+        return _record_prometheus(args, output)
     # Ctrl-C and SIGTERM stop the recording and keep what it has, like the servers' own handlers:
     # set explicitly, as a job started in the background inherits SIGINT ignored.
     in_main_thread = threading.current_thread() is threading.main_thread()  # where handlers can be set
@@ -125,10 +179,13 @@ def _record_exporter(args: argparse.Namespace, output: Path) -> int:
     except SourceError as exc:
         raise UsageError(str(exc)) from None
     with client:
+        recording = SnapshotRecording(output)
         try:
             interval = args.interval or client.interval() or DEFAULT_INTERVAL
-            recording = SnapshotRecording(output)
             recorder = ExporterRecorder(client, recording, interval)
+            held = _backfill(args, client.url, recorder) if args.since is not None else ""
+            if args.seconds is None:
+                return _finish(recording, False, client.url, WINDOW_PATH, args.json, held)
             recorder.first_poll()
         except SourceError as exc:
             raise SourceUnreadable(str(exc)) from None
@@ -137,7 +194,42 @@ def _record_exporter(args: argparse.Namespace, output: Path) -> int:
         if recorder.uses_window_api and not stopped:
             with contextlib.suppress(SourceError, KeyboardInterrupt, _Stop):
                 recorder.poll()  # the last cycle may have landed after the last poll
-    return _finish(recording, stopped, client.url, recorder.mode, args.json)
+    return _finish(recording, stopped, client.url, recorder.mode, args.json, held)
+
+
+def _backfill(args: argparse.Namespace, url: str, recorder: ExporterRecorder) -> str:
+    """What the exporter already holds of --since, into the recording; the words saying how much."""
+    try:
+        asked = recorder.backfill(args.since)
+    except NoWindowApi:
+        raise SourceUnreadable(
+            f"{url} has no {WINDOW_PATH}, so its past cannot be read; record it forward with --seconds"
+        ) from None
+    times = recorder.recording.timestamps()
+    if not times:
+        raise SourceUnreadable(f"{url} holds no samples yet (it has not completed a collection); no trace written")
+    held = f"the exporter held {times[-1] - times[0]:.0f} s of the {args.since:g} s asked for"
+    if asked < args.since:
+        held += f" (it serves at most {asked:g} s: its --max-window)"
+    return held
+
+
+def _record_prometheus(args: argparse.Namespace, output: Path) -> int:
+    """What Prometheus holds of the last --since seconds of one pod's kvdoctor_* series, at once."""
+    try:
+        source = PrometheusSource(args.prometheus, args.selector)
+    except SourceError as exc:  # a malformed URL or selector
+        raise UsageError(str(exc)) from None
+    with source:
+        try:
+            window = source.window(args.since)
+        except BadSelector as exc:  # Prometheus refused the selector, or it matches several pods
+            raise UsageError(str(exc)) from None
+        except SourceError as exc:
+            raise SourceUnreadable(str(exc)) from None
+    recording = SnapshotRecording(output)
+    recording.add_history(window)
+    return _finish(recording, False, source.url, f"Prometheus {source.selector}", args.json)
 
 
 def _record_engine(args: argparse.Namespace, output: Path) -> int:
@@ -209,7 +301,7 @@ def _loop(seconds: float, interval: float, recording: Recording, poll: Callable[
         return True
 
 
-def _finish(recording: Recording, stopped: bool, url: str, mode: str, as_json: bool) -> int:
+def _finish(recording: Recording, stopped: bool, url: str, mode: str, as_json: bool, held: str = "") -> int:
     times = recording.timestamps()
     if not times:
         raise SourceUnreadable(f"nothing was collected from {url}; no trace written")
@@ -231,5 +323,5 @@ def _finish(recording: Recording, stopped: bool, url: str, mode: str, as_json: b
             "stopped_early": stopped,
         }
         print(json.dumps(summary), flush=True)
-    _say(f"{how}wrote {count} snapshots covering {span:.0f} s to {recording.output}")
+    _say(f"{how}wrote {count} snapshots covering {span:.0f} s to {recording.output}{'; ' + held if held else ''}")
     return 0

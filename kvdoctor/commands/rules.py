@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     dashboard = dashboard_base(args.dashboard_base_url)
     text = render_rules_yaml(thresholds, _slo(args), _interval(args), base, dashboard_base_url=dashboard)
     if args.check:
-        return check_document(text, args.output, "kvdoctor rules export")
+        return check_document(text, args.output, "kvdoctor rules export", getattr(args, "_argv", ()))
     write_document(text, args.output)
     if base is None:
         print(f"kvdoctor rules export: {NO_RUNBOOK_NOTE}", file=sys.stderr)

@@ -79,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--engine-url",
         "--endpoint",
+        type=arguments.url,
         required=True,
         help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or its /v1, or its /metrics)",
     )

@@ -14,7 +14,7 @@ import pytest
 from kvdoctor.dashboard.app import create_app, serve_in_thread
 from kvdoctor.ledger.gpus import gpu_spec
 from kvdoctor.ledger.model import COMMON_MODELS
-from tests.support import tools
+from tests.support import servers, tools
 from tests.support.browser import Page
 from tests.support.synthetic import SCENARIOS, SYNTHETIC_SLO_SECONDS, FakeExporter, SyntheticEngine
 
@@ -179,6 +179,102 @@ def test_source_down_badge(served, fake_exporter, open_page):
     badge = p.page.locator("#live-badge .badge[data-state='source-down']")
     badge.wait_for(timeout=SLOW_MS)
     assert "source nvml down: NVML library not found" in badge.inner_text()
+
+
+@pytest.mark.parametrize("source", ["prometheus_url", "exporter_url"])
+def test_every_page_names_a_source_that_cannot_be_read(source, served, open_page):
+    """`kvdoctor dashboard --prometheus URL` (the chart's only mode) or `--exporter URL` with
+    nothing answering there: each page says so at the top, naming the URL and the error, and the
+    Live page's banner says why no diagnosis comes instead of waiting for one forever."""
+    url = servers.refusing_url()
+    what, path = ("Prometheus", "/api/v1/query") if source == "prometheus_url" else ("the exporter", "/api/v1/window")
+    line = f"cannot reach {what} at {url}{path}: connection refused"
+    p = open_page(served(**{source: url}).url)
+    for page in ("/", "/ledger", "/fleet"):
+        p.goto(page)
+        banner = p.page.locator("#source-problems .source-problems")
+        banner.wait_for(timeout=SLOW_MS)
+        assert line in banner.inner_text(), page
+    p.goto("/")
+    live = p.page.locator("#live-banner .banner[data-error='true']")
+    live.wait_for(timeout=SLOW_MS)
+    said = live.inner_text()
+    assert "No diagnosis: the source cannot be read" in said and "Waiting" not in said
+    assert (url in said) if source == "exporter_url" else ("lists no kvdoctor exporter" in said)
+    assert p.errors == []
+
+
+def test_the_source_banner_goes_once_the_source_reads(served, fake_exporter, open_page):
+    exporter = fake_exporter("healthy", gpus=1)
+    exporter.fail = True
+    p = open_page(served(exporter_url=exporter.url).url)
+    p.goto("/")
+    banner = p.page.locator("#source-problems .source-problems")
+    banner.wait_for(timeout=SLOW_MS)
+    assert exporter.url in banner.inner_text() and "500" in banner.inner_text()
+    exporter.fail = False
+    banner.wait_for(state="detached", timeout=SLOW_MS)
+    _wait_for_verdict(p, "healthy")
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+def test_the_live_page_fits_a_phone(served, fake_exporter, open_page):
+    """On-call opens the page link on a phone: at 390 px the Live page scrolls down only, and the
+    nav (its Fleet link), the verdict and its chip, the first action and the two key charts are
+    all within the screen; the confidence is a word, the evidence facts with their direction."""
+    exporter = fake_exporter("thrashing", gpus=2)
+    p = open_page(served(exporter_url=exporter.url).url)
+    p.page.set_viewport_size(PHONE)
+    p.goto("/")
+    _wait_for_verdict(p, "kv_thrashing")
+    _wait_for_charts(p)
+    assert p.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    boxes = p.page.evaluate(
+        """() => Object.fromEntries([
+            ...Array.from(document.querySelectorAll('#nav a')).map(a => ['nav ' + a.textContent, a]),
+            ['verdict', document.querySelector('.verdict-title')],
+            ['verdict chip', document.querySelector('.verdict-code')],
+            ['badge', document.querySelector('#live-badge .badge')],
+            ['first action', document.querySelector('.actions li')],
+            ['first chart', document.querySelectorAll('.chart')[0]],
+            ['second chart', document.querySelectorAll('.chart')[1]],
+        ].map(([name, e]) => [name, e ? [e.getBoundingClientRect().left, e.getBoundingClientRect().right] : null]))"""
+    )
+    assert "nav Fleet" in boxes
+    for name, box in boxes.items():
+        assert box is not None, name
+        assert box[0] >= 0 and box[1] <= PHONE["width"], (name, box)
+    assert p.page.locator(".verdict-confidence").inner_text() in (
+        "high confidence",
+        "medium confidence",
+        "low confidence",
+    )
+    rows = p.page.locator("table.evidence td.evidence-signal").all_inner_texts()
+    assert any(", above the " in row for row in rows) and any(", below the " in row for row in rows), rows
+    assert p.errors == []
+
+
+def test_the_live_page_downloads_the_window_it_shows(served, fake_exporter, open_page, tmp_path):
+    import httpx
+
+    from kvdoctor.sources.traces import load_trace
+
+    exporter = fake_exporter("thrashing", gpus=1)
+    handle = served(exporter_url=exporter.url)
+    p = open_page(handle.url)
+    p.goto("/")
+    _wait_for_verdict(p, "kv_thrashing")
+    link = p.page.locator("#live-download")
+    assert link.inner_text() == "download this window"
+    href = link.get_attribute("href")
+    assert href == "/download/window.om?seconds=900"
+    answer = httpx.get(handle.url.rstrip("/") + href, timeout=30)
+    assert answer.status_code == 200 and answer.text.endswith("# EOF\n")
+    (tmp_path / "window.om").write_text(answer.text)
+    assert len(load_trace(tmp_path / "window.om").window) > 10
+    assert p.errors == []
 
 
 def _set_number(p: Page, element_id: str, value) -> None:

@@ -30,8 +30,8 @@ def test_banner_shows_headline_evidence_and_ordered_actions():
     banner = components.banner(diagnosis, ["a note"])
     text = _text(banner)
     assert banner.className == "banner verdict-bad" and getattr(banner, "data-verdict") == "kv_thrashing"
-    assert "KV thrashing" in text and "confidence 85%" in text and SCENARIOS["thrashing"].headline in text
-    assert "kv_usage_max" in text and "95%" in text and "≥ 90%" in text  # ratio shown as percent
+    assert "KV thrashing" in text and "high confidence" in text and SCENARIOS["thrashing"].headline in text
+    assert "kv_usage_max: 95%, above the 90% threshold" in text  # ratio shown as percent, with its direction
     assert "not measured" in text and "Not measured here: kvdoctor_prefix_cache_hits_total." in text
     assert text.index("Quantise the KV cache") < text.index("Cap concurrent sequences")
     assert "--kv-cache-dtype fp8" in text and "--max-running-requests 64" in text
@@ -142,6 +142,64 @@ def test_the_banner_says_what_else_is_present_in_one_short_line():
         ],
     }
     text = _text(components.banner(diagnosis))
-    assert "Also present: KV capacity pressure (80%); requests waiting, a consequence of the slowness" in text
+    assert (
+        "Also present: KV capacity pressure (high confidence); requests waiting, a consequence of the slowness" in text
+    )
     assert "Also present" not in _text(components.banner({**diagnosis, "differential": []}))
     assert components.also_present([]) == ""
+
+
+@pytest.mark.parametrize(
+    "value, word",
+    [(0.9, "high confidence"), (0.8, "high confidence"), (0.7, "medium confidence"), (0.45, "low confidence"),
+     (85, "high confidence"), (None, ""), ("x", ""), (float("nan"), "")],
+)  # fmt: skip
+def test_a_confidence_is_a_word_never_a_bare_percentage(value, word):
+    assert components.format_confidence(value) == word
+
+
+def _row(**fields):
+    return {"measured": True, "comparison": ">=", **fields}
+
+
+@pytest.mark.parametrize(
+    "item, fact",
+    [
+        (  # the issue's row: "SM activity minus DRAM bandwidth: -52% (threshold >= 15%)" read as a failed check
+            _row(feature="sm_active_ratio - dram_bandwidth_ratio", unit="ratio", value=-0.52, threshold=0.15,
+                 holds=False, text="SM activity minus DRAM bandwidth: -52% (threshold ≥ 15%)"),
+            "SM activity 52 points below DRAM bandwidth: not compute",
+        ),
+        (
+            _row(feature="sm_active_ratio - dram_bandwidth_ratio", unit="ratio", value=0.05, threshold=0.15,
+                 holds=False, text=""),
+            "SM activity 5 points above DRAM bandwidth: not compute (under the 15-point margin)",
+        ),
+        (
+            _row(feature="sm_active_ratio - dram_bandwidth_ratio", unit="ratio", value=0.3, threshold=0.15,
+                 holds=True, text=""),
+            "SM activity 30 points above DRAM bandwidth: compute (over the 15-point margin)",
+        ),
+        (
+            _row(feature="preemptions_per_minute", unit="per minute", value=72.4, threshold=1.0, holds=True,
+                 text="preemptions over the last 15 s: 72.4/min (threshold ≥ 1.0/min)"),
+            "preemptions over the last 15 s: 72.4/min, above the 1.0/min threshold",
+        ),
+        (
+            _row(feature="itl_p95_seconds", unit="seconds", value=0.0247, threshold=0.1, holds=False, context=True,
+                 text="ITL p95 over the last 15 s: 24.7 ms (SLO 100 ms)"),
+            "ITL p95 over the last 15 s: 24.7 ms, below the 100 ms SLO",
+        ),
+        (  # nothing compared: the rules' words
+            _row(feature="prefix_hit_ratio", unit="ratio", value=0.0, threshold=0.5, text="prefix-cache hit ratio: 0% "
+                 "(a hit says where the KV came from, not how fast it is read)"),
+            "prefix-cache hit ratio: 0% (a hit says where the KV came from, not how fast it is read)",
+        ),
+        (
+            _row(feature="ttft_p95_seconds", measured=False, value=None, threshold=2.0, text="TTFT p95: not measured"),
+            "TTFT p95: not measured",
+        ),
+    ],
+)  # fmt: skip
+def test_an_evidence_row_reads_as_a_fact_with_its_direction(item, fact):
+    assert components.evidence_fact(item) == fact

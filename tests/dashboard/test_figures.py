@@ -61,17 +61,14 @@ def test_other_figures_are_valid_plotly():
     go.Figure(figures.placeholder_figure("no data"))
 
 
-def test_knee_is_drawn_on_both_latency_charts(live):
-    kv_fig = figures.build(charts.KV_LATENCY, live[charts.KV_LATENCY])
-    assert kv_fig["layout"]["shapes"][0]["y0"] == pytest.approx(90.0)  # knee at KV 0.9
-    assert "jumps" in kv_fig["layout"]["annotations"][0]["text"]
+def test_knee_is_drawn_where_it_is_and_nothing_on_the_time_chart_looks_like_a_threshold(live):
     scatter = figures.build(charts.ITL_KV, live[charts.ITL_KV])
     assert scatter["layout"]["shapes"][0]["x0"] == pytest.approx(90_000)  # 0.9 x 100k tokens
-    no_knee = charts.live_charts(
-        derive.live_frame(SyntheticEngine(SCENARIOS["healthy"], 0.0).window(0, 60)), diagnosis_for(SCENARIOS["healthy"])
-    )
-    shapes = figures.build(charts.KV_LATENCY, no_knee[charts.KV_LATENCY])["layout"]["shapes"]
-    assert [sh for sh in shapes if sh["line"]["color"] == figures.KNEE_COLOR] == []  # the SLO line only
+    assert any("knee (jump)" in a["text"] for a in scatter["layout"]["annotations"])
+    kv_fig = figures.build(charts.KV_LATENCY, live[charts.KV_LATENCY])
+    # the time chart's one line is the SLO, on the latency axis: no KV level reading as a latency
+    assert [sh["yref"] for sh in kv_fig["layout"]["shapes"]] == ["y2"]
+    assert not any("knee" in a["text"] for a in kv_fig["layout"]["annotations"])
 
 
 def test_decode_floor_line_is_fitted_over_the_kv_range(frame, live):
@@ -105,13 +102,9 @@ def test_signature_changes_with_what_is_drawn_not_with_new_points(frame):
     for chart in charts.LIVE_CHARTS:
         assert charts.signature(whole[chart]) == charts.signature(tail[chart])
     moved = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.7})
-    assert charts.signature(charts.live_charts(frame, moved)[charts.KV_LATENCY]) != charts.signature(
-        whole[charts.KV_LATENCY]
-    )
+    assert charts.signature(charts.live_charts(frame, moved)[charts.ITL_KV]) != charts.signature(whole[charts.ITL_KV])
     wobble = dict(diagnosis, knee={"kind": "jump", "kv_level": 0.9049})
-    assert charts.signature(charts.live_charts(frame, wobble)[charts.KV_LATENCY]) == charts.signature(
-        whole[charts.KV_LATENCY]
-    )
+    assert charts.signature(charts.live_charts(frame, wobble)[charts.ITL_KV]) == charts.signature(whole[charts.ITL_KV])
 
 
 def test_downsample_caps_points_and_keeps_the_extremes():
@@ -273,3 +266,20 @@ def test_a_point_above_an_axis_rebuilds_the_chart(frame):
     assert not charts.exceeds(charts.axis_tops(tail), drawn)  # new points under the tops: append
     higher = {charts.KV_LATENCY: {"y2": drawn[charts.KV_LATENCY]["y2"] * 2}}
     assert charts.exceeds(higher, drawn)  # a slower token than the axis holds: rebuild
+
+
+def test_the_bandwidth_line_is_the_trees_own_threshold():
+    """The chart's "bandwidth bound above this" line and the tree read one value: the threshold
+    the diagnosis compared DRAM bandwidth with, else the tree's default."""
+    from kvdoctor.rules.thresholds import Thresholds
+
+    default = Thresholds().bandwidth_high_ratio * 100
+    assert charts.bandwidth_line(None) == default
+    custom = {"evidence": [{"feature": "dram_bandwidth_ratio", "threshold": 0.7, "value": 0.75}]}
+    assert charts.bandwidth_line(custom) == pytest.approx(70)
+    beside = {"evidence": [], "differential": [{"evidence": [{"feature": "dram_bandwidth_ratio", "threshold": 0.9}]}]}
+    assert charts.bandwidth_line(beside) == pytest.approx(90)
+    figure = figures.build(charts.BANDWIDTH, {"traces": [], "extras": {"line": charts.bandwidth_line(custom)}})
+    layout = figure["layout"] if isinstance(figure, dict) else figure.layout
+    texts = [a["text"] for a in layout["annotations"]]
+    assert "70%: bandwidth bound above this" in texts

@@ -241,7 +241,8 @@ def _kvdoctor(capsys, *args):
     "args, message",
     [
         ((), "give --exporter URL and/or --prometheus URL"),
-        (("--exporter", "ftp://x"), "exporter URL needs an http(s) URL"),
+        (("--exporter", "ftp://x"), "--exporter: needs an http(s) URL"),
+        (("--prometheus", "prometheus:9090"), "(did you mean 'http://prometheus:9090'?)"),
         (("--exporter", "http://127.0.0.1:1", "--port", "70000"), "--port: must be a port between 0 and 65535"),
     ],
 )

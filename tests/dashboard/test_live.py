@@ -127,7 +127,7 @@ def test_a_new_knee_rebuilds_instead_of_appending(exporter):
     exporter.diagnosis = dict(diagnosis_for(SCENARIOS["thrashing"]), knee={"kind": "jump", "kv_level": 0.6})
     out = _update(app, 1, "", "live:900", "", None, first.cursor)
     assert out.data["mode"] == "full"
-    assert out.data["figures"][charts.KV_LATENCY]["layout"]["shapes"][0]["y0"] == pytest.approx(60.0)
+    assert out.data["figures"][charts.ITL_KV]["layout"]["shapes"][0]["x0"] == pytest.approx(60_000)  # 0.6 x 100k
     assert out.diagnosis["diagnosis"]["knee"]["kv_level"] == 0.6
 
 

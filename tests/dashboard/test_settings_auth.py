@@ -13,20 +13,22 @@ from tests.support.errors import one_line_error
 
 
 def test_base_urls_are_checked_once_and_refusals_name_the_url():
-    assert DashboardSettings(exporter_url="127.0.0.1:9745/").exporter_url == "http://127.0.0.1:9745"
+    assert DashboardSettings(exporter_url="http://127.0.0.1:9745/").exporter_url == "http://127.0.0.1:9745"
+    message = one_line_error(ValueError, DashboardSettings.from_env, {}, exporter_url="127.0.0.1:9745")
+    assert message.startswith("exporter URL needs an http(s) URL")  # a scheme, as every verb needs one
     message = one_line_error(ValueError, DashboardSettings.from_env, {}, prometheus_url="http://h/?next=http://evil")
     assert message.startswith("Prometheus URL must not carry a query")
 
 
 def test_environment_fills_what_arguments_leave_out():
     env = {
-        "KVDOCTOR_DASHBOARD_EXPORTER_URL": "e:1",
+        "KVDOCTOR_DASHBOARD_EXPORTER_URL": "http://e:1",
         "KVDOCTOR_DASHBOARD_REFRESH": "2.5",
         "KVDOCTOR_DASHBOARD_LIVE_SECONDS": "300",
         "KVDOCTOR_DASHBOARD_USERS": "ann:pw1",
         "KVDOCTOR_DASHBOARD_REQUEST_TIMEOUT": "7.5",
     }
-    s = DashboardSettings.from_env(env, prometheus_url="p:9090")
+    s = DashboardSettings.from_env(env, prometheus_url="http://p:9090")
     assert (s.exporter_url, s.prometheus_url, s.refresh_seconds, s.live_seconds) == (
         "http://e:1",
         "http://p:9090",
@@ -36,7 +38,7 @@ def test_environment_fills_what_arguments_leave_out():
     assert s.request_timeout_seconds == 7.5
     assert dict(s.users) == {"ann": "pw1"}
     assert s.live_points_cap == 121
-    assert DashboardSettings.from_env(env, exporter_url="x:2").exporter_url == "http://x:2"
+    assert DashboardSettings.from_env(env, exporter_url="https://x:2").exporter_url == "https://x:2"
     with pytest.raises(ValueError, match="KVDOCTOR_DASHBOARD_REFRESH"):
         DashboardSettings.from_env({"KVDOCTOR_DASHBOARD_REFRESH": "soon"})
     with pytest.raises(ValueError, match="request timeout"):

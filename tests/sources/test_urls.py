@@ -13,14 +13,14 @@ from tests.support.errors import one_line_error
 @pytest.mark.parametrize(
     "given, base",
     [
-        ("127.0.0.1:9745", "http://127.0.0.1:9745"),
+        ("http://127.0.0.1:9745", "http://127.0.0.1:9745"),
         ("http://exporter:9745/", "http://exporter:9745"),
         (" https://prom.example/prometheus/ ", "https://prom.example/prometheus"),
         ("http://[::1]:9090", "http://[::1]:9090"),
     ],
 )
 def test_a_base_keeps_its_prefix_without_the_trailing_slash(given, base):
-    assert base_url(given, scheme_optional=True) == base
+    assert base_url(given) == base
 
 
 @pytest.mark.parametrize(
@@ -35,17 +35,18 @@ def test_a_base_keeps_its_prefix_without_the_trailing_slash(given, base):
     ],
 )
 def test_a_bad_base_is_refused_with_one_line_saying_why(bad, reason):
-    message = one_line_error(UrlError, base_url, bad, scheme_optional=True)
+    message = one_line_error(UrlError, base_url, bad)
     assert message.startswith(reason) and repr(bad) in message
     with pytest.raises(UrlError) as err:
-        base_url(bad, scheme_optional=True)
+        base_url(bad)
     assert err.value.about("--exporter") == f"--exporter {message}"
 
 
-def test_host_and_port_alone_mean_http_only_where_allowed():
-    assert split_http_url("h:8000", scheme_optional=True).geturl() == "http://h:8000"
-    with pytest.raises(UrlError, match="needs an http"):
-        split_http_url("h:8000")
+@pytest.mark.parametrize("given", ["h:8000", "127.0.0.1:9745", "localhost"])
+def test_host_and_port_alone_are_refused_with_the_url_they_likely_meant(given):
+    with pytest.raises(UrlError) as err:
+        split_http_url(given)
+    assert str(err.value).endswith(f"got {given!r} (did you mean 'http://{given}'?)")
     assert split_http_url("http://h/metrics?x=1").query == "x=1"  # a query is kept unless refused
 
 

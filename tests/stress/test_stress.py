@@ -35,6 +35,7 @@ from kvdoctor.stress.plan import (
     summarise_steps,
 )
 from kvdoctor.stress.timeline import Bins, RequestRecord, StepRecord, bin_run
+from tests.support.cli import exit_status
 
 T0 = 1_700_000_000.0
 ENGINE = labels_of(engine="vllm", model_name="tiny")
@@ -458,10 +459,10 @@ def _steps(url: str, out: Path, **flags: float) -> list[str]:
     return ["--engine-url", url, *named, "-o", str(out)]
 
 
-def run_stress(argv: list[str]) -> int:
+def run_stress(argv: list[str]) -> int | str | None:
     from kvdoctor.cli import main
 
-    return main(["stress", *argv])
+    return exit_status(main, ["stress", *argv])  # a flag refused while parsing exits as argparse does
 
 
 def test_stress_writes_the_report_folder_from_an_in_process_exporter(tmp_path, capsys):
@@ -516,7 +517,7 @@ def test_stress_adapts_to_what_the_endpoint_accepts(engine_options, kind, note, 
     "argv, message, status",
     [
         (["--engine-url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1: connection refused", 3),
-        (["--engine-url", "ftp://x"], "--engine-url needs an http(s) URL", 2),
+        (["--engine-url", "ftp://x"], "--engine-url: needs an http(s) URL", 2),
         (["--max-concurrency", "0"], "--max-concurrency (0) is below --start-concurrency (1)", 2),
         (["--ttft-slo-ms", "0"], "--ttft-slo-ms must be a positive number, got 0", 2),
         (["--prompt-tokens", "5000"], "refused a ~5000-token prompt: prompt too long", 3),
