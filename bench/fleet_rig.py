@@ -122,7 +122,7 @@ class Sample:
     active: set[tuple[str, str, str]]  # (namespace, pod, alertname), pending or firing
     head_series: float
     intervals: dict[str, float] = field(default_factory=dict)  # group -> its evaluation interval, seconds
-    rules: dict[tuple[str, str], float] = field(default_factory=dict)  # (group, rule) -> seconds (Prometheus)
+    rules: dict[str, float] = field(default_factory=dict)  # "group/rule" -> seconds (Prometheus)
 
 
 def _rss_bytes(pid: int) -> float:
@@ -195,7 +195,7 @@ class Watcher:
         }
         rss = _rss_bytes(prom.process.pid)
         head_series = float(head.group(1)) if head else 0.0
-        rules = {(g["name"], r["name"]): float(r["evaluationTime"]) for g in groups for r in g["rules"]}
+        rules = {f"{g['name']}/{r['name']}": float(r["evaluationTime"]) for g in groups for r in g["rules"]}
         return Sample(
             time.time(), self.phase, rss, evaluations, alerting, missed, active, head_series, intervals, rules
         )
@@ -269,9 +269,9 @@ def ratio_interval(
 
 def costliest_rules(samples: list[Sample], group: str, top: int = 4) -> list[tuple[str, float]]:
     """The ``top`` rules of ``group`` by their median seconds per evaluation (Prometheus only)."""
-    names = {rule for s in samples for g, rule in s.rules if g == group}
+    names = {key.split("/", 1)[1] for s in samples for key in s.rules if key.split("/", 1)[0] == group}
     medians = {
-        name: statistics.median(_per_evaluation(samples, group, lambda s, n=name: s.rules.get((group, n), 0.0)))
+        name: statistics.median(_per_evaluation(samples, group, lambda s, n=name: s.rules.get(f"{group}/{n}", 0.0)))
         for name in names
     }
     return sorted(medians.items(), key=lambda item: -item[1])[:top]

@@ -41,7 +41,8 @@ def rule_groups(
         window_seconds=t.window_seconds,
         annotate=lambda spec, summary, description: {
             **alert_annotations(summary, description, spec.runbook_url(runbook_base_url), dashboard_base_url),
-            "contributing": contributing_annotation(),
+            # the page's differential; a ticket goes without (a query per alert per evaluation)
+            **({"contributing": contributing_annotation()} if spec.severity == "critical" else {}),
         },
         verdict_codes={v: verdict_code(v) for v in VERDICT_ALERT},
     )

@@ -20,7 +20,7 @@ where the quantile read every bucket (20 or more) over every window at every eva
   (1 hour) from the recorded counters. The page reads the short window from the raw counters
   itself, now and one scrape ago, so the words it fires and resolves with never wait for a record
   to come back through a remote store (vmalert).
-- ``kvdoctor-slo-slow`` (every ``SLOW_GROUP_SCRAPES`` scrapes: 1 minute at 15 s) records the ratio
+- ``kvdoctor-slo-slow`` (every ``SLOW_GROUP_SCRAPES`` scrapes: 2 minutes at 15 s) records the ratio
   over the slow burn's windows (30 minutes, 6 hours) from the recorded counters, and holds the
   ticket.
 
@@ -70,7 +70,7 @@ from .thresholds import DEFAULT_SCRAPE_INTERVAL_SECONDS
 
 GROUP_NAME = "kvdoctor-slo"
 SLOW_GROUP_NAME = "kvdoctor-slo-slow"
-SLOW_GROUP_SCRAPES = 4  # the slow group's interval, in scrapes: 1 minute at 15 s
+SLOW_GROUP_SCRAPES = 8  # the slow group's interval, in scrapes: 2 minutes at 15 s (a ticket, hours in the making)
 ERROR_BUDGET = 0.05  # the share of tokens allowed over the ITL SLO: the SLO is a p95
 REFERENCE_INTERVAL = DEFAULT_SCRAPE_INTERVAL_SECONDS  # the windows below are for this scrape interval
 BURN_FOR_SCRAPES = 2  # two evaluations in a row: one odd evaluation pages nobody
@@ -140,8 +140,7 @@ class Burn:
 
 _CAUSE = "{cause}"
 _FAST_SUMMARY = (
-    "{obj} SLO burning fast on {engine}: {value} of {counts} over the {slo} SLO in the last {short}. "
-    "Cause: {cause_short}"
+    "{obj} SLO burning fast on {engine}: {value} of {counts} over the SLO in the last {short}. Cause: {cause_short}"
 )
 _FAST_DESCRIPTION = (
     "{value} of the {counts} of {engine}{model} took longer than its {obj} SLO of {slo} in the last {short}, "
@@ -149,7 +148,7 @@ _FAST_DESCRIPTION = (
     "{factor}x faster than it accrues. Cause, kvdoctor's verdict now: " + _CAUSE
 )
 _SLOW_SUMMARY = (
-    "{obj} SLO burning on {engine}: {value} of {counts} over the {slo} SLO in the last {short}. Cause: {cause_short}"
+    "{obj} SLO burning on {engine}: {value} of {counts} over the SLO in the last {short}. Cause: {cause_short}"
 )
 _SLOW_DESCRIPTION = (
     "{value} of the {counts} of {engine}{model} took longer than its {obj} SLO of {slo} in the last {short}, "
@@ -178,7 +177,7 @@ TTFT_FAST, TTFT_SLOW = _burns(TTFT, "KvdoctorTTFTSLOFastBurn", "KvdoctorTTFTSLOS
 BURNS = (FAST, SLOW, TTFT_FAST, TTFT_SLOW)
 # What a burn alert says at its last firing evaluation, the short window back under its threshold
 # (``burn_expr``): the words of its resolved notification.
-RECOVERED_SUMMARY = "{obj} SLO recovered on {engine}: {value} of {counts} over the {slo} SLO in the last {short}"
+RECOVERED_SUMMARY = "{obj} SLO recovered on {engine}: {value} of {counts} over the SLO in the last {short}"
 RECOVERED_DESCRIPTION = (
     "The {counts} of {engine}{model} are back within its {obj} SLO of {slo} in the last {short} "
     "({value} over it, under the alert's {pct}): the alert resolves."
@@ -206,9 +205,11 @@ def describe(interval: float) -> str:
     )
 
 
-def cause(verdict_codes: Mapping[str, int], short: bool) -> str:
+def cause(verdict_codes: Mapping[str, int], short: bool, confidence: bool = True) -> str:
     """The engine's verdict when the alert fires, in words: a query of ``kvdoctor:verdict`` for it
-    (a join, not a second tree), then whether the exporter's own live diagnosis agrees."""
+    (a join, not a second tree), then, with ``confidence`` (the page), whether the exporter's own
+    live diagnosis agrees: a second query. Every query is made for every active alert at every
+    evaluation, so the ticket asks one."""
     branches = []
     for verdict, code in verdict_codes.items():
         spec = ALERT_BY_NAME[_alert_of(verdict)]
@@ -216,12 +217,12 @@ def cause(verdict_codes: Mapping[str, int], short: bool) -> str:
             text = spec.cause.split(":")[0]
         else:
             agrees = T.selector(DIAGNOSIS_VERDICT, f'verdict=\\"{verdict}\\"', " == 1")
-            text = (
-                f"{spec.cause}. First action: {spec.action}. Confidence: "
-                "{{ with " + agrees + " | query }}high, the exporter's own diagnosis agrees"
+            sure = (
+                ". Confidence: {{ with " + agrees + " | query }}high, the exporter's own diagnosis agrees"
                 "{{ else }}lower, the exporter's own diagnosis differs or is not published{{ end }}"
-                f". Details: the {spec.name} runbook."
             )
+            said = sure if confidence else ""
+            text = f"{spec.cause}. First action: {spec.action}{said}. Details: the {spec.name} runbook."
         branches.append((float(code), text))
     chain = "".join(
         ("{{ if " if i == 0 else "{{ else if ") + f"eq $v {code:.1f} }}}}{text}"
@@ -330,7 +331,7 @@ def _alert(b: Burn, interval: float, annotate: Annotate, verdict_codes: Mapping[
         "{long}": T.prose_duration(long_s),
         "{short}": T.prose_duration(short_s),
         "{cause_short}": cause(verdict_codes, short=True),
-        "{cause}": cause(verdict_codes, short=False),
+        "{cause}": cause(verdict_codes, short=False, confidence=b.spec.severity == "critical"),
     }
 
     def when(burning: str, recovered: str) -> str:

@@ -377,7 +377,7 @@ def _check_page(page: Delivery, instance: str, verdict: str, earlier: tuple[str,
     assert page.receiver == "page", page
     assert all(rendered(text) for text in notes.values()), notes
     summary = notes["summary"]
-    burning = re.match(rf"ITL SLO burning fast on {re.escape(instance)}: ([\d.e+-]+)% of tokens over the 15ms SLO ", summary)
+    burning = re.match(rf"ITL SLO burning fast on {re.escape(instance)}: ([\d.e+-]+)% of tokens over the SLO ", summary)
     assert burning and float(burning[1]) > 10, summary
     assert summary.split("Cause: ")[1] in {cause_words(v) for v in (verdict, *earlier)}, (verdict, summary)
     assert "ITL SLO of 15ms" in notes["description"], notes["description"]
@@ -392,7 +392,7 @@ def _check_resolved(resolved: Delivery, instance: str) -> None:
     notes = resolved.alert["annotations"]
     assert resolved.receiver == "page" and all(rendered(text) for text in notes.values()), resolved
     recovered = re.fullmatch(
-        rf"ITL SLO recovered on {re.escape(instance)}: ([\d.e+-]+)% of tokens over the 15ms SLO in the last .*",
+        rf"ITL SLO recovered on {re.escape(instance)}: ([\d.e+-]+)% of tokens over the SLO in the last .*",
         notes["summary"],
     )
     assert recovered and float(recovered[1]) <= 10, notes["summary"]

@@ -116,7 +116,7 @@ def test_the_chat_template_says_resolved_with_the_recovered_value_or_what_it_was
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        f"RESOLVED {PAGE} on vllm-7f9c at 02:10:00 UTC: ITL SLO recovered on vllm-7f9c: 2.4% of tokens over the 15ms "
-        "SLO in the last 5 minutes",
+        f"RESOLVED {PAGE} on vllm-7f9c at 02:10:00 UTC: ITL SLO recovered on vllm-7f9c: 2.4% of tokens over the SLO in "
+        "the last 5 minutes",
         f"RESOLVED KVCacheThrashing on gpu-box:9745 at 02:10:00 UTC (was: {thrashing})",
     ]
