@@ -85,10 +85,10 @@ class SloCounters:
             last = self._last.get(key)
             if last is None:
                 grew = 0.0  # counted from the first cycle on
-            elif total < last[1] or over < last[0]:
+            elif total < last[1]:
                 grew = over  # the engine restarted: its histogram counts again from 0
             else:
-                grew = over - last[0]
+                grew = max(0.0, over - last[0])  # never less: the interpolation's rounding is no restart
             self._totals[key] = self._totals.get(key, 0.0) + grew
         # A series gone from the histogram is forgotten; should it return, its counter starts again at 0.
         self._last = seen

@@ -268,19 +268,22 @@ def error_ratio(objective: Objective, window: str, *, recorded: bool = False, of
 
 
 def burn_expr(b: Burn, interval: float) -> str:
-    """Both windows over the burn's fraction; and, once burning, for one evaluation more while the
-    short window was over it a scrape ago and the long one still is. So it resolves one evaluation
-    after the short window is back under the fraction, and that last firing evaluation's ``$value``
-    (the short window's ratio) is the recovered one: Prometheus and vmalert send a resolved alert
-    with the annotations of its last firing evaluation, which is how the resolved notification shows
-    the value after recovery. The extra evaluation reads the data, not ``ALERTS``, so it does not
-    depend on a series the rule engine writes back (late, through vmalert's remote write).
+    """Both windows over the burn's fraction; and, once burning, for as long as the short window was
+    over it a scrape ago while the long one was over it at some evaluation within the short window.
+    So the page holds while the last minutes still burn (also when the long window fell back first,
+    as when a recovery multiplies the token rate), and resolves one evaluation after the short window
+    is back under the fraction: that last firing evaluation's ``$value`` (the short window's ratio)
+    is the recovered one. Prometheus and vmalert send a resolved alert with the annotations of its
+    last firing evaluation, which is how the resolved notification shows the value after recovery.
+    The extra evaluations read the data, not ``ALERTS``, so they do not depend on a series the rule
+    engine writes back (late, through vmalert's remote write).
 
     The page's short window is read from the raw counters (fresh on every rule engine); the long
     windows and the slow burn's short window from the records."""
     long, short = (duration(w) for w in b.windows(interval))
     o, f = b.objective, prom_number(b.fraction)
     long_ratio = f"{o.ratio_record(long)} > {f}"
+    long_lately = f"max_over_time({o.ratio_record(long)}[{short}]) > {f}"
     if b.group == GROUP_NAME:
         now = error_ratio(o, short)
         before = error_ratio(o, short, offset=duration(interval))
@@ -288,7 +291,7 @@ def burn_expr(b: Burn, interval: float) -> str:
         now = o.ratio_record(short)
         before = f"{o.ratio_record(short)} offset {duration(slow_group_interval(interval))}"
     burning = f"(\n{now}\n) > {f}\nand {_ON_ENGINE}\n{long_ratio}"
-    recovering = f"(\n{now}\n)\nand {_ON_ENGINE}\n(\n{before}\n) > {f}\nand {_ON_ENGINE}\n{long_ratio}"
+    recovering = f"(\n{now}\n)\nand {_ON_ENGINE}\n(\n{before}\n) > {f}\nand {_ON_ENGINE}\n{long_lately}"
     return f"(\n{burning}\n)\nor {_ON_ENGINE}\n(\n{recovering}\n)"
 
 

@@ -249,13 +249,12 @@ def test_group_intervals_set_only_the_groups_named(helm, chart):
     """The SLO groups' sharding knob: a group named gets that interval, the others keep the file's."""
     alerts = yaml.safe_load(chart.alerts_file.read_text())
     groups = {
-        g["name"]: g
-        for g in rendered_groups_with(helm, "monitoring.prometheusRule.groupIntervals.kvdoctor-slo=30s")
+        g["name"]: g for g in rendered_groups_with(helm, "monitoring.prometheusRule.groupIntervals.kvdoctor-slo=30s")
     }
     shipped = {g["name"]: g for g in alerts["groups"]}
     assert set(groups) == set(shipped)
     assert groups["kvdoctor-slo"]["interval"] == "30s"
-    assert groups["kvdoctor-slo-slow"]["interval"] == shipped["kvdoctor-slo-slow"]["interval"] == "60s"
+    assert groups["kvdoctor-slo-slow"]["interval"] == shipped["kvdoctor-slo-slow"]["interval"] == "120s"
     assert "interval" not in groups["kvdoctor"]
     assert {k: v for k, v in groups["kvdoctor-slo"].items() if k != "interval"} == shipped["kvdoctor-slo"]
 

@@ -151,9 +151,7 @@ def test_a_burn_alert_at_its_recovering_evaluation_says_it_recovered_with_the_va
     assert "burning" in burning and "Cause: KV cache thrashing" in burning, burning
     assert burning.startswith(f"{slo} SLO burning") and f": {above:.1%}".replace(".0%", "%") in burning, burning
     assert recovered.startswith(f"{slo} SLO recovered on vllm-7f9c: {at:.0%} of {counts} over the SLO"), recovered
-    description = go_templates.render(
-        rule["annotations"]["description"], _labels(name, KUBERNETES), at, _query(code)
-    )
+    description = go_templates.render(rule["annotations"]["description"], _labels(name, KUBERNETES), at, _query(code))
     engine = "vllm-7f9c (meta-llama/Llama-2-7b-chat-hf)"
     assert description.startswith(f"The {counts} of {engine} are back within its {slo} SLO of 15ms")
     assert "ALERTS" not in rule["expr"]  # the recovering evaluation reads the data, not what the rule engine wrote
