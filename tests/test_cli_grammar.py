@@ -64,6 +64,7 @@ MINIMAL_FOR = {("diagnose", f): WITH_PROMETHEUS for f in ("--selector", "--names
 # Free text: no value is wrong (a name, a selector, an address).
 FREE_TEXT = {
     ("exporter", "--pod"),
+    ("exporter", "--served-model"),  # an engine's served name: an unknown one is said, never refused
     ("exporter", "--host"),
     ("dashboard", "--host"),
     ("diagnose", "--namespace"),

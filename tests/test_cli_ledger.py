@@ -163,7 +163,7 @@ def test_the_gpu_catalogue_lists_every_row(capsys):
         (["--model", "NO_INTERMEDIATE", "--gpu", "H100 SXM"], "model config lacks 'intermediate_size'"),
         (["--model", "LIST", "--gpu", "H100 SXM"], "is not a model config"),
         (["--model", "Llama-3.1-8B", "--gpu", "Z80"], "unknown GPU 'Z80'"),
-        (["--model", "Llama-3.1-8B", "--gpu", "NVIDIA H800"], "(closest: 'NVIDIA H200'"),
+        (["--model", "Llama-3.1-8B", "--gpu", "NVIDIA H900"], "(closest: 'NVIDIA H800', 'NVIDIA H200'"),
         (["--model", "Llama-3.1-8B"], "give --gpu NAME"),
         (["--model", "Llama-3.1-8B", "--gpu-peak-bandwidth", "2e12"], "--gpu-memory-bytes"),
         (["--model", "GPT-5", "--gpu", "H100 SXM"], "unknown model 'GPT-5'"),

@@ -33,7 +33,9 @@ MY_TIERS = ("lmcache", "dynamo_kvbm")
 
 # Engine signals an engine adapter must either map or declare in cannot_provide.
 ENGINE_SIGNALS = frozenset(
-    name for name, sig in S.SIGNALS.items() if sig.labels[: len(S.ENGINE_LABELS)] == S.ENGINE_LABELS
+    name
+    for name, sig in S.SIGNALS.items()
+    if sig.labels[: len(S.ENGINE_LABELS)] == S.ENGINE_LABELS and name not in S.SLO_COUNTERS  # the exporter's own
 )
 
 # An illustrative KV size (bytes per token / per 16-token block) for the factory variants:

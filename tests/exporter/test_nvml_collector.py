@@ -381,7 +381,7 @@ def test_peak_bandwidth_override_wins_then_the_catalogue_then_the_device():
 
 
 def test_a_gpu_the_catalogue_lacks_gets_its_peak_from_bus_width_and_clock():
-    unknown = FakeGpu("NVIDIA H800", "GPU-x", 5120, 2619, gpm=False)
+    unknown = FakeGpu("NVIDIA H900", "GPU-x", 5120, 2619, gpm=False)
     nv = FakeNvml([unknown])
     collector, _ = collector_for(nv)
     out = collector.collect().samples
@@ -390,7 +390,7 @@ def test_a_gpu_the_catalogue_lacks_gets_its_peak_from_bus_width_and_clock():
     assert "nvmlDeviceGetMaxClockInfo" in nv.calls  # the fake checks it asked for NVML_CLOCK_MEM
     # neither catalogue nor NVML: no peak series at all, never a guess
     mute = FakeGpu(
-        "NVIDIA H800",
+        "NVIDIA H900",
         "GPU-y",
         5120,
         2619,
