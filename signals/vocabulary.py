@@ -79,6 +79,25 @@ GPU_PCIE_LINK_MAX_GENERATION = "kvdoctor_gpu_pcie_link_max_generation"
 GPU_PCIE_LINK_WIDTH = "kvdoctor_gpu_pcie_link_width_lanes"
 GPU_PCIE_LINK_MAX_WIDTH = "kvdoctor_gpu_pcie_link_max_width_lanes"
 GPU_PCIE_REPLAYS = "kvdoctor_gpu_pcie_replays_total"
+GPU_HEALTH_SIGNALS = (
+    GPU_TEMPERATURE,
+    GPU_POWER_DRAW,
+    GPU_POWER_LIMIT,
+    GPU_CLOCK,
+    GPU_MAX_CLOCK,
+    GPU_CLOCK_THROTTLE_REASON,
+    GPU_XID_ERRORS,
+    GPU_LAST_XID,
+    GPU_ECC_ERRORS,
+    GPU_REMAPPED_ROWS,
+    GPU_ROW_REMAP_PENDING,
+    GPU_ROW_REMAP_FAILURE,
+    GPU_PCIE_LINK_GENERATION,
+    GPU_PCIE_LINK_MAX_GENERATION,
+    GPU_PCIE_LINK_WIDTH,
+    GPU_PCIE_LINK_MAX_WIDTH,
+    GPU_PCIE_REPLAYS,
+)
 
 KV_CACHE_USAGE = "kvdoctor_kv_cache_usage_ratio"
 KV_CACHE_CAPACITY = "kvdoctor_kv_cache_capacity_tokens"

@@ -275,27 +275,7 @@ def by_gpu(samples: dict, index: int) -> dict:
     return out
 
 
-HEALTH_SIGNALS = frozenset(
-    {
-        S.GPU_TEMPERATURE,
-        S.GPU_POWER_DRAW,
-        S.GPU_POWER_LIMIT,
-        S.GPU_CLOCK,
-        S.GPU_MAX_CLOCK,
-        S.GPU_CLOCK_THROTTLE_REASON,
-        S.GPU_XID_ERRORS,
-        S.GPU_LAST_XID,
-        S.GPU_ECC_ERRORS,
-        S.GPU_REMAPPED_ROWS,
-        S.GPU_ROW_REMAP_PENDING,
-        S.GPU_ROW_REMAP_FAILURE,
-        S.GPU_PCIE_LINK_GENERATION,
-        S.GPU_PCIE_LINK_MAX_GENERATION,
-        S.GPU_PCIE_LINK_WIDTH,
-        S.GPU_PCIE_LINK_MAX_WIDTH,
-        S.GPU_PCIE_REPLAYS,
-    }
-)
+HEALTH_SIGNALS = frozenset(S.GPU_HEALTH_SIGNALS)
 
 
 def without_health(got: dict) -> dict:
