@@ -1,8 +1,8 @@
 """The latency SLO's multi-window, multi-burn-rate alerts: a fast burn pages, a slow burn opens a
 ticket, and each names the cause by reading kvdoctor's verdict for the engine when it fires.
 
-The SLO is each pod's ITL SLO (``kvdoctor:itl_slo_seconds``: the one it publishes, else the export's
-``--slo-ms``), stated as a p95: 95% of tokens within it. The error budget is therefore **5% of tokens
+The SLO is each pod's ITL SLO, the one its exporter publishes (``--slo-ms``) and counts the tokens
+over (the words quote it from ``kvdoctor:itl_slo_seconds``), stated as a p95: 95% of tokens within it. The error budget is therefore **5% of tokens
 over the SLO** (``ERROR_BUDGET``), and the burn rate is the share of tokens over the SLO divided by
 the budget.
 
