@@ -2,9 +2,9 @@
 ticket, and each names the cause by reading kvdoctor's verdict for the engine when it fires.
 
 The SLO is each pod's ITL SLO, the one its exporter publishes (``--slo-ms``) and counts the tokens
-over (the words quote it from ``kvdoctor:itl_slo_seconds``), stated as a p95: 95% of tokens within it. The error budget is therefore **5% of tokens
-over the SLO** (``ERROR_BUDGET``), and the burn rate is the share of tokens over the SLO divided by
-the budget.
+over (the words quote it from ``kvdoctor:itl_slo_seconds``), stated as a p95: 95% of tokens within
+it. The error budget is therefore **5% of tokens over the SLO** (``ERROR_BUDGET``), and the burn
+rate is the share of tokens over the SLO divided by the budget.
 
 **The error ratio, recorded.** Each exporter counts the tokens over its SLO from the engine's ITL
 histogram (``kvdoctor_tokens_over_itl_slo_total``, exporter/slo_counters.py: the bucket holding the

@@ -29,10 +29,10 @@ DEFAULT_PORT = 9745
 
 def demo_signals() -> set[str]:
     """Sample names the demo produces: every canonical signal except what vLLM cannot provide, what
-    only vLLM V0 published, the error counter (it appears only after an error) and the TTFT SLO
-    (published only where one is set: the demo sets none)."""
+    only vLLM V0 published, the error counter (it appears only after an error) and the TTFT SLO with
+    its counter (published only where one is set: the demo sets none)."""
     vllm = ADAPTERS["vllm"]
-    absent = set(vllm.cannot_provide) | set(vllm.legacy_only) | {S.SOURCE_ERRORS, S.TTFT_SLO}
+    absent = set(vllm.cannot_provide) | set(vllm.legacy_only) | {S.SOURCE_ERRORS, S.TTFT_SLO, S.REQUESTS_OVER_TTFT_SLO}
     return {series for name, sig in S.SIGNALS.items() if name not in absent for series in sig.series_names}
 
 
